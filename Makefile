@@ -1,0 +1,63 @@
+# serve: the two commands are `make demo` and `make check`.
+PYTHON   ?= python3
+CC       ?= cc
+CFLAGS   ?= -O2 -g
+WFLAGS   := -std=c11 -Wall -Wextra -Wpedantic -Wshadow -Wno-unused-parameter
+UNAME    := $(shell uname -s)
+ifeq ($(UNAME),Darwin)
+  LIB    := libwaste.dylib
+  SHARED := -dynamiclib
+else
+  LIB    := libwaste.so
+  SHARED := -shared
+endif
+ENGINE_SRC := $(wildcard engine/*.c)
+ENGINE_HDR := $(wildcard engine/*.h)
+LDLIBS   := -lm -lpthread -lz
+VENV     := .venv
+VPY      := $(VENV)/bin/python
+DEMO     := build/demo.waste
+HOST     ?= 127.0.0.1
+PORT     ?= 8000
+
+.PHONY: all demo check test asan bench clean
+
+all: $(LIB)
+
+$(LIB): $(ENGINE_SRC) $(ENGINE_HDR)
+	$(CC) $(WFLAGS) $(CFLAGS) -D_GNU_SOURCE -fPIC -fvisibility=hidden $(SHARED) -o $@ $(ENGINE_SRC) $(LDLIBS)
+
+# The same engine with AddressSanitizer and UBSan, for the test suite.
+build/libwaste-asan.so: $(ENGINE_SRC) $(ENGINE_HDR)
+	@mkdir -p build
+	$(CC) $(WFLAGS) -O1 -g -D_GNU_SOURCE -fPIC -fvisibility=hidden -fno-omit-frame-pointer \
+	  -fsanitize=address,undefined -fno-sanitize-recover=undefined $(SHARED) -o $@ $(ENGINE_SRC) $(LDLIBS)
+
+$(DEMO): tools/make_container.py
+	@rm -rf $@ && mkdir -p build
+	$(PYTHON) tools/make_container.py $@ --vision
+
+$(VENV)/.ok: requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	@touch $@
+
+demo: $(LIB) $(DEMO)
+	$(PYTHON) -m serve $(DEMO) --host $(HOST) --port $(PORT) --vision
+
+test: $(LIB) $(VENV)/.ok
+	$(VPY) -m pytest -q tests
+
+asan: build/libwaste-asan.so $(VENV)/.ok
+	WASTE_LIB=$(CURDIR)/build/libwaste-asan.so \
+	LD_PRELOAD="$$($(CC) -print-file-name=libasan.so)" \
+	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+	$(VPY) -m pytest -q -p no:cacheprovider tests/test_abi.py
+
+check: test asan
+
+bench: $(LIB) $(DEMO) $(VENV)/.ok
+	$(VPY) bench/run_all.py
+
+clean:
+	rm -rf build $(LIB) .pytest_cache

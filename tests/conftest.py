@@ -1,0 +1,56 @@
+"""Shared fixtures: the built engine library and freshly written containers."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def library_path() -> Path:
+    """The libwaste under test: $WASTE_LIB (e.g. the sanitizer build) or ./libwaste.so."""
+    env = os.environ.get("WASTE_LIB")
+    if env:
+        return Path(env)
+    name = "libwaste.dylib" if sys.platform == "darwin" else "libwaste.so"
+    return ROOT / name
+
+
+def make_container(out: Path, *args: str) -> Path:
+    subprocess.run([sys.executable, str(ROOT / "tools" / "make_container.py"), str(out), *args],
+                   check=True, capture_output=True)
+    return out
+
+
+@pytest.fixture(scope="session")
+def lib_path() -> Path:
+    path = library_path()
+    if not path.exists():
+        pytest.fail(f"{path} is not built: run `make` first")
+    return path
+
+
+@pytest.fixture(scope="session")
+def k3_container(tmp_path_factory) -> Path:
+    """The default (k3 flavour) container, without a vision tower."""
+    return make_container(tmp_path_factory.mktemp("k3") / "k3.waste")
+
+
+@pytest.fixture(scope="session")
+def k3_vision_container(tmp_path_factory) -> Path:
+    return make_container(tmp_path_factory.mktemp("k3v") / "k3v.waste", "--vision")
+
+
+@pytest.fixture(scope="session")
+def kimi_linear_container(tmp_path_factory) -> Path:
+    return make_container(tmp_path_factory.mktemp("kl") / "kl.waste", "--flavour", "kimi-linear")
+
+
+@pytest.fixture(scope="session")
+def plain_container(tmp_path_factory) -> Path:
+    return make_container(tmp_path_factory.mktemp("plain") / "plain.waste", "--flavour", "plain")
