@@ -1,0 +1,56 @@
+/*
+ * image.h -- image headers, decoding and the vision tower (see FORMAT.md,
+ * "vision.json and vision.bin").  Internal to the engine.
+ *
+ * Errors follow waste.h: functions return a waste_status and, on failure,
+ * write a specific reason into err (errcap bytes, always NUL-terminated).
+ * Every decoder treats its input as hostile: truncated, oversized or
+ * inconsistent files are errors, never out-of-bounds access or a hang.
+ */
+#ifndef WASTE_IMAGE_H
+#define WASTE_IMAGE_H
+
+#include "waste.h"
+
+/* Largest image accepted, in pixels (width * height), and per side. */
+#define WIMG_MAX_PIXELS (64u * 1024u * 1024u)
+#define WIMG_MAX_SIDE 32768
+
+typedef struct {
+    int w, h;
+    uint8_t *rgb; /* w*h*3 bytes, row-major, owned */
+} wimg;
+
+/* Width and height from the header of a PNG, JPEG, GIF or WebP file.
+ * Errors: WASTE_E_IO, WASTE_E_FORMAT (unknown format, truncated, zero or
+ * absurd dimensions). */
+waste_status wimg_dimensions(const char *path, int *w, int *h, char *err, size_t errcap);
+
+/* Decode to RGB.  Errors: WASTE_E_IO, WASTE_E_FORMAT (malformed),
+ * WASTE_E_UNSUPPORTED (a format or variant this build does not decode),
+ * WASTE_E_OOM. */
+waste_status wimg_decode(const char *path, wimg *out, char *err, size_t errcap);
+
+void wimg_free(wimg *img);
+
+typedef struct wvision wvision;
+
+/* Load <dir>/vision.json and <dir>/vision.bin for a model of width hidden.
+ * No vision.json: WASTE_E_UNSUPPORTED.  Malformed: WASTE_E_FORMAT. */
+waste_status wvision_load(const char *dir, uint32_t hidden, wvision **out,
+                          char *err, size_t errcap);
+
+/* Bytes the tower needs when loaded (weights + activations for the largest
+ * image), from the files alone; 0 when the container has no tower.  Used
+ * by waste_plan_memory.  Malformed files: WASTE_E_FORMAT. */
+waste_status wvision_plan(const char *dir, uint32_t hidden, uint64_t *bytes,
+                          char *err, size_t errcap);
+
+/* Encode one decoded image into *n_tokens embeddings of hidden floats each,
+ * malloc'd into *embeds (caller frees). */
+waste_status wvision_encode(const wvision *vis, const wimg *img, float **embeds,
+                            size_t *n_tokens, char *err, size_t errcap);
+
+void wvision_free(wvision *vis);
+
+#endif
