@@ -1,0 +1,381 @@
+"""K3 prompt rendering: OpenAI chat messages to XTML segments.
+
+A port of the K3 release's `encoding_k3.py`, checked against its outputs in
+`tests/fixtures/xtml_vectors.json`. The result is a list of segments rather
+than a string because structure and content go to different tokenizer entry
+points: markup segments may contain special tokens, text segments never
+produce them, so nothing a user or tool wrote can open or close an element.
+Each segment is tokenized on its own; merging neighbours changes the BPE
+output, so the writer below never merges.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+OPEN = "<|open|>"
+SEP = "<|sep|>"
+CLOSE = "<|close|>"
+END_OF_MSG = "<|end_of_msg|>"
+MARKUP_TOKENS = (OPEN, SEP, CLOSE, END_OF_MSG)
+IMAGE_PLACEHOLDER = "<|kimi_image_placeholder|>"
+
+ROLES = ("system", "user", "assistant", "tool")
+THINKING_EFFORTS = ("low", "high", "max")
+
+# Model-facing texts. They are part of the prompt the model was trained on
+# and must stay byte-identical to the release encoder's.
+_TOOLS_HEADER = "# Tools\nHere are the available tools, described in JSONSchema.\n\n"
+_NEW_TOOLS_HEADER = (
+    "## New Tools Available\n"
+    "The system dynamically extends the toolset via lazy-loading.\n"
+    "You have access to all existing and extended tools.\n"
+    "Here are the specs for the extended tools.\n\n"
+)
+_EFFORT_TEXT = (
+    "`thinking_effort` guides on how much to think in your thinking channel "
+    "(not including the response channel), supported values include `low`, "
+    "`medium`, `high`, and `max`.\nNow the system is invoked with `thinking_effort={}`."
+)
+_TOOL_CHOICE_TEXT = {
+    "required": "The system is invoked with `tool_choice=required`.\n"
+                "You MUST call tools in the next message.",
+    "none": "The system is invoked with `tool_choice=none`.\n"
+            "You MUST NOT call any tools in the next message.",
+}
+_RAW_JSON_RULE = ("Your response must be raw JSON data without markdown code blocks "
+                  "(```json) or any additional formatting.")
+_SCHEMA_INTRO = "The JSON data must match the following schema:\n"
+
+
+@dataclass(frozen=True)
+class Segment:
+    text: str
+    markup: bool  # True: waste_tokenize_markup (server-written structure); False: waste_tokenize
+
+
+def escape_attr(value: str) -> str:
+    """Escape an attribute value; `&` goes first so later entities are not re-escaped."""
+    return (value.replace("&", "&amp;").replace('"', "&quot;")
+            .replace("<", "&lt;").replace(">", "&gt;"))
+
+
+def unescape_attr(value: str) -> str:
+    """Inverse of escape_attr; `&amp;` goes last so `&amp;lt;` stays `&lt;`."""
+    return (value.replace("&gt;", ">").replace("&lt;", "<")
+            .replace("&quot;", '"').replace("&amp;", "&"))
+
+
+def render_text(segments: Iterable[Segment]) -> str:
+    """The prompt as one string, for logs and tests. Never tokenize this."""
+    return "".join(segment.text for segment in segments)
+
+
+def _compact_json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+
+
+class _Writer:
+    """Accumulates segments; one call, one segment, empty text dropped."""
+
+    def __init__(self) -> None:
+        self.segments: list[Segment] = []
+
+    def markup(self, token: str) -> None:
+        self.segments.append(Segment(token, True))
+
+    def text(self, text: str) -> None:
+        if text:
+            self.segments.append(Segment(text, False))
+
+    def open(self, name: str, attrs: Sequence[tuple[str, str]] = ()) -> None:
+        self.markup(OPEN)
+        self.text(name)
+        for key, value in attrs:
+            self.text(" " + key)
+            self.text('="')
+            self.text(escape_attr(value))
+            self.text('"')
+        self.markup(SEP)
+
+    def close(self, name: str) -> None:
+        self.markup(CLOSE)
+        self.text(name)
+        self.markup(SEP)
+
+    def element(self, name: str, attrs: Sequence[tuple[str, str]], body: str) -> None:
+        self.open(name, attrs)
+        self.text(body)
+        self.close(name)
+
+    def end_message(self) -> None:
+        self.close("message")
+        self.markup(END_OF_MSG)
+
+
+class _ImagePrompts:
+    """The caller's image prompts, handed out in order of appearance."""
+
+    def __init__(self, prompts: Optional[Sequence[str]]) -> None:
+        self._pending = list(prompts or ())
+        self._next = 0
+
+    def remaining(self) -> bool:
+        return self._next < len(self._pending)
+
+    def take(self) -> str:
+        if not self.remaining():
+            raise ValueError("image content part has no image prompt left to render it")
+        prompt = self._pending[self._next]
+        self._next += 1
+        return prompt
+
+
+def _write_text_with_placeholders(out: _Writer, text: str, images: _ImagePrompts) -> None:
+    # A placeholder only becomes an image while prompts remain; later ones
+    # stay literal text, like any other string the user typed.
+    while images.remaining():
+        before, found, after = text.partition(IMAGE_PLACEHOLDER)
+        if not found:
+            break
+        out.text(before)
+        out.markup(images.take())
+        text = after
+    out.text(text)
+
+
+def _write_content(out: _Writer, content: Any, images: _ImagePrompts) -> None:
+    """Message content: None, a string, or a list of text/image_url parts."""
+    if content is None:
+        return
+    if isinstance(content, str):
+        _write_text_with_placeholders(out, content, images)
+        return
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text":
+            _write_text_with_placeholders(out, part.get("text") or "", images)
+        elif kind == "image_url":
+            out.markup(images.take())
+        else:
+            raise ValueError(f"unsupported content part type: {kind!r}")
+
+
+def _write_system(out: _Writer, kind: str, text: str) -> None:
+    out.open("message", [("role", "system"), ("type", kind)])
+    out.text(text)
+    out.end_message()
+
+
+def _declare_tools(out: _Writer, header: str, tools: Any) -> None:
+    _write_system(out, "tool-declare", header + "```json\n" + _compact_json(tools) + "\n```")
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):  # before int: bool is an int subclass
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, dict):
+        return "object"
+    if isinstance(value, list):
+        return "array"
+    raise ValueError(f"tool argument of non-JSON type {type(value).__name__}")
+
+
+def _argument_body(value: Any, kind: str) -> str:
+    if kind == "string":
+        return value
+    if kind in ("object", "array"):
+        return json.dumps(value, ensure_ascii=False)
+    return json.dumps(value)
+
+
+def _parse_arguments(raw: Any) -> dict | str:
+    """The call's arguments as a dict, or their raw text when they are not one."""
+    if raw is None:
+        return {}
+    if isinstance(raw, dict):
+        return raw
+    if not isinstance(raw, str):
+        return json.dumps(raw, ensure_ascii=False)
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        return raw
+    return parsed if isinstance(parsed, dict) else raw
+
+
+def _write_tool_call(out: _Writer, call: Mapping[str, Any], index: int) -> None:
+    function = call.get("function") or {}
+    out.open("call", [("tool", function.get("name") or ""), ("index", str(index))])
+    arguments = _parse_arguments(function.get("arguments"))
+    if isinstance(arguments, str):
+        # Arguments that are not a JSON object go in verbatim, so the model
+        # sees exactly what it wrote.
+        out.element("json", [("type", "object")], arguments)
+    else:
+        for key, value in arguments.items():
+            kind = _json_type(value)
+            out.element("argument", [("key", str(key)), ("type", kind)], _argument_body(value, kind))
+    out.close("call")
+
+
+def _write_assistant(out: _Writer, message: Mapping[str, Any], images: _ImagePrompts) -> None:
+    out.open("message", [("role", "assistant")])
+    # The think channel is always present in history, empty or not.
+    out.open("think")
+    out.text(message.get("reasoning_content") or "")
+    out.close("think")
+    out.open("response")
+    _write_content(out, message.get("content"), images)
+    out.close("response")
+    calls = message.get("tool_calls") or []
+    if calls:
+        out.open("tools")
+        for position, call in enumerate(calls, start=1):
+            _write_tool_call(out, call, position)
+        out.close("tools")
+    out.end_message()
+
+
+def _write_plain(out: _Writer, role: str, message: Mapping[str, Any],
+                 images: _ImagePrompts) -> None:
+    out.open("message", [("role", role)])
+    _write_content(out, message.get("content"), images)
+    out.end_message()
+
+
+def _write_system_message(out: _Writer, message: Mapping[str, Any],
+                          images: _ImagePrompts) -> None:
+    # A system message carrying tools introduces them mid-conversation; any
+    # text it also carries follows as an ordinary system message.
+    if message.get("tools"):
+        _declare_tools(out, _NEW_TOOLS_HEADER, message["tools"])
+        if message.get("content"):
+            _write_plain(out, "system", message, images)
+    else:
+        _write_plain(out, "system", message, images)
+
+
+def _ordered_tool_results(run: Sequence[Mapping[str, Any]], calls: Sequence[Mapping[str, Any]],
+                          ) -> list[tuple[Mapping[str, Any], Optional[str], int]]:
+    """A run of tool results as (message, tool name, index), in call order.
+
+    OpenAI clients may return results in any order; the model expects them in
+    the order of its calls. Results matching no call keep their order after
+    the matched ones and are numbered by their place in the run.
+    """
+    position_by_id = {call.get("id"): i for i, call in enumerate(calls) if call.get("id") is not None}
+    matched, unmatched = [], []
+    for place, message in enumerate(run, start=1):
+        position = position_by_id.get(message.get("tool_call_id"))
+        if position is None:
+            unmatched.append((message, message.get("tool") or message.get("name"), place))
+        else:
+            name = (calls[position].get("function") or {}).get("name")
+            matched.append((position, (message, name, position + 1)))
+    matched.sort(key=lambda entry: entry[0])
+    return [entry for _, entry in matched] + unmatched
+
+
+def _write_tool_results(out: _Writer, run: Sequence[Mapping[str, Any]],
+                        calls: Sequence[Mapping[str, Any]], images: _ImagePrompts) -> None:
+    for message, name, index in _ordered_tool_results(run, calls):
+        attrs = [("role", "tool")]
+        if name:
+            attrs.append(("tool", name))
+        attrs.append(("index", str(index)))
+        out.open("message", attrs)
+        _write_content(out, message.get("content"), images)
+        out.end_message()
+
+
+def _write_messages(out: _Writer, messages: Sequence[Mapping[str, Any]],
+                    images: _ImagePrompts) -> None:
+    i = 0
+    while i < len(messages):
+        message = messages[i]
+        role = message.get("role")
+        if role not in ROLES:
+            raise ValueError(f"unsupported message role: {role!r}")
+        if role == "tool":
+            end = i
+            while end < len(messages) and messages[end].get("role") == "tool":
+                end += 1
+            previous = messages[i - 1] if i > 0 else {}
+            calls = (previous.get("tool_calls") or []) if previous.get("role") == "assistant" else []
+            _write_tool_results(out, messages[i:end], calls, images)
+            i = end
+            continue
+        if role == "assistant":
+            _write_assistant(out, message, images)
+        elif role == "system":
+            _write_system_message(out, message, images)
+        else:
+            _write_plain(out, role, message, images)
+        i += 1
+
+
+def _thinking_effort_text(effort: Optional[str]) -> Optional[str]:
+    if effort is None:
+        return None
+    if effort not in THINKING_EFFORTS:
+        # The release refuses `medium` too, although its own text lists it.
+        raise ValueError(f"unsupported thinking_effort: {effort!r} (use one of {THINKING_EFFORTS})")
+    return _EFFORT_TEXT.format(effort)
+
+
+def _tool_choice_text(tool_choice: Any) -> Optional[str]:
+    # A dict names one function, which K3's prompt cannot express: like auto.
+    if tool_choice is None or tool_choice == "auto" or isinstance(tool_choice, dict):
+        return None
+    if tool_choice not in _TOOL_CHOICE_TEXT:
+        raise ValueError(f"unsupported tool_choice: {tool_choice!r}")
+    return _TOOL_CHOICE_TEXT[tool_choice]
+
+
+def _response_format_text(response_format: Optional[Mapping[str, Any]]) -> Optional[str]:
+    kind = (response_format or {}).get("type", "text")
+    if kind == "text":
+        return None
+    if kind not in ("json_object", "json_schema"):
+        raise ValueError(f"unsupported response_format type: {kind!r}")
+    text = f"The system is invoked with `response_format={kind}`.\n{_RAW_JSON_RULE}"
+    schema = ((response_format or {}).get("json_schema") or {}).get("schema")
+    if kind == "json_schema" and schema is not None:
+        text += f"\n{_SCHEMA_INTRO}```json\n{_compact_json(schema)}\n```"
+    return text
+
+
+def build_chat_segments(messages: Sequence[Mapping[str, Any]],
+                        tools: Optional[Sequence[Mapping[str, Any]]] = None, *,
+                        add_generation_prompt: bool = True, thinking: bool = True,
+                        image_prompts: Optional[Sequence[str]] = None,
+                        thinking_effort: Optional[str] = None, tool_choice: Any = None,
+                        response_format: Optional[Mapping[str, Any]] = None) -> list[Segment]:
+    """Render a chat request as K3 XTML segments, in the release encoder's order:
+    tool declaration, thinking effort, the conversation, tool choice, response
+    format, then the open assistant turn."""
+    effort_text = _thinking_effort_text(thinking_effort)
+    choice_text = _tool_choice_text(tool_choice)
+    format_text = _response_format_text(response_format)
+    out = _Writer()
+    if tools:
+        _declare_tools(out, _TOOLS_HEADER, tools)
+    if effort_text is not None:
+        _write_system(out, "thinking-effort", effort_text)
+    _write_messages(out, messages, _ImagePrompts(image_prompts))
+    if choice_text is not None:
+        _write_system(out, "tool-choice", choice_text)
+    if format_text is not None:
+        _write_system(out, "response-format", format_text)
+    if add_generation_prompt:
+        out.open("message", [("role", "assistant")])
+        out.open("think" if thinking else "response")
+    return out.segments

@@ -1,0 +1,319 @@
+"""serve/xtml.py: the release vectors segment for segment, properties, errors."""
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import given, strategies as st
+
+from serve.xtml import (IMAGE_PLACEHOLDER, MARKUP_TOKENS, Segment, build_chat_segments,
+                        escape_attr, render_text, unescape_attr)
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE = ROOT / "tests" / "fixtures" / "xtml_vectors.json"
+SHARED_VECTORS = ROOT.parent / "shared" / "vectors" / "xtml.json"
+VECTORS = json.loads(FIXTURE.read_text(encoding="utf-8"))["cases"]
+
+# Every special a K3 tokenizer knows by spelling, so content can try to forge them.
+SPECIAL_SPELLINGS = [*MARKUP_TOKENS, IMAGE_PLACEHOLDER, "<|media_begin|>", "<|media_content|>",
+                     "<|media_pad|>", "<|media_end|>", "[BOS]", "[EOS]"]
+IMAGE = "<|media_begin|>image 2x2<|media_content|><|media_pad|><|media_end|>"
+
+
+def pairs(segments: list[Segment]) -> list[list]:
+    return [[segment.text, segment.markup] for segment in segments]
+
+
+def markup_of(segments: list[Segment]) -> list[str]:
+    return [segment.text for segment in segments if segment.markup]
+
+
+def texts_of(segments: list[Segment]) -> list[str]:
+    return [segment.text for segment in segments if not segment.markup]
+
+
+# --- the release encoder's own outputs --------------------------------------
+
+@pytest.mark.parametrize("name", sorted(VECTORS))
+def test_matches_release_vector(name: str) -> None:
+    case = VECTORS[name]
+    assert pairs(build_chat_segments(**case["input"])) == case["segments"]
+
+
+def test_fixture_is_the_shared_reference_copy() -> None:
+    if not SHARED_VECTORS.exists():
+        pytest.skip(f"{SHARED_VECTORS} is absent (only the project workspace has shared/)")
+    assert json.loads(SHARED_VECTORS.read_text(encoding="utf-8")) == \
+        json.loads(FIXTURE.read_text(encoding="utf-8"))
+
+
+# --- behaviour the vectors imply but do not show ------------------------------
+
+def _call(call_id: str, name: str, arguments: object) -> dict:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+TOOL_RESULT = re.compile(r'<\|open\|>message role="tool"(?: tool="([^"]*)")? index="(\d+)"<\|sep\|>'
+                         r'(.*?)<\|close\|>', re.S)
+
+
+def _tool_results(segments: list[Segment]) -> list[tuple[str, str, str]]:
+    """(tool name or "", index, content) of each rendered tool result, in order."""
+    return TOOL_RESULT.findall(render_text(segments))
+
+
+def test_tool_results_are_resorted_to_call_order() -> None:
+    messages = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "tool_calls": [_call("a", "first", "{}"), _call("b", "second", "{}"),
+                                             _call("c", "third", "{}")]},
+        {"role": "tool", "tool_call_id": "c", "content": "C"},
+        {"role": "tool", "tool_call_id": "zzz", "tool": "stray", "content": "Z"},
+        {"role": "tool", "tool_call_id": "a", "content": "A"},
+        {"role": "tool", "tool_call_id": "yyy", "name": "other", "content": "Y"},
+        {"role": "tool", "tool_call_id": "nope", "content": "N"},
+        {"role": "tool", "tool": "preferred", "name": "fallback", "content": "W"},
+    ]
+    assert _tool_results(build_chat_segments(messages)) == [
+        ("first", "1", "A"), ("third", "3", "C"),
+        ("stray", "2", "Z"), ("other", "4", "Y"), ("", "5", "N"), ("preferred", "6", "W"),
+    ]
+
+
+def test_tool_results_after_a_plain_turn_match_nothing() -> None:
+    messages = [
+        {"role": "assistant", "tool_calls": [_call("a", "first", "{}")]},
+        {"role": "user", "content": "interlude"},
+        {"role": "tool", "tool_call_id": "a", "content": "A"},
+    ]
+    assert _tool_results(build_chat_segments(messages)) == [("", "1", "A")]
+
+
+def test_tool_result_content_parts_are_separate_text_segments() -> None:
+    messages = [{"role": "tool", "tool": "t",
+                 "content": [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}]}]
+    segments = build_chat_segments(messages, add_generation_prompt=False)
+    assert texts_of(segments)[-3:] == ["one", "two", "message"]
+
+
+@pytest.mark.parametrize("arguments", ["[1, 2]", "42", '"text"', ""])
+def test_arguments_that_are_not_an_object_are_kept_verbatim(arguments: str) -> None:
+    messages = [{"role": "assistant", "tool_calls": [_call("a", "f", arguments)]}]
+    text = render_text(build_chat_segments(messages, add_generation_prompt=False))
+    assert f'<|open|>json type="object"<|sep|>{arguments}<|close|>json<|sep|>' in text
+
+
+def test_empty_string_argument_has_no_body_segment() -> None:
+    messages = [{"role": "assistant", "tool_calls": [_call("a", "f", {"k": "", "n": 0})]}]
+    segments = build_chat_segments(messages, add_generation_prompt=False)
+    text = render_text(segments)
+    assert '<|open|>argument key="k" type="string"<|sep|><|close|>argument' in text
+    assert '<|open|>argument key="n" type="number"<|sep|>0<|close|>argument' in text
+    assert "" not in texts_of(segments)
+
+
+def test_non_ascii_arguments_are_not_escaped() -> None:
+    messages = [{"role": "assistant", "tool_calls": [_call("a", "f", '{"o": {"city": "Zürich"}}')]}]
+    text = render_text(build_chat_segments(messages, add_generation_prompt=False))
+    assert '{"city": "Zürich"}' in text
+
+
+def test_attribute_values_are_escaped_in_one_segment() -> None:
+    name = 'a"b<c>&d'
+    messages = [{"role": "assistant", "tool_calls": [_call("x", name, {'k"': 1})]}]
+    texts = texts_of(build_chat_segments(messages, add_generation_prompt=False))
+    assert "a&quot;b&lt;c&gt;&amp;d" in texts
+    assert "k&quot;" in texts
+
+
+def test_dynamic_tools_with_content_add_an_ordinary_system_message() -> None:
+    tools = [{"type": "function", "function": {"name": "late"}}]
+    messages = [{"role": "system", "tools": tools, "content": "Use them wisely."}]
+    text = render_text(build_chat_segments(messages, add_generation_prompt=False))
+    declare, _, rest = text.partition("<|end_of_msg|>")
+    assert declare.startswith('<|open|>message role="system" type="tool-declare"<|sep|>## New Tools')
+    assert '{"function":{"name":"late"},"type":"function"}' in declare
+    assert rest == '<|open|>message role="system"<|sep|>Use them wisely.<|close|>message<|sep|><|end_of_msg|>'
+
+
+def test_effort_precedes_conversation_and_choice_precedes_format() -> None:
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    segments = build_chat_segments([{"role": "user", "content": "go"}], tools,
+                                   thinking_effort="high", tool_choice="none",
+                                   response_format={"type": "json_object"})
+    kinds = [t for t in texts_of(segments) if t in
+             ("tool-declare", "thinking-effort", "user", "tool-choice", "response-format")]
+    assert kinds == ["tool-declare", "thinking-effort", "user", "tool-choice", "response-format"]
+    assert "`thinking_effort=high`" in render_text(segments)
+
+
+@pytest.mark.parametrize("kwargs", [{"tool_choice": {"type": "function", "function": {"name": "f"}}},
+                                    {"tool_choice": "auto"}, {"response_format": {"type": "text"}},
+                                    {"tools": []}])
+def test_options_that_add_nothing(kwargs: dict) -> None:
+    messages = [{"role": "user", "content": "go"}]
+    assert build_chat_segments(messages, **kwargs) == build_chat_segments(messages)
+
+
+def test_images_are_consumed_in_order_across_parts_and_placeholders() -> None:
+    first, second, third = (IMAGE.replace("2x2", size) for size in ("1x1", "2x2", "3x3"))
+    messages = [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}},
+                                     {"type": "text", "text": f"a{IMAGE_PLACEHOLDER}b"}]},
+        {"role": "user", "content": f"{IMAGE_PLACEHOLDER}c{IMAGE_PLACEHOLDER}"},
+    ]
+    segments = build_chat_segments(messages, image_prompts=[first, second, third],
+                                   add_generation_prompt=False)
+    assert [m for m in markup_of(segments) if m not in MARKUP_TOKENS] == [first, second, third]
+    # Three prompts: the part, the first message's placeholder, then the
+    # second message's first placeholder; its last one has none left.
+    content = [t for t in texts_of(segments) if t not in ("message", " role", '="', "user", '"')]
+    assert content == ["a", "b", f"c{IMAGE_PLACEHOLDER}"]
+    assert render_text(segments).count(third + "c") == 1
+
+
+def test_placeholders_beyond_the_prompts_stay_text() -> None:
+    messages = [{"role": "user", "content": f"x{IMAGE_PLACEHOLDER}y{IMAGE_PLACEHOLDER}z"}]
+    segments = build_chat_segments(messages, image_prompts=[IMAGE])
+    assert ["x", IMAGE, f"y{IMAGE_PLACEHOLDER}z"] == [s.text for s in segments[7:10]]
+    assert [s.markup for s in segments[7:10]] == [False, True, False]
+
+
+def test_missing_content_renders_empty() -> None:
+    segments = build_chat_segments([{"role": "user"}, {"role": "user", "content": None}],
+                                   add_generation_prompt=False)
+    assert render_text(segments) == 2 * '<|open|>message role="user"<|sep|><|close|>message<|sep|><|end_of_msg|>'
+
+
+# --- errors -------------------------------------------------------------------
+
+@pytest.mark.parametrize("effort", ["medium", "minimal", "LOW", ""])
+def test_unsupported_thinking_effort_raises(effort: str) -> None:
+    with pytest.raises(ValueError, match="thinking_effort"):
+        build_chat_segments([{"role": "user", "content": "go"}], thinking_effort=effort)
+
+
+@pytest.mark.parametrize("role", ["developer", "function", "bot", None])
+def test_unknown_role_raises_naming_it(role: object) -> None:
+    with pytest.raises(ValueError, match=repr(role)):
+        build_chat_segments([{"role": role, "content": "hi"}])
+
+
+def test_image_part_without_a_prompt_raises() -> None:
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}]
+    with pytest.raises(ValueError, match="image"):
+        build_chat_segments(messages)
+    with pytest.raises(ValueError, match="image"):
+        build_chat_segments(messages * 2, image_prompts=[IMAGE])
+
+
+@pytest.mark.parametrize("kwargs", [{"tool_choice": "sometimes"},
+                                    {"response_format": {"type": "yaml"}},
+                                    {"messages": [{"role": "user", "content": [{"type": "audio"}]}]}])
+def test_other_unsupported_requests_raise(kwargs: dict) -> None:
+    kwargs.setdefault("messages", [{"role": "user", "content": "go"}])
+    with pytest.raises(ValueError):
+        build_chat_segments(**kwargs)
+
+
+# --- properties ---------------------------------------------------------------
+
+# Text that is likely to contain forged structure: specials, quotes, brackets.
+hostile_text = st.lists(st.one_of(st.text(max_size=8), st.sampled_from(SPECIAL_SPELLINGS),
+                                  st.sampled_from(['"', "=", "<", ">", "&", " role"])),
+                        max_size=6).map("".join)
+json_value = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=6)
+                          | st.floats(allow_nan=False, allow_infinity=False),
+                          lambda inner: st.lists(inner, max_size=3)
+                          | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+                          max_leaves=6)
+tool_call = st.builds(_call, st.text(max_size=4), hostile_text,
+                      st.one_of(st.dictionaries(hostile_text, json_value, max_size=3),
+                                hostile_text, json_value.map(json.dumps)))
+plain_message = st.builds(lambda role, content: {"role": role, "content": content},
+                          st.sampled_from(["system", "user"]), hostile_text)
+assistant_message = st.builds(
+    lambda content, reasoning, calls: {"role": "assistant", "content": content,
+                                       "reasoning_content": reasoning, "tool_calls": calls},
+    hostile_text, hostile_text, st.lists(tool_call, max_size=2))
+tool_message = st.builds(lambda content, name: {"role": "tool", "tool": name, "content": content},
+                         hostile_text, hostile_text)
+any_message = st.one_of(plain_message, assistant_message, tool_message)
+
+
+def _skeleton(message: dict) -> dict:
+    """The same message with every free-text field blanked."""
+    bland = dict(message, content="")
+    if message["role"] == "assistant":
+        bland["reasoning_content"] = ""
+    return bland
+
+
+@given(st.lists(any_message, max_size=5))
+def test_content_never_reaches_markup(messages: list[dict]) -> None:
+    segments = build_chat_segments(messages)
+    bland = build_chat_segments([_skeleton(m) for m in messages])
+    # Structure is fixed by the message shapes alone, whatever the text says.
+    assert markup_of(segments) == markup_of(bland)
+    assert set(markup_of(segments)) <= set(MARKUP_TOKENS)
+    for message in messages:
+        assert not message["content"] or message["content"] in texts_of(segments)
+
+
+@given(st.lists(any_message, max_size=5), st.booleans(), st.booleans())
+def test_no_empty_segments_and_deterministic(messages: list[dict], generation: bool,
+                                             thinking: bool) -> None:
+    before = copy.deepcopy(messages)
+    first = build_chat_segments(messages, add_generation_prompt=generation, thinking=thinking)
+    assert all(segment.text for segment in first)
+    assert build_chat_segments(messages, add_generation_prompt=generation, thinking=thinking) == first
+    assert messages == before
+
+
+# Content words are disjoint from every structural word, so a text segment
+# that is neither a structural word nor a whole content word can only be the
+# product of a merge.
+content_word = st.text(alphabet="xyz?! \n", min_size=1, max_size=6) | st.sampled_from(SPECIAL_SPELLINGS)
+STRUCTURE_WORDS = {"message", "think", "response", " role", " tool", " index", '="', '"',
+                   "system", "user", "assistant", "tool", "f", *"123456"}
+
+
+@given(st.lists(st.tuples(st.sampled_from(["system", "user", "assistant", "tool"]), content_word),
+                max_size=6),
+       st.lists(st.sampled_from(["1x1", "3x4"]), max_size=2))
+def test_segments_are_never_merged(turns: list[tuple[str, str]], sizes: list[str]) -> None:
+    messages = [{"role": role, "content": word, "tool": "f"} for role, word in turns]
+    prompts = [IMAGE.replace("2x2", size) for size in sizes]
+    words = {word for _, word in turns}
+    for segment in build_chat_segments(messages, image_prompts=prompts):
+        if segment.markup:
+            assert segment.text in MARKUP_TOKENS or segment.text in prompts
+        else:
+            assert segment.text in STRUCTURE_WORDS or segment.text in words
+
+
+@given(st.text())
+def test_attribute_escaping_round_trips(value: str) -> None:
+    escaped = escape_attr(value)
+    assert not set('"<>') & set(escaped)
+    assert unescape_attr(escaped) == value
+
+
+@given(hostile_text)
+def test_attribute_value_is_one_escaped_segment(name: str) -> None:
+    messages = [{"role": "tool", "tool": name, "content": "r"}]
+    texts = texts_of(build_chat_segments(messages, add_generation_prompt=False))
+    if name:
+        assert texts[texts.index(" tool") + 2] == escape_attr(name)
+        assert unescape_attr(texts[texts.index(" tool") + 2]) == name
+
+
+@given(st.lists(st.one_of(plain_message, assistant_message), max_size=5))
+def test_rendering_composes_per_message(messages: list[dict]) -> None:
+    whole = render_text(build_chat_segments(messages, add_generation_prompt=False))
+    parts = "".join(render_text(build_chat_segments([m], add_generation_prompt=False))
+                    for m in messages)
+    assert whole == parts
