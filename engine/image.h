@@ -16,6 +16,14 @@
 #define WIMG_MAX_PIXELS (64u * 1024u * 1024u)
 #define WIMG_MAX_SIDE 32768
 
+/* Decoding is bounded tighter than the header check: a decoded image costs
+ * 3 bytes a pixel, so 16 Mpixels (e.g. 4096 x 4096) caps the source buffer
+ * at 48 MiB.  wimg_decode refuses larger images with WASTE_E_FORMAT. */
+#define WIMG_DECODE_MAX_PIXELS (16u * 1024u * 1024u)
+
+/* Largest file wimg_decode reads into memory. */
+#define WIMG_MAX_FILE_BYTES (64u * 1024u * 1024u)
+
 typedef struct {
     int w, h;
     uint8_t *rgb; /* w*h*3 bytes, row-major, owned */
@@ -26,9 +34,12 @@ typedef struct {
  * absurd dimensions). */
 waste_status wimg_dimensions(const char *path, int *w, int *h, char *err, size_t errcap);
 
-/* Decode to RGB.  Errors: WASTE_E_IO, WASTE_E_FORMAT (malformed),
- * WASTE_E_UNSUPPORTED (a format or variant this build does not decode),
- * WASTE_E_OOM. */
+/* Decode to 8-bit RGB: PNG (every colour type and depth, interlaced too),
+ * GIF (first frame) and baseline JPEG.  Alpha is dropped, not composited;
+ * 16-bit samples keep their high byte.  Errors: WASTE_E_IO, WASTE_E_FORMAT
+ * (malformed, or beyond WIMG_DECODE_MAX_PIXELS), WASTE_E_UNSUPPORTED
+ * (WebP, progressive or arithmetic-coded JPEG, CMYK), WASTE_E_OOM.
+ * On failure *out is left untouched. */
 waste_status wimg_decode(const char *path, wimg *out, char *err, size_t errcap);
 
 void wimg_free(wimg *img);
@@ -40,14 +51,17 @@ typedef struct wvision wvision;
 waste_status wvision_load(const char *dir, uint32_t hidden, wvision **out,
                           char *err, size_t errcap);
 
-/* Bytes the tower needs when loaded (weights + activations for the largest
- * image), from the files alone; 0 when the container has no tower.  Used
- * by waste_plan_memory.  Malformed files: WASTE_E_FORMAT. */
+/* Bytes the tower needs when loaded, from the files alone: weights, its
+ * activations, and the bounded decode of one source image (file bytes up to
+ * WIMG_MAX_FILE_BYTES plus RGB up to WIMG_DECODE_MAX_PIXELS).  Not the
+ * embeddings it returns: those are the image queue's.  0 when the container
+ * has no tower.  Used by waste_plan_memory.  Malformed files: WASTE_E_FORMAT. */
 waste_status wvision_plan(const char *dir, uint32_t hidden, uint64_t *bytes,
                           char *err, size_t errcap);
 
 /* Encode one decoded image into *n_tokens embeddings of hidden floats each,
- * malloc'd into *embeds (caller frees). */
+ * malloc'd into *embeds (caller frees).  Pure: safe to call from several
+ * threads on one wvision. */
 waste_status wvision_encode(const wvision *vis, const wimg *img, float **embeds,
                             size_t *n_tokens, char *err, size_t errcap);
 
