@@ -14,10 +14,8 @@
  * the RGB image, both capped in image.h); the embeddings wvision_encode
  * returns belong to the caller's image queue and are counted there.
  *
- * Note for whoever sizes that queue: the resize rule bounds an image's
- * positions by max_tokens only when both sides stay at least U after
- * scaling.  A very thin image keeps one side at U and the other at up to
- * WIMG_MAX_SIDE, so one image can take max(max_tokens, WIMG_MAX_SIDE / U).
+ * An image never takes more than max_tokens positions: a very thin image,
+ * whose short side stays at U, has its long side cut to fit.
  */
 #include "image_codec.h"
 #include "json.h"
@@ -265,7 +263,13 @@ waste_status wvision_encode(const wvision *vis, const wimg *img, float **embeds,
     double s = sqrt((double)c->max_tokens * u * u / ((double)img->w * img->h));
     if (s > 1) s = 1;
     int rw = resized_side(img->w, s, u), rh = resized_side(img->h, s, u);
-    size_t gx = (size_t)(rw / u), gy = (size_t)(rh / u), n = gx * gy;
+    size_t gx = (size_t)(rw / u), gy = (size_t)(rh / u), max = (size_t)c->max_tokens;
+    if (gx * gy > max) { /* thin image: cut the long side */
+        if (gx > gy) gx = max / gy; else gy = max / gx;
+        rw = (int)gx * u;
+        rh = (int)gy * u;
+    }
+    size_t n = gx * gy;
     size_t vh = (size_t)c->vhidden, block = (size_t)(m * m) * vh, hidden = vis->hidden;
 
     float *out = malloc(n * hidden * sizeof *out);
