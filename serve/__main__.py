@@ -1,0 +1,187 @@
+"""`python3 -m serve MODEL`: parse flags, open the model, print a banner, serve until stopped."""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Optional
+
+from .chatfmt import NoChatFormat, resolve_chat_format
+from .engine import Engine, EngineConfig, LibraryNotFound, MemPlan, WasteError, load_library
+from .http import Server, stderr_log
+from .service import Service, ServiceOptions
+
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+SIZE = re.compile(r"(\d+)([KMGT]?)(I?B)?", re.IGNORECASE)
+UNITS = {"": 0, "K": 10, "M": 20, "G": 30, "T": 40}
+
+
+def parse_size(text: str) -> int:
+    """'48G', '512M', '1048576' → bytes (binary units)."""
+    match = SIZE.fullmatch(text.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 48G, 512M or bytes)")
+    return int(match.group(1)) << UNITS[match.group(2).upper()]
+
+
+def non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"not a non-negative integer: {text!r}")
+    return value
+
+
+def positive(text: str) -> int:
+    value = non_negative(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:
+        # One line, not argparse's usage block: the mistake is what the user needs to see.
+        self.exit(2, f"serve: {message} (see --help)\n")
+
+
+def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
+    p = _Parser(prog="python3 -m serve",
+                                description="OpenAI-compatible server for a libwaste model.")
+    p.add_argument("model", help="container directory (e.g. ~/models/k3.waste)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=non_negative, default=8000)
+    p.add_argument("--model-id", help="id reported to clients (default: the directory name)")
+    p.add_argument("--api-key", default=os.environ.get("WASTE_API_KEY"),
+                   help="require Authorization: Bearer KEY (default $WASTE_API_KEY)")
+    p.add_argument("--budget", type=parse_size, default=0, help="RAM ceiling, e.g. 48G (0 = engine picks)")
+    p.add_argument("--ctx", type=non_negative, default=0, help="context tokens (0 = engine default)")
+    p.add_argument("--threads", type=non_negative, default=0, help="compute threads (0 = one per core)")
+    p.add_argument("--cpus", help="cpu list for the threads, e.g. 0-5 or 0-2,6-8")
+    p.add_argument("--cache", choices=("lfru", "lru"), default="lfru", help="expert-cache eviction")
+    p.add_argument("--no-direct-io", action="store_true", help="read experts through the page cache")
+    p.add_argument("--vision", action="store_true", help="load the vision tower")
+    p.add_argument("--verify", action="store_true", help="crc32-check every expert record read")
+    p.add_argument("--usage", help="learned hotlist file (default <model>/usage.waste)")
+    p.add_argument("--max-tokens", type=positive, default=4096,
+                   help="reply cap when a request sets none (default 4096)")
+    p.add_argument("--no-thinking", action="store_true", help="answer without the think channel by default")
+    p.add_argument("--allow-local-images", action="store_true",
+                   help="let clients name image files on this machine")
+    p.add_argument("--plan", action="store_true", help="print the memory plan and exit")
+    p.add_argument("--lib", default=os.environ.get("WASTE_LIB"), help="libwaste path (default $WASTE_LIB)")
+    p.add_argument("--exclusive-open", action="store_true", help="refuse a container another process owns")
+    p.add_argument("--quiet", action="store_true", help="no per-request log lines")
+    return p.parse_args(argv)
+
+
+def default_model_id(model: str) -> str:
+    name = Path(model).resolve().name
+    return name[:-len(".waste")] if name.endswith(".waste") else name
+
+
+def gib(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
+
+
+def describe_plan(plan: MemPlan) -> str:
+    rows = [("trunk", plan.trunk_bytes), ("state", plan.state_bytes), ("scratch", plan.scratch_bytes),
+            ("min expert cache", plan.min_expert_cache), ("floor", plan.floor_bytes),
+            ("recommended", plan.recommended_bytes), ("vision", plan.vision_bytes),
+            ("working set/token", plan.working_set_bytes)]
+    return "\n".join(f"  {name:<18} {gib(value):>12}  ({value} bytes)" for name, value in rows)
+
+
+def banner(lib, engine: Engine, fmt, args: argparse.Namespace, url: str) -> str:
+    info, mem = engine.info, engine.memory_used()
+    chat = fmt.description
+    lines = [
+        f"engine   libwaste {lib.version()} — {lib.build_info()}",
+        f"model    {info.arch}: {info.n_layers} layers, {info.n_experts} experts (top-{info.top_k}), "
+        f"hidden {info.hidden}, {info.params_total:,} params ({info.params_active:,} active), "
+        f"ctx {info.ctx_max}",
+        f"quant    {info.quant_summary}",
+        f"memory   {gib(mem.recommended_bytes)} resolved (trunk {gib(mem.trunk_bytes)}, "
+        f"state {gib(mem.state_bytes)}, floor {gib(mem.floor_bytes)})"
+        + (f", vision tower {gib(mem.vision_bytes)}" if args.vision else ""),
+        f"chat     {chat}",
+        f"thinking {'off' if args.no_thinking or not getattr(fmt, 'supports_reasoning', False) else 'on'}"
+        " by default (reasoning_effort overrides)",
+        f"listen   {url}",
+    ]
+    if args.host not in LOOPBACK and not args.api_key:
+        lines.append(f"WARNING  listening on {args.host} without --api-key: anyone who can reach "
+                     "this port can use the model")
+    return "\n".join(lines)
+
+
+def fail(message: str) -> int:
+    print(f"serve: {message}", file=sys.stderr)
+    return 1
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(argv)
+    try:
+        lib = load_library(args.lib)
+    except LibraryNotFound as e:
+        return fail(str(e).replace("\n", "; "))
+    if not Path(args.model).is_dir():
+        return fail(f"{args.model}: not a model container directory")
+    if args.plan:
+        try:
+            plan = lib.plan_memory(args.model, args.ctx)
+        except WasteError as e:
+            return fail(str(e))
+        print(f"memory plan for {args.model} (ctx {args.ctx or 'default'}):\n{describe_plan(plan)}")
+        return 0
+    cfg = EngineConfig(budget=args.budget, ctx=args.ctx, threads=args.threads, cpus=args.cpus,
+                       cache_policy=args.cache, direct_io=not args.no_direct_io, vision=args.vision,
+                       verify=args.verify, usage_path=args.usage, exclusive_open=args.exclusive_open)
+    try:
+        engine = Engine(lib, args.model, cfg)
+    except (WasteError, ValueError) as e:
+        return fail(f"cannot open {args.model}: {e}")
+    try:
+        return serve(lib, engine, args)
+    finally:
+        engine.close()
+
+
+def serve(lib, engine: Engine, args: argparse.Namespace) -> int:
+    fmt = resolve_chat_format(engine, args.model)
+    options = ServiceOptions(model_id=args.model_id or default_model_id(args.model),
+                             max_tokens=args.max_tokens, thinking=not args.no_thinking,
+                             vision=args.vision, allow_local_images=args.allow_local_images)
+    try:
+        server = Server((args.host, args.port), Service(engine, lib, fmt, options),
+                        api_key=args.api_key or None, log=None if args.quiet else stderr_log)
+    except OSError as e:
+        return fail(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}")
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    print(banner(lib, engine, fmt, args, f"http://{host}:{server.port}/v1"), flush=True)
+    if isinstance(fmt, NoChatFormat):
+        print("note     /v1/chat/completions is unavailable; /v1/completions works", flush=True)
+
+    def stop(signum, frame) -> None:
+        # shutdown() waits for serve_forever to return, so it cannot run on this (the serving) thread.
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+    print("serve: stopped", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

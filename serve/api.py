@@ -1,0 +1,355 @@
+"""The OpenAI wire format: request validation and response/error shapes.
+
+Validation checks the fields this server knows and ignores the rest, so
+clients that send extra sampling knobs keep working.
+"""
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+MAX_STOP_STRINGS = 4
+THINKING_ON_EFFORTS = ("low", "high", "max")
+THINKING_OFF_EFFORTS = ("none", "minimal", "off")
+MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool")
+IMAGE_PART = "image_url"
+
+
+class ApiError(Exception):
+    """A request that ends in an OpenAI-shaped error response."""
+
+    def __init__(self, status: int, message: str, param: Optional[str] = None,
+                 code: Optional[str] = None, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.kind = kind
+
+    def body(self) -> dict:
+        return error_body(self.message, self.kind, self.param, self.code)
+
+
+def error_body(message: str, kind: str = "invalid_request_error",
+               param: Optional[str] = None, code: Optional[str] = None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def invalid(param: str, message: str, code: str = "invalid_value") -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+# ---- requests ---------------------------------------------------------------
+
+@dataclass
+class Sampling:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: Optional[int] = None        # None: a fresh seed per request
+    max_tokens: Optional[int] = None  # None: the server's default
+    stop: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ChatRequest:
+    messages: list[dict]
+    sampling: Sampling
+    stream: bool = False
+    include_usage: bool = False
+    tools: Optional[list[dict]] = None
+    tool_choice: Any = None
+    response_format: Optional[dict] = None
+    thinking: Optional[bool] = None   # None: the server's default
+    thinking_effort: Optional[str] = None
+
+
+@dataclass
+class CompletionRequest:
+    prompt: str
+    sampling: Sampling
+    stream: bool = False
+    include_usage: bool = False
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
+
+
+def _parse_sampling(body: dict) -> Sampling:
+    s = Sampling()
+    if body.get("temperature") is not None:
+        t = body["temperature"]
+        if not _is_number(t) or not 0 <= t <= 2:
+            raise invalid("temperature", "temperature must be a number between 0 and 2")
+        s.temperature = float(t)
+    if body.get("top_p") is not None:
+        p = body["top_p"]
+        if not _is_number(p) or not 0 < p <= 1:
+            raise invalid("top_p", "top_p must be a number greater than 0 and at most 1")
+        s.top_p = float(p)
+    if body.get("top_k") is not None:
+        k = body["top_k"]
+        if not _is_int(k) or k < 0:
+            raise invalid("top_k", "top_k must be an integer >= 0")
+        s.top_k = k
+    if body.get("seed") is not None:
+        seed = body["seed"]
+        if not _is_int(seed):
+            raise invalid("seed", "seed must be an integer")
+        s.seed = seed % (1 << 64)  # the engine's seed is a uint64
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = body.get(name)
+        if value is None:
+            continue
+        if not _is_int(value) or value < 1:
+            raise invalid(name, f"{name} must be an integer >= 1")
+        if s.max_tokens is None:
+            s.max_tokens = value
+    s.stop = _parse_stop(body.get("stop"))
+    if body.get("n") is not None and body["n"] != 1:
+        raise invalid("n", "only n=1 is supported")
+    return s
+
+
+def _parse_stop(stop: Any) -> list[str]:
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        stop = [stop]
+    if (not isinstance(stop, list) or len(stop) > MAX_STOP_STRINGS
+            or not all(isinstance(s, str) for s in stop)):
+        raise invalid("stop", f"stop must be a string or a list of up to {MAX_STOP_STRINGS} strings")
+    return [s for s in stop if s]
+
+
+def _parse_stream(body: dict) -> tuple[bool, bool]:
+    stream = body.get("stream")
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise invalid("stream", "stream must be a boolean")
+    options = body.get("stream_options")
+    include_usage = False
+    if options is not None:
+        if not isinstance(options, dict):
+            raise invalid("stream_options", "stream_options must be an object")
+        include_usage = options.get("include_usage", False)
+        if include_usage is None:
+            include_usage = False
+        if not isinstance(include_usage, bool):
+            raise invalid("stream_options.include_usage", "include_usage must be a boolean")
+    return stream, include_usage
+
+
+def parse_reasoning_effort(value: Any) -> tuple[Optional[bool], Optional[str]]:
+    """Maps reasoning_effort to (thinking, thinking_effort); (None, None) when absent."""
+    if value is None:
+        return None, None
+    if value in THINKING_ON_EFFORTS:
+        return True, value
+    if value in THINKING_OFF_EFFORTS:
+        return False, None
+    if value == "medium":
+        raise invalid("reasoning_effort",
+                      "reasoning_effort 'medium' is not supported: K3's prompt encoder accepts only "
+                      "low, high or max (or none/minimal/off to turn thinking off)")
+    raise invalid("reasoning_effort",
+                  "reasoning_effort must be one of low, high, max, none, minimal, off")
+
+
+def _parse_content(content: Any, param: str, allow_null: bool) -> None:
+    if content is None:
+        if not allow_null:
+            raise invalid(param, f"{param} must be a string or a list of content parts")
+        return
+    if isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        raise invalid(param, f"{param} must be a string or a list of content parts")
+    for j, part in enumerate(content):
+        where = f"{param}[{j}]"
+        if not isinstance(part, dict):
+            raise invalid(where, "a content part must be an object")
+        kind = part.get("type")
+        if kind == "text":
+            if not isinstance(part.get("text"), str):
+                raise invalid(where, "a text part needs a string 'text'")
+        elif kind == IMAGE_PART:
+            image = part.get("image_url")
+            url = image.get("url") if isinstance(image, dict) else image
+            if not isinstance(url, str):
+                raise invalid(where, "an image_url part needs image_url.url as a string")
+        else:
+            raise invalid(where, f"unsupported content part type {kind!r}")
+
+
+def _parse_tool_calls(calls: Any, param: str) -> None:
+    if not isinstance(calls, list):
+        raise invalid(param, "tool_calls must be a list")
+    for j, call in enumerate(calls):
+        where = f"{param}[{j}]"
+        if not isinstance(call, dict) or not isinstance(call.get("id", ""), str):
+            raise invalid(where, "a tool call must be an object with a string id")
+        if call.get("type", "function") != "function":
+            raise invalid(where, "tool call type must be 'function'")
+        fn = call.get("function")
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise invalid(where, "a tool call needs function.name")
+        if not isinstance(fn.get("arguments", ""), str):
+            raise invalid(where, "tool call function.arguments must be a JSON string")
+
+
+def _parse_messages(messages: Any) -> list[dict]:
+    if not isinstance(messages, list) or not messages:
+        raise invalid("messages", "messages must be a non-empty list")
+    normalized = []
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise invalid(where, "each message must be an object")
+        role = message.get("role")
+        if role not in MESSAGE_ROLES:
+            raise invalid(f"{where}.role", f"role must be one of {', '.join(MESSAGE_ROLES)}")
+        has_calls = role == "assistant" and message.get("tool_calls") is not None
+        if has_calls:
+            _parse_tool_calls(message["tool_calls"], f"{where}.tool_calls")
+        _parse_content(message.get("content"), f"{where}.content", allow_null=has_calls)
+        if role == "tool" and not isinstance(message.get("tool_call_id", ""), str):
+            raise invalid(f"{where}.tool_call_id", "tool_call_id must be a string")
+        # developer is OpenAI's newer name for the system role.
+        normalized.append(dict(message, role="system") if role == "developer" else message)
+    return normalized
+
+
+def _parse_tools(tools: Any) -> Optional[list[dict]]:
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise invalid("tools", "tools must be a list")
+    for j, tool in enumerate(tools):
+        where = f"tools[{j}]"
+        if not isinstance(tool, dict) or tool.get("type", "function") != "function":
+            raise invalid(where, "each tool must be an object of type 'function'")
+        fn = tool.get("function")
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise invalid(f"{where}.function", "a tool needs function.name")
+        if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
+            raise invalid(f"{where}.function.parameters", "parameters must be a JSON Schema object")
+    return tools or None
+
+
+def _parse_tool_choice(choice: Any) -> Any:
+    if choice is None or choice in ("none", "auto", "required"):
+        return choice
+    if (isinstance(choice, dict) and choice.get("type") == "function"
+            and isinstance(choice.get("function"), dict)
+            and isinstance(choice["function"].get("name"), str)):
+        return choice
+    raise invalid("tool_choice", "tool_choice must be none, auto, required or a named function")
+
+
+def _parse_response_format(value: Any) -> Optional[dict]:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or value.get("type") not in ("text", "json_object", "json_schema"):
+        raise invalid("response_format", "response_format.type must be text, json_object or json_schema")
+    if value["type"] == "json_schema" and not isinstance(value.get("json_schema"), dict):
+        raise invalid("response_format.json_schema", "json_schema must be an object")
+    return None if value["type"] == "text" else value
+
+
+def parse_chat_request(body: dict) -> ChatRequest:
+    messages = _parse_messages(body.get("messages"))
+    sampling = _parse_sampling(body)
+    stream, include_usage = _parse_stream(body)
+    thinking, effort = parse_reasoning_effort(body.get("reasoning_effort"))
+    return ChatRequest(messages=messages, sampling=sampling, stream=stream,
+                       include_usage=include_usage, tools=_parse_tools(body.get("tools")),
+                       tool_choice=_parse_tool_choice(body.get("tool_choice")),
+                       response_format=_parse_response_format(body.get("response_format")),
+                       thinking=thinking, thinking_effort=effort)
+
+
+def parse_completion_request(body: dict) -> CompletionRequest:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise invalid("prompt", "prompt must be a string or a list of one string")
+    sampling = _parse_sampling(body)
+    stream, include_usage = _parse_stream(body)
+    return CompletionRequest(prompt=prompt, sampling=sampling, stream=stream,
+                             include_usage=include_usage)
+
+
+# ---- responses --------------------------------------------------------------
+
+@dataclass
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    waste: dict  # the engine numbers OpenAI's schema has no place for
+
+    def openai(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": 0}}
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def chat_message(content: str, reasoning: str, tool_calls: list[dict]) -> dict:
+    message: dict[str, Any] = {"role": "assistant",
+                               "content": content if content or not tool_calls else None}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return message
+
+
+def chat_completion(rid: str, created: int, model: str, message: dict,
+                    finish_reason: str, usage: Usage) -> dict:
+    return {"id": rid, "object": "chat.completion", "created": created, "model": model,
+            "choices": [{"index": 0, "message": message, "logprobs": None,
+                         "finish_reason": finish_reason}],
+            "usage": usage.openai(), "waste": usage.waste}
+
+
+def chat_chunk(rid: str, created: int, model: str, delta: dict,
+               finish_reason: Optional[str] = None) -> dict:
+    return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                         "finish_reason": finish_reason}]}
+
+
+def text_completion(rid: str, created: int, model: str, text: str,
+                    finish_reason: Optional[str], usage: Optional[Usage] = None) -> dict:
+    body = {"id": rid, "object": "text_completion", "created": created, "model": model,
+            "choices": [{"index": 0, "text": text, "logprobs": None,
+                         "finish_reason": finish_reason}]}
+    if usage is not None:
+        body["usage"] = usage.openai()
+        body["waste"] = usage.waste
+    return body
+
+
+def usage_chunk(rid: str, created: int, model: str, obj: str, usage: Usage) -> dict:
+    return {"id": rid, "object": obj, "created": created, "model": model, "choices": [],
+            "usage": usage.openai(), "waste": usage.waste}

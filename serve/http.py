@@ -1,0 +1,348 @@
+"""HTTP for the service: routing, auth, body limits, JSON bodies and SSE framing.
+
+One thread per connection (ThreadingHTTPServer); generations serialize on the
+engine lock inside the service, so /health and /v1/models still answer while
+a reply is being written.
+"""
+from __future__ import annotations
+
+import hmac
+import json
+import select
+import socket
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable, Optional
+
+from . import api
+from .api import ApiError
+from .service import Service
+
+MAX_BODY_BYTES = 64 * 1024 * 1024
+MAX_JSON_DEPTH = 64
+MODELS_PREFIX = "/v1/models/"
+ROUTES = {"/health": "GET", "/v1/models": "GET",
+          "/v1/chat/completions": "POST", "/v1/completions": "POST"}
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], service: Service, *, api_key: Optional[str] = None,
+                 log: Optional[Callable[[str], None]] = None, socket_timeout: float = 30.0):
+        self.service = service
+        self.api_key = api_key
+        self.log = log
+        self.socket_timeout = socket_timeout  # bounds a client that declares more body than it sends
+        super().__init__(address, Handler)
+
+    @property
+    def port(self) -> int:
+        return self.server_address[1]
+
+
+def stderr_log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def json_depth(value: Any) -> int:
+    """Nesting depth of a parsed JSON value, without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth)
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def parse_json_object(raw: bytes) -> dict:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ApiError(400, "request body is not valid UTF-8", code="invalid_body") from None
+    try:
+        value = json.loads(text)
+    except RecursionError:  # Python's parser recurses once per nesting level
+        raise ApiError(400, f"JSON is nested deeper than {MAX_JSON_DEPTH} levels",
+                       code="invalid_body") from None
+    except ValueError as e:
+        raise ApiError(400, f"request body is not valid JSON: {e}", code="invalid_body") from None
+    if not isinstance(value, dict):
+        raise ApiError(400, "request body must be a JSON object", code="invalid_body")
+    if json_depth(value) > MAX_JSON_DEPTH:
+        raise ApiError(400, f"JSON is nested deeper than {MAX_JSON_DEPTH} levels", code="invalid_body")
+    return value
+
+
+def sse_event(payload: Any) -> bytes:
+    return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "serve"
+    server: Server
+
+    def setup(self) -> None:
+        self.timeout = self.server.socket_timeout
+        super().setup()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # one line per request is written by _log instead
+
+    # -- dispatch -----------------------------------------------------------------------
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
+    def do_PATCH(self) -> None:
+        self._dispatch("PATCH")
+
+    def _dispatch(self, method: str) -> None:
+        # For the request's log line; the sinks update them as the reply goes out.
+        self._started = time.monotonic()
+        self.status = 0
+        self.tokens = 0
+        path = self.path.split("?", 1)[0]
+        try:
+            self._route(method, path)
+        except ApiError as e:
+            self._send_json(e.status, e.body())
+        except Exception as e:  # anything unexpected is the server's fault, and must not kill it
+            self._send_json(500, api.error_body(f"internal error: {e}", "server_error"))
+        finally:
+            self._log(method, path)
+
+    def _route(self, method: str, path: str) -> None:
+        allowed = "GET" if path.startswith(MODELS_PREFIX) else ROUTES.get(path)
+        if allowed is None:
+            raise ApiError(404, f"no such endpoint: {path}", code="not_found")
+        if path != "/health":
+            self._check_auth()
+        if method != allowed:
+            raise ApiError(405, f"{path} accepts {allowed} only", code="method_not_allowed")
+        if path == "/health":
+            self._send_json(200, {"status": "ok"})
+        elif path == "/v1/models":
+            self._send_json(200, {"object": "list", "data": [self.server.service.model()]})
+        elif path.startswith(MODELS_PREFIX):
+            self._get_model(path[len(MODELS_PREFIX):])
+        elif path == "/v1/chat/completions":
+            self._chat(api.parse_chat_request(self._read_json()))
+        else:
+            self._complete(api.parse_completion_request(self._read_json()))
+
+    def _check_auth(self) -> None:
+        key = self.server.api_key
+        if not key:
+            return
+        given = self.headers.get("Authorization", "").encode()
+        if not hmac.compare_digest(given, f"Bearer {key}".encode()):
+            self.close_connection = True  # the body, if any, is left unread
+            raise ApiError(401, "missing or wrong API key (send Authorization: Bearer <key>)",
+                           code="invalid_api_key")
+
+    def _get_model(self, model_id: str) -> None:
+        model = self.server.service.model()
+        if model_id != model["id"]:
+            raise ApiError(404, f"the model {model_id!r} does not exist", param="model",
+                           code="model_not_found")
+        self._send_json(200, model)
+
+    # -- request bodies -----------------------------------------------------------------
+
+    def _read_json(self) -> dict:
+        return parse_json_object(self._read_body())
+
+    def _read_body(self) -> bytes:
+        # Any refusal here leaves unread bytes on the connection, so it is closed.
+        self.close_connection = True
+        if self.headers.get("Transfer-Encoding"):
+            raise ApiError(411, "chunked request bodies are not accepted; send Content-Length",
+                           code="length_required")
+        declared = self.headers.get("Content-Length")
+        if declared is None:
+            raise ApiError(411, "a request body needs a Content-Length", code="length_required")
+        try:
+            length = int(declared)
+        except ValueError:
+            length = -1
+        if length < 0:
+            raise ApiError(400, "Content-Length is not a valid length", code="invalid_body")
+        if length > MAX_BODY_BYTES:
+            raise ApiError(413, f"request body is larger than {MAX_BODY_BYTES >> 20} MB",
+                           code="request_too_large")
+        chunks, got = [], 0
+        try:
+            while got < length:
+                chunk = self.rfile.read(min(length - got, 1 << 20))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                got += len(chunk)
+        except (socket.timeout, OSError):
+            pass
+        if got < length:
+            raise ApiError(400, f"request body ended after {got} of {length} declared bytes",
+                           code="incomplete_body")
+        self.close_connection = False
+        return b"".join(chunks)
+
+    # -- generation ---------------------------------------------------------------------
+
+    def _chat(self, req: api.ChatRequest) -> None:
+        service = self.server.service
+        rid, created, model = api.new_id("chatcmpl"), api.now(), service.options.model_id
+        if not req.stream:
+            reply = service.chat(req, _BlockingSink(self))
+            self._reply_json(reply, lambda: api.chat_completion(
+                rid, created, model, reply.message, reply.finish_reason, reply.usage))
+            return
+        stream = _StreamSink(
+            self, chunk=lambda delta: api.chat_chunk(rid, created, model, delta),
+            final=lambda finish: api.chat_chunk(rid, created, model, {}, finish),
+            usage=(lambda usage: api.usage_chunk(rid, created, model, "chat.completion.chunk", usage))
+            if req.include_usage else None,
+            first={"role": "assistant", "content": ""})
+        stream.run(lambda: service.chat(req, stream))
+
+    def _complete(self, req: api.CompletionRequest) -> None:
+        service = self.server.service
+        rid, created, model = api.new_id("cmpl"), api.now(), service.options.model_id
+        if not req.stream:
+            reply = service.complete(req, _BlockingSink(self))
+            self._reply_json(reply, lambda: api.text_completion(
+                rid, created, model, reply.text, reply.finish_reason, reply.usage))
+            return
+        stream = _StreamSink(
+            self, chunk=lambda delta: api.text_completion(rid, created, model, delta["text"], None),
+            final=lambda finish: api.text_completion(rid, created, model, "", finish),
+            usage=(lambda usage: api.usage_chunk(rid, created, model, "text_completion", usage))
+            if req.include_usage else None)
+        stream.run(lambda: service.complete(req, stream))
+
+    def _reply_json(self, reply: Any, body: Callable[[], dict]) -> None:
+        self.tokens = reply.usage.completion_tokens
+        if not reply.client_gone:
+            self._send_json(200, body())
+
+    # -- output -------------------------------------------------------------------------
+
+    def _send_json(self, status: int, payload: Any) -> None:
+        body = json.dumps(payload, ensure_ascii=False).encode()
+        self.status = status
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            if self.close_connection:
+                self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(body)
+        except OSError:
+            self.close_connection = True  # the client is gone; nothing left to tell it
+
+    def client_gone(self) -> bool:
+        """Non-blocking: has the peer closed its end? (readable, yet nothing to read)."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except (OSError, ValueError):
+            return True
+
+    def _log(self, method: str, path: str) -> None:
+        if self.server.log is not None:
+            ms = (time.monotonic() - self._started) * 1000.0
+            self.server.log(f"{self.address_string()} {method} {path} {self.status} "
+                            f"tokens={self.tokens} {ms:.0f}ms")
+
+
+class _BlockingSink:
+    """A blocking reply sends nothing until the end, but still notices a vanished client."""
+
+    def __init__(self, handler: Handler):
+        self._handler = handler
+
+    def start(self) -> None:
+        pass
+
+    def emit(self, delta: dict) -> None:
+        pass
+
+    def gone(self) -> bool:
+        return self._handler.client_gone()
+
+
+class _StreamSink:
+    """Server-sent events: headers and the first chunk once generation starts, a chunk per delta."""
+
+    def __init__(self, handler: Handler, *, chunk: Callable[[dict], dict],
+                 final: Callable[[str], dict], usage: Optional[Callable[[Any], dict]],
+                 first: Optional[dict] = None):
+        self._handler = handler
+        self._chunk = chunk        # delta -> chunk
+        self._final = final        # finish_reason -> the closing chunk
+        self._usage = usage        # usage -> the usage chunk, when the client asked for one
+        self._first = first
+        self._started = False
+
+    def start(self) -> None:
+        h = self._handler
+        h.status = 200
+        h.close_connection = True  # the stream ends when the connection does
+        h.send_response(200)
+        h.send_header("Content-Type", "text/event-stream")
+        h.send_header("Cache-Control", "no-cache")
+        h.send_header("Connection", "close")
+        h.end_headers()
+        self._started = True
+        if self._first is not None:
+            self.emit(self._first)
+
+    def emit(self, delta: dict) -> None:
+        self._handler.wfile.write(sse_event(self._chunk(delta)))
+
+    def gone(self) -> bool:
+        return self._handler.client_gone()
+
+    def run(self, generate: Callable[[], Any]) -> None:
+        """Runs the generation; errors before the first byte are ordinary HTTP errors."""
+        try:
+            reply = generate()
+        except Exception as e:
+            if not self._started:
+                raise
+            error = e.body() if isinstance(e, ApiError) else api.error_body(str(e), "server_error")
+            self._close_stream([error])
+            return
+        self._handler.tokens = reply.usage.completion_tokens
+        if reply.client_gone:
+            return
+        events = [self._final(reply.finish_reason)]
+        if self._usage is not None:
+            events.append(self._usage(reply.usage))
+        self._close_stream(events)
+
+    def _close_stream(self, events: list[dict]) -> None:
+        try:
+            for event in events:
+                self._handler.wfile.write(sse_event(event))
+            self._handler.wfile.write(SSE_DONE)
+        except OSError:
+            pass  # the client left just before the end; nothing to tell it

@@ -1,0 +1,296 @@
+"""Runs one OpenAI request on the engine, with no HTTP in sight.
+
+Chat: messages → segments → token ids (→ images expanded) → generate → parser
+deltas → stop strings → a finished reply. Completions skip the template and
+the parser. Every request starts from an empty conversation and holds the
+engine lock from prompt building to the last token, so requests cannot see
+or disturb each other's state or image queue.
+"""
+from __future__ import annotations
+
+import codecs
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any, Optional, Protocol
+
+from . import api
+from .api import ApiError, ChatRequest, CompletionRequest, Sampling, Usage, invalid
+from .chatfmt import ChatFormatError, NoChatFormat
+from .engine import GenParams, GenResult, Stats, TokenInfo, WasteError
+from .images import StagedImages, image_parts, image_prompt, measure
+from .stops import StopFilter
+
+
+class ReplySink(Protocol):
+    """Where a running request sends its output (a socket, or nothing for blocking replies)."""
+
+    def start(self) -> None:
+        """The request was accepted and generation begins; errors after this are mid-reply."""
+
+    def emit(self, delta: dict) -> None:
+        """One piece of output: a chat delta, or {"text": ...} for completions."""
+
+    def gone(self) -> bool:
+        """True once the client has disconnected: generation stops at the next token."""
+
+
+@dataclass
+class ServiceOptions:
+    model_id: str
+    max_tokens: int = 4096
+    thinking: bool = True          # the default when a request does not say
+    vision: bool = False
+    allow_local_images: bool = False
+
+
+@dataclass
+class ChatReply:
+    message: dict
+    finish_reason: str
+    usage: Usage
+    client_gone: bool
+
+
+@dataclass
+class CompletionReply:
+    text: str
+    finish_reason: str
+    usage: Usage
+    client_gone: bool
+
+
+@dataclass
+class _Run:
+    """What the token callback learns while generation runs."""
+    stop_ids: frozenset[int]
+    max_tokens: int
+    client_gone: bool = False
+    last_token: int = -1
+    first_token_at: float = 0.0
+    last_token_at: float = 0.0
+    n_tokens: int = 0
+    stats: Optional[Stats] = None   # engine counters for this request only
+
+
+class Service:
+    def __init__(self, engine: Any, library: Any, chat_format: Any, options: ServiceOptions):
+        self.engine = engine
+        self.library = library
+        self.chat_format = chat_format
+        self.options = options
+        self.created = api.now()
+
+    # -- models ---------------------------------------------------------------
+
+    def model(self) -> dict:
+        info = self.engine.info
+        return {"id": self.options.model_id, "object": "model", "created": self.created,
+                "owned_by": "serve",
+                "waste": {"arch": info.arch, "n_layers": info.n_layers, "n_experts": info.n_experts,
+                          "top_k": info.top_k, "hidden": info.hidden, "ctx": info.ctx_max,
+                          "params_total": info.params_total, "params_active": info.params_active,
+                          "quant": info.quant_summary,
+                          "chat_format": self.chat_format.name or "none",
+                          "vision": self.options.vision}}
+
+    # -- chat -----------------------------------------------------------------
+
+    def chat(self, req: ChatRequest, sink: ReplySink) -> ChatReply:
+        fmt = self.chat_format
+        if isinstance(fmt, NoChatFormat):
+            raise ApiError(400, "this model has no usable chat format (" + "; ".join(fmt.reasons)
+                           + "); /v1/completions still works", param="messages",
+                           code="unsupported_chat_format")
+        thinking = self._thinking(req)
+        if req.tools and not fmt.supports_tools:
+            raise invalid("tools", f"the {fmt.name} chat format cannot declare tools")
+        images = image_parts(req.messages)
+        self._check_images(images)
+        with self.engine.lock:
+            self.engine.reset()
+            self.engine.image_clear()  # nothing queued by an earlier, failed request may leak in
+            with StagedImages(self.options.allow_local_images) as staged:
+                paths = [staged.stage(url, param) for param, url in images]
+                prompts = [image_prompt(*measure(self.library.image_dimensions, path, param))
+                           for path, (param, _) in zip(paths, images)]
+                segments = self._render(req, thinking, prompts)
+                ids = self.engine.tokenize_segments(segments)
+                for path, (param, _) in zip(paths, images):
+                    try:
+                        self.engine.image_add(path)  # reads the file, so before it is removed
+                    except WasteError as e:
+                        self.engine.image_clear()
+                        raise invalid(param, f"image could not be encoded: {e}") from None
+                if paths:
+                    ids = self.engine.image_expand(ids)
+            return self._generate_chat(req, ids, thinking, sink)
+
+    def _thinking(self, req: ChatRequest) -> bool:
+        if not self.chat_format.supports_reasoning:
+            if req.thinking:
+                raise invalid("reasoning_effort",
+                              f"the {self.chat_format.name} chat format has no reasoning channel")
+            return False
+        return self.options.thinking if req.thinking is None else req.thinking
+
+    def _check_images(self, images: list[tuple[str, str]]) -> None:
+        if not images:
+            return
+        param = images[0][0]
+        if not self.options.vision:
+            raise invalid(param, "images need the vision tower: start the server with --vision")
+        if not self.chat_format.supports_images:
+            raise invalid(param, f"the {self.chat_format.name} chat format cannot carry images")
+
+    def _render(self, req: ChatRequest, thinking: bool, prompts: list[str]) -> list:
+        try:
+            return self.chat_format.render(
+                req.messages, tools=req.tools, tool_choice=req.tool_choice,
+                response_format=req.response_format, thinking=thinking,
+                thinking_effort=req.thinking_effort if thinking else None, image_prompts=prompts)
+        except ChatFormatError as e:
+            raise invalid(e.field or "messages", str(e), code="unsupported_by_chat_format") from None
+        except ValueError as e:
+            raise invalid("messages", str(e)) from None
+
+    def _generate_chat(self, req: ChatRequest, ids: list[int], thinking: bool,
+                       sink: ReplySink) -> ChatReply:
+        parser = self.chat_format.new_parser(thinking)
+        stops = StopFilter(req.sampling.stop)
+        reasoning: list[str] = []
+        content: list[str] = []
+
+        def forward(deltas: list) -> None:
+            for d in deltas:
+                if d.reasoning_content:
+                    reasoning.append(d.reasoning_content)
+                    sink.emit({"reasoning_content": d.reasoning_content})
+                elif d.content:
+                    shown = stops.feed(d.content)
+                    if shown:
+                        content.append(shown)
+                        sink.emit({"content": shown})
+                elif d.tool_call:
+                    sink.emit({"tool_calls": [d.tool_call]})
+
+        def on_piece(token: int, piece: bytes) -> bool:
+            forward(parser.feed_token(token, piece))
+            return stops.hit or parser.ended
+
+        run, result, ms = self._run(ids, req.sampling, self.chat_format.stop_tokens, sink, on_piece)
+        if not stops.hit and not run.client_gone:
+            forward(parser.finish())
+            tail = stops.flush()
+            if tail:
+                content.append(tail)
+                sink.emit({"content": tail})
+        tool_calls = parser.reply.tool_calls
+        finish = self._finish_reason(run, result, stops.hit or parser.ended, bool(tool_calls))
+        message = api.chat_message("".join(content), "".join(reasoning), tool_calls)
+        return ChatReply(message, finish, self._usage(len(ids), run, result, ms), run.client_gone)
+
+    # -- completions ----------------------------------------------------------
+
+    def complete(self, req: CompletionRequest, sink: ReplySink) -> CompletionReply:
+        with self.engine.lock:
+            self.engine.reset()
+            # The engine knows whether its container has a BOS to add.
+            ids = self.engine.tokenize(req.prompt, markup=False, add_bos=True)
+            if not ids:
+                raise invalid("prompt", "prompt is empty")
+            return self._generate_text(req, ids, sink)
+
+    def _generate_text(self, req: CompletionRequest, ids: list[int], sink: ReplySink) -> CompletionReply:
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        stops = StopFilter(req.sampling.stop)
+        special_ids = frozenset(self.engine.specials.values())
+        text: list[str] = []
+
+        def show(piece: str) -> None:
+            if piece:
+                text.append(piece)
+                sink.emit({"text": piece})
+
+        def on_piece(token: int, piece: bytes) -> bool:
+            if token not in special_ids:  # control tokens (e.g. EOS) are not text
+                show(stops.feed(decoder.decode(piece)))
+            return stops.hit
+
+        run, result, ms = self._run(ids, req.sampling, (), sink, on_piece)
+        if not stops.hit and not run.client_gone:
+            show(stops.feed(decoder.decode(b"", final=True)))
+            show(stops.flush())
+        finish = self._finish_reason(run, result, stops.hit, False)
+        return CompletionReply("".join(text), finish, self._usage(len(ids), run, result, ms),
+                               run.client_gone)
+
+    # -- shared ---------------------------------------------------------------
+
+    def _run(self, ids: list[int], sampling: Sampling, stop_tokens, sink: ReplySink,
+             on_piece) -> tuple[_Run, GenResult, float]:
+        """Generate after the prompt; `on_piece(token, bytes)` returns True when the reply is done."""
+        room = self.engine.info.ctx_max - len(ids)
+        if room < 1:
+            raise ApiError(400, f"the prompt is {len(ids)} tokens; the context holds "
+                                f"{self.engine.info.ctx_max} including at least one generated token",
+                           param="messages", code="context_length_exceeded")
+        wanted = sampling.max_tokens or self.options.max_tokens
+        params = GenParams(temperature=sampling.temperature, top_p=sampling.top_p,
+                           top_k=sampling.top_k,
+                           seed=secrets.randbits(64) if sampling.seed is None else sampling.seed,
+                           max_tokens=min(wanted, room), stop_tokens=tuple(stop_tokens))
+        run = _Run(stop_ids=frozenset(stop_tokens), max_tokens=params.max_tokens)
+
+        def on_token(info: TokenInfo, piece: bytes) -> bool:
+            now = time.monotonic()
+            run.first_token_at = run.first_token_at or now
+            run.last_token_at = now
+            run.last_token = info.token
+            run.n_tokens += 1
+            if sink.gone():
+                run.client_gone = True
+                return True
+            try:
+                return on_piece(info.token, piece)
+            except OSError:  # the client went away while we were writing to it
+                run.client_gone = True
+                return True
+
+        before = self.engine.stats()
+        sink.start()
+        started = time.monotonic()
+        result = self.engine.generate(ids, params, on_token)
+        ms = (time.monotonic() - started) * 1000.0
+        run.stats = _stats_delta(before, self.engine.stats())
+        return run, result, ms
+
+    @staticmethod
+    def _finish_reason(run: _Run, result: GenResult, ended: bool, has_tool_calls: bool) -> str:
+        natural = ended or run.last_token in run.stop_ids or not (
+            result.context_full or run.n_tokens >= run.max_tokens or result.cancelled)
+        if not natural:
+            return "length"
+        return "tool_calls" if has_tool_calls else "stop"
+
+    @staticmethod
+    def _usage(prompt_tokens: int, run: _Run, result: GenResult, ms: float) -> Usage:
+        decode_s = run.last_token_at - run.first_token_at
+        tps = (run.n_tokens - 1) / decode_s if run.n_tokens > 1 and decode_s > 0 else 0.0
+        s = run.stats
+        looked_up = s.experts_hit + s.experts_missed
+        return Usage(prompt_tokens, run.n_tokens, {
+            "prompt_tokens": prompt_tokens, "completion_tokens": run.n_tokens,
+            "experts_hit": s.experts_hit, "experts_missed": s.experts_missed,
+            "expert_hit_rate": s.experts_hit / looked_up if looked_up else 0.0,
+            "bytes_read": s.bytes_read, "direct_io": s.direct_io, "ms": round(ms, 3),
+            "tokens_per_second": round(tps, 3), "context_full": result.context_full})
+
+
+def _stats_delta(before: Stats, after: Stats) -> Stats:
+    return Stats(tokens_generated=after.tokens_generated - before.tokens_generated,
+                 experts_hit=after.experts_hit - before.experts_hit,
+                 experts_missed=after.experts_missed - before.experts_missed,
+                 bytes_read=after.bytes_read - before.bytes_read,
+                 sec_total=after.sec_total - before.sec_total,
+                 sec_io=after.sec_io - before.sec_io, direct_io=after.direct_io)

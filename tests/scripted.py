@@ -1,0 +1,334 @@
+"""A scripted engine: `serve.engine.Engine`'s interface with replies chosen by the test.
+
+The tokenizer is deliberately simple but keeps the property the server relies
+on: ordinary text never produces a special id, markup text does. Replies are
+scripts of pieces; a piece spelled exactly like a special is that special's
+token, anything else is one ordinary token with exactly that text.
+"""
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import socket
+import struct
+import threading
+import zlib
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+from serve.chatfmt import resolve_chat_format
+from serve.engine import (Engine, EngineConfig, GenParams, GenResult, MemPlan, ModelInfo, Stats,
+                          TokenInfo, WasteError, load_library)
+from serve.http import Server
+from serve.service import Service, ServiceOptions
+
+K3_SPECIALS = ["[BOS]", "[EOS]", "<|end_of_msg|>", "<|open|>", "<|close|>", "<|sep|>",
+               "<|media_begin|>", "<|media_content|>", "<|media_pad|>", "<|media_end|>",
+               "<|kimi_image_placeholder|>"]
+KIMI_LINEAR_SPECIALS = ["[BOS]", "[EOS]", "<|im_end|>", "<|im_user|>", "<|im_assistant|>",
+                        "<|im_system|>", "<|im_middle|>"]
+SPECIAL_BASE = 1000   # specials live here; bytes are ids 0..255
+PIECE_BASE = 2000     # multi-byte reply pieces get ids from here on
+IMAGE_POSITIONS = 4   # what one scripted image expands to
+
+
+def xtml_answer(*pieces: str, thinking: Sequence[str] = ()) -> list[str]:
+    """A well-formed K3 reply as the model would emit it, split at the given pieces."""
+    script = list(thinking)
+    if thinking:
+        script += ["<|close|>", "think", "<|sep|>"]
+    script += ["<|open|>", "response", "<|sep|>"] if thinking else []
+    return script + list(pieces) + ["<|close|>", "response", "<|sep|>",
+                                    "<|close|>", "message", "<|sep|>", "<|end_of_msg|>"]
+
+
+def xtml_tool_call(name: str, arguments: dict[str, str]) -> list[str]:
+    """A response-channel reply (thinking off) that calls one tool with string arguments."""
+    script = ["<|close|>", "response", "<|sep|>", "<|open|>", "tools", "<|sep|>",
+              "<|open|>", f'call tool="{name}"', "<|sep|>"]
+    for key, value in arguments.items():
+        script += ["<|open|>", f'argument key="{key}" type="string"', "<|sep|>", value,
+                   "<|close|>", "argument", "<|sep|>"]
+    return script + ["<|close|>", "call", "<|sep|>", "<|close|>", "tools", "<|sep|>",
+                     "<|close|>", "message", "<|sep|>", "<|end_of_msg|>"]
+
+
+class ScriptedLibrary:
+    """The Library surface the server uses, with a fixed image size."""
+
+    def __init__(self, image_size: tuple[int, int] = (64, 48)):
+        self.image_size = image_size
+        self.measured: list[str] = []
+
+    def version(self) -> str:
+        return "0.0.0-scripted"
+
+    def build_info(self) -> str:
+        return "scripted engine for tests"
+
+    def image_dimensions(self, path: str) -> tuple[int, int]:
+        with open(path, "rb") as f:
+            if f.read(8) != b"\x89PNG\r\n\x1a\n":
+                raise WasteError(-2, "WASTE_E_FORMAT", "bad image", "not a PNG", "waste_image_dimensions")
+        self.measured.append(path)
+        return self.image_size
+
+    def plan_memory(self, path: str, ctx: int = 0) -> MemPlan:
+        return MemPlan(1, 2, 3, 4, 10, 20, 0, 5)
+
+
+class ScriptedEngine:
+    """Plays back `replies` in order (the last one repeats), recording what it was asked."""
+
+    def __init__(self, replies: Sequence[Sequence[str]] = (), ctx_max: int = 4096,
+                 specials: Sequence[str] = K3_SPECIALS):
+        self.lock = threading.Lock()
+        self.info = ModelInfo(n_layers=4, n_experts=16, top_k=2, hidden=64, ctx_max=ctx_max,
+                              params_total=1000, params_active=300, arch="scripted",
+                              quant_summary="experts q8g32")
+        self.specials = {text: SPECIAL_BASE + i for i, text in enumerate(specials)}
+        self._by_id = {i: t.encode() for t, i in self.specials.items()}
+        self._piece_ids: dict[bytes, int] = {}
+        self.replies = [list(r) for r in replies] or [xtml_answer("hello")]
+        self.segments: list = []          # every segment handed to tokenize_segments
+        self.prompts: list[list[int]] = []
+        self.params: list[GenParams] = []
+        self.results: list[GenResult] = []
+        self.resets = 0
+        self.images_added: list[str] = []
+        self.active = 0
+        self.max_active = 0
+        # Called before each token with its index; a test can block here to pace generation.
+        self.before_token: Optional[Callable[[int], None]] = None
+        self.context_full_after: Optional[int] = None  # pretend the context fills after n tokens
+        self._stats = Stats(0, 0, 0, 0, 0.0, 0.0, True)
+
+    # -- tokenizer ------------------------------------------------------------
+
+    def tokenize(self, text: str, *, markup: bool = False, add_bos: bool = False) -> list[int]:
+        ids = [self.specials["[BOS]"]] if add_bos else []
+        data = text
+        while data:
+            special = next((s for s in self.specials if markup and data.startswith(s)), None)
+            if special:
+                ids.append(self.specials[special])
+                data = data[len(special):]
+            else:
+                ids.extend(data[0].encode())
+                data = data[1:]
+        return ids
+
+    def tokenize_segments(self, segments) -> list[int]:
+        ids: list[int] = []
+        for segment in segments:
+            self.segments.append(segment)
+            ids.extend(self.tokenize(segment.text, markup=segment.markup))
+        return ids
+
+    def token_id(self, text: str) -> Optional[int]:
+        return self.specials.get(text)
+
+    def piece_id(self, piece: str) -> int:
+        if piece in self.specials:
+            return self.specials[piece]
+        data = piece.encode()
+        if len(data) == 1:
+            return data[0]
+        return self._piece_ids.setdefault(data, PIECE_BASE + len(self._piece_ids))
+
+    def detokenize(self, ids: Sequence[int]) -> bytes:
+        pieces = {v: k for k, v in self._piece_ids.items()}
+        return b"".join(self._by_id.get(i) or pieces.get(i) or bytes([i]) for i in ids)
+
+    # -- images ---------------------------------------------------------------
+
+    def image_add(self, path: str) -> int:
+        with open(path, "rb"):
+            pass  # the file must still exist when the engine encodes it
+        self.images_added.append(path)
+        return IMAGE_POSITIONS
+
+    def image_expand(self, ids: Sequence[int]) -> list[int]:
+        pad = self.specials["<|media_pad|>"]
+        return [x for i in ids for x in ([i] * IMAGE_POSITIONS if i == pad else [i])]
+
+    def image_clear(self) -> None:
+        pass
+
+    # -- generation -----------------------------------------------------------
+
+    def reset(self) -> None:
+        self.resets += 1
+
+    def generate(self, prompt: Sequence[int], params: GenParams,
+                 on_token: Callable[[TokenInfo, bytes], Optional[bool]]) -> GenResult:
+        self.active += 1
+        self.max_active = max(self.max_active, self.active)
+        try:
+            result = self._play(list(prompt), params, on_token)
+        finally:
+            self.active -= 1
+        self.results.append(result)
+        return result
+
+    def _play(self, prompt: list[int], params: GenParams, on_token) -> GenResult:
+        self.prompts.append(prompt)
+        self.params.append(params)
+        script = self.replies.pop(0) if len(self.replies) > 1 else self.replies[0]
+        room = self.info.ctx_max - len(prompt)
+        if self.context_full_after is not None:
+            room = min(room, self.context_full_after)
+        n = 0
+        for piece in script:
+            if n >= params.max_tokens:
+                break
+            if n >= room:
+                return GenResult(n, cancelled=False, context_full=True, detail="context full")
+            if self.before_token is not None:
+                self.before_token(n)
+            token = self.piece_id(piece)
+            info = TokenInfo(token_index=n, token=token, logprob=0.0, experts_hit=3, experts_missed=1,
+                             bytes_read=4096, ms_total=1.0, ms_io=0.5)
+            n += 1
+            self._count(info)
+            if on_token(info, piece.encode()):
+                return GenResult(n, cancelled=True, context_full=False, detail=None)
+            if token in params.stop_tokens or token == self.specials.get("[EOS]"):
+                break
+        return GenResult(n, cancelled=False, context_full=False, detail=None)
+
+    def _count(self, info: TokenInfo) -> None:
+        s = self._stats
+        self._stats = Stats(s.tokens_generated + 1, s.experts_hit + info.experts_hit,
+                            s.experts_missed + info.experts_missed, s.bytes_read + info.bytes_read,
+                            s.sec_total + 0.001, s.sec_io + 0.0005, True)
+
+    def stats(self) -> Stats:
+        return self._stats
+
+    def memory_used(self) -> MemPlan:
+        return MemPlan(1, 2, 3, 4, 10, 20, 0, 5)
+
+    def close(self) -> None:
+        pass
+
+
+# ---- running a server in-process ------------------------------------------------
+
+
+def scripted_service(engine: Optional[ScriptedEngine] = None, library: Optional[ScriptedLibrary] = None,
+                     model_dir: str = "/nonexistent", **options: Any) -> Service:
+    engine = engine or ScriptedEngine()
+    options.setdefault("model_id", "scripted")
+    return Service(engine, library or ScriptedLibrary(), resolve_chat_format(engine, model_dir),
+                   ServiceOptions(**options))
+
+
+@contextmanager
+def real_service(lib_path, container, *, vision: bool = False, **options: Any) -> Iterator[Service]:
+    """The real engine on a container, closed afterwards."""
+    lib = load_library(str(lib_path))
+    engine = Engine(lib, container, EngineConfig(vision=vision))
+    try:
+        options.setdefault("model_id", "real")
+        yield Service(engine, lib, resolve_chat_format(engine, container),
+                      ServiceOptions(vision=vision, **options))
+    finally:
+        engine.close()
+
+
+def tiny_png(width: int = 2, height: int = 2) -> bytes:
+    """A valid RGB PNG, made here so the tests need no image library."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    raw = b"".join(b"\x00" + bytes([200, (y * 40) % 256, 30]) * width for y in range(height))
+    return (b"\x89PNG\r\n\x1a\n"
+            + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+
+
+@contextmanager
+def serving(service: Service, **server_options: Any) -> Iterator[Server]:
+    """The HTTP server on an ephemeral loopback port, always shut down afterwards."""
+    server = Server(("127.0.0.1", 0), service, **server_options)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+@dataclass
+class Response:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    def events(self) -> list[Any]:
+        """The SSE payloads in order; "[DONE]" stays a string."""
+        out = []
+        for block in self.body.decode().split("\n\n"):
+            if block:
+                assert block.startswith("data: "), block
+                data = block[len("data: "):]
+                out.append(data if data == "[DONE]" else json.loads(data))
+        return out
+
+
+def call(port: int, method: str, path: str, body: Any = None,
+         headers: Optional[dict[str, str]] = None, timeout: float = 30) -> Response:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
+        all_headers = {"Content-Type": "application/json", **(headers or {})}
+        conn.request(method, path, body=data, headers=all_headers)
+        resp = conn.getresponse()
+        return Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read())
+    finally:
+        conn.close()
+
+
+def data_url(raw: bytes, kind: str = "png") -> str:
+    return f"data:image/{kind};base64," + base64.b64encode(raw).decode()
+
+
+def image_message(url: str) -> list[dict]:
+    return [{"role": "user", "content": [{"type": "text", "text": "what is this?"},
+                                         {"type": "image_url", "image_url": {"url": url}}]}]
+
+
+def assert_error(resp, status: int, param=None, code=None):
+    assert resp.status == status, resp.body
+    err = resp.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert isinstance(err["message"], str) and err["message"]
+    assert err["type"] == ("server_error" if status >= 500 else "invalid_request_error")
+    if param is not None:
+        assert err["param"] == param
+    if code is not None:
+        assert err["code"] == code
+    return err
+
+
+def raw_exchange(port: int, data: bytes, *, shut_write: bool = False) -> bytes:
+    """Send raw bytes, return everything the server sends back before closing."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(data)
+        if shut_write:
+            s.shutdown(socket.SHUT_WR)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+        return out
+
+
+def status_of(raw: bytes) -> int:
+    return int(raw.split(b" ", 2)[1])
