@@ -32,6 +32,14 @@ extern "C" {
 
 #define WASTE_API_VERSION 1
 
+/* Marks the exported functions: the library is built with hidden
+ * visibility so only the waste_* API leaves it. */
+#if defined(__GNUC__) || defined(__clang__)
+#define WASTE_API __attribute__((visibility("default")))
+#else
+#define WASTE_API
+#endif
+
 /* ------------------------------------------------------------------ status */
 
 typedef enum {
@@ -47,18 +55,18 @@ typedef enum {
 } waste_status;
 
 /* Static text for a status; never NULL (unknown codes get a generic text). */
-const char *waste_strerror(waste_status status);
+WASTE_API const char *waste_strerror(waste_status status);
 
 /* ------------------------------------------------------- version and build */
 
 /* Engine version string, e.g. "0.6.0".  Static. */
-const char *waste_version(void);
+WASTE_API const char *waste_version(void);
 
 /* MAJOR*10000 + MINOR*100 + PATCH, e.g. 0.6.0 -> 600. */
-int waste_version_number(void);
+WASTE_API int waste_version_number(void);
 
 /* One human line: backend, SIMD, container format version.  Never NULL. */
-const char *waste_build_info(void);
+WASTE_API const char *waste_build_info(void);
 
 /* ----------------------------------------------------------------- structs */
 
@@ -94,7 +102,7 @@ typedef struct {
 
 /* Fill *cfg with defaults (LFRU, direct I/O on, everything else 0/NULL).
  * Always call it before setting fields. */
-void waste_cfg_init(waste_cfg *cfg);
+WASTE_API void waste_cfg_init(waste_cfg *cfg);
 
 typedef struct {
     float temperature;          /* 0 = greedy */
@@ -109,7 +117,7 @@ typedef struct {
 
 /* Fill *p with defaults: temperature 0, top_p 1, top_k 0, seed 0,
  * max_tokens 256, no grammar, no stop tokens. */
-void waste_gen_params_init(waste_gen_params *p);
+WASTE_API void waste_gen_params_init(waste_gen_params *p);
 
 /* Handed to the token callback for every generated token. */
 typedef struct {
@@ -148,10 +156,11 @@ typedef struct {
 /* ------------------------------------------------------ lifecycle, planning */
 
 /* Plan memory for model_path at ctx_tokens (0 = 4096) without loading any
- * weights.  Errors: WASTE_E_IO (missing files), WASTE_E_FORMAT (malformed
- * manifest), WASTE_E_ARG (NULL arguments). */
-waste_status waste_plan_memory(const char *model_path, uint32_t ctx_tokens,
-                               waste_memplan *out);
+ * weights: only manifest.json, the bank headers and sizes and vision.json
+ * are read.  Errors: WASTE_E_IO (missing files), WASTE_E_FORMAT (malformed
+ * manifest or bank header), WASTE_E_ARG (NULL arguments). */
+WASTE_API waste_status waste_plan_memory(const char *model_path, uint32_t ctx_tokens,
+                                         waste_memplan *out);
 
 /* Open a container.  cfg may be NULL for defaults.  On success *out owns the
  * model until waste_close.  Errors: WASTE_E_IO, WASTE_E_FORMAT,
@@ -160,65 +169,70 @@ waste_status waste_plan_memory(const char *model_path, uint32_t ctx_tokens,
  * WASTE_E_UNSUPPORTED (vision=1 without a tower; binding unavailable),
  * WASTE_E_BUSY (exclusive_open and another owner holds the container).
  * On failure *out is NULL and waste_error_detail(NULL) tells why. */
-waste_status waste_open(const char *model_path, const waste_cfg *cfg,
-                        waste_ctx **out);
+WASTE_API waste_status waste_open(const char *model_path, const waste_cfg *cfg,
+                                  waste_ctx **out);
 
 /* Close and free everything the ctx owns.  NULL is a no-op. */
-void waste_close(waste_ctx *ctx);
+WASTE_API void waste_close(waste_ctx *ctx);
 
-/* What this ctx actually resolved (cache size, vision) in plan terms. */
-waste_status waste_memory_used(const waste_ctx *ctx, waste_memplan *out);
+/* What this ctx actually resolved, in plan terms: the plan's trunk, state,
+ * scratch, min_expert_cache, floor and working set at the opened context;
+ * recommended_bytes = trunk + state + scratch + the expert cache actually
+ * allocated (so cache records = (recommended - floor + min_expert_cache) /
+ * min_expert_cache); vision_bytes = what the loaded tower and its image
+ * queue reserve, 0 without vision. */
+WASTE_API waste_status waste_memory_used(const waste_ctx *ctx, waste_memplan *out);
 
 /* Specific text for the last failure on ctx, or NULL when there is none.
  * Also set after a successful waste_generate that stopped because the
  * context filled.  With ctx == NULL: the last failed waste_open or
  * waste_plan_memory on the calling thread.  Valid until the next call on
  * the same ctx (or thread). */
-const char *waste_error_detail(const waste_ctx *ctx);
+WASTE_API const char *waste_error_detail(const waste_ctx *ctx);
 
 /* Physical RAM, and the RAM this process may use (cgroup limits applied). */
-uint64_t waste_physical_ram(void);
-uint64_t waste_usable_ram(void);
+WASTE_API uint64_t waste_physical_ram(void);
+WASTE_API uint64_t waste_usable_ram(void);
 
 /* --------------------------------------------------------------- tokenizer */
 
 /* Ordinary text -> ids.  A "<|...|>" inside text becomes the ordinary tokens
  * it is spelled with, never a special token.  add_bos prepends the BOS token.
  * On a short buffer: WASTE_E_ARG with the needed count in *n_out. */
-waste_status waste_tokenize(waste_ctx *ctx, const char *text, int add_bos,
-                            int32_t *out, size_t cap, size_t *n_out);
+WASTE_API waste_status waste_tokenize(waste_ctx *ctx, const char *text, int add_bos,
+                                      int32_t *out, size_t cap, size_t *n_out);
 
 /* As waste_tokenize, but the container's special tokens are recognised.
  * Only structure the host itself wrote may go here. */
-waste_status waste_tokenize_markup(waste_ctx *ctx, const char *text, int add_bos,
-                                   int32_t *out, size_t cap, size_t *n_out);
+WASTE_API waste_status waste_tokenize_markup(waste_ctx *ctx, const char *text, int add_bos,
+                                             int32_t *out, size_t cap, size_t *n_out);
 
 /* Ids -> bytes, NUL-terminated.  On a short buffer: WASTE_E_ARG with the
  * needed byte count (without the NUL) in *n_out.  Unknown id: WASTE_E_ARG. */
-waste_status waste_detokenize(waste_ctx *ctx, const int32_t *tokens, size_t n,
-                              char *out, size_t cap, size_t *n_out);
+WASTE_API waste_status waste_detokenize(waste_ctx *ctx, const int32_t *tokens, size_t n,
+                                        char *out, size_t cap, size_t *n_out);
 
 /* ------------------------------------------------------------------ images */
 
 /* Width and height from the file's header (PNG, JPEG, GIF, WebP); no ctx.
  * Errors: WASTE_E_IO (unreadable), WASTE_E_FORMAT (not an image, truncated,
  * absurd dimensions). */
-waste_status waste_image_dimensions(const char *path, int *w, int *h);
+WASTE_API waste_status waste_image_dimensions(const char *path, int *w, int *h);
 
 /* Decode, encode and queue one image; *n_tokens_out = positions it takes.
  * Errors: WASTE_E_UNSUPPORTED (no tower, or a format this build cannot
  * decode), WASTE_E_IO, WASTE_E_FORMAT (malformed or hostile file). */
-waste_status waste_image_add(waste_ctx *ctx, const char *path, size_t *n_tokens_out);
+WASTE_API waste_status waste_image_add(waste_ctx *ctx, const char *path, size_t *n_tokens_out);
 
 /* Copy tokens to out, replacing each media placeholder token (in queue
  * order) by as many copies as its image needs.  out must not alias tokens.
  * Errors: WASTE_E_ARG (more placeholders than queued images; short buffer,
  * with the needed count in *n_out). */
-waste_status waste_image_expand(waste_ctx *ctx, const int32_t *tokens, size_t n,
-                                int32_t *out, size_t cap, size_t *n_out);
+WASTE_API waste_status waste_image_expand(waste_ctx *ctx, const int32_t *tokens, size_t n,
+                                          int32_t *out, size_t cap, size_t *n_out);
 
 /* Drop the image queue. */
-void waste_image_clear(waste_ctx *ctx);
+WASTE_API void waste_image_clear(waste_ctx *ctx);
 
 /* -------------------------------------------------------------- generation */
 
@@ -236,36 +250,37 @@ typedef int (*waste_token_cb)(const waste_token_info *info, const char *piece,
  * non-zero), WASTE_E_IO (an expert record could not be read or failed its
  * check).  Reaching the context ceiling mid-answer returns WASTE_OK with
  * error_detail set.  After any failure call waste_state_reset. */
-waste_status waste_generate(waste_ctx *ctx, const int32_t *prompt, size_t n,
-                            const waste_gen_params *params, waste_token_cb cb,
-                            void *user);
+WASTE_API waste_status waste_generate(waste_ctx *ctx, const int32_t *prompt, size_t n,
+                                      const waste_gen_params *params, waste_token_cb cb,
+                                      void *user);
 
 /* Append tokens (n >= 1) without sampling; *logits_out points at the last
  * position's logits (owned by ctx, valid until the next call), *vocab_out is
  * their count.  Errors: WASTE_E_ARG (n == 0, does not fit), WASTE_E_IO. */
-waste_status waste_eval(waste_ctx *ctx, const int32_t *tokens, size_t n,
-                        const float **logits_out, size_t *vocab_out);
+WASTE_API waste_status waste_eval(waste_ctx *ctx, const int32_t *tokens, size_t n,
+                                  const float **logits_out, size_t *vocab_out);
 
 /* ---------------------------------------------------- conversation state */
 
 /* Checkpoint the whole session (position included) to path, atomically. */
-waste_status waste_state_save(waste_ctx *ctx, const char *path);
+WASTE_API waste_status waste_state_save(waste_ctx *ctx, const char *path);
 
 /* Restore a checkpoint.  Another model's state, or a damaged file, is
  * WASTE_E_FORMAT and leaves the state reset; a state longer than this ctx's
  * context is WASTE_E_ARG. */
-waste_status waste_state_load(waste_ctx *ctx, const char *path);
+WASTE_API waste_status waste_state_load(waste_ctx *ctx, const char *path);
 
 /* Back to an empty conversation; also drops the image queue. */
-void waste_state_reset(waste_ctx *ctx);
+WASTE_API void waste_state_reset(waste_ctx *ctx);
 
 /* ----------------------------------------------------------- introspection */
 
-waste_status waste_model_get_info(const waste_ctx *ctx, waste_model_info *out);
-waste_status waste_get_stats(const waste_ctx *ctx, waste_stats *out);
+WASTE_API waste_status waste_model_get_info(const waste_ctx *ctx, waste_model_info *out);
+WASTE_API waste_status waste_get_stats(const waste_ctx *ctx, waste_stats *out);
 
-/* Persist the learned hotlist to the usage path (atomically). */
-waste_status waste_save_usage(waste_ctx *ctx);
+/* Persist the learned hotlist to the usage path (atomically).  The next
+ * waste_open with the same path pre-loads the most used experts. */
+WASTE_API waste_status waste_save_usage(waste_ctx *ctx);
 
 #ifdef __cplusplus
 }

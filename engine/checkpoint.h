@@ -1,0 +1,27 @@
+/*
+ * checkpoint.h -- saving and restoring the conversation state.
+ *
+ * File (little-endian): "WSTA", u32 version = 1, u32 model fingerprint,
+ * u32 n_layers, u32 hidden, u32 positions, then per layer the keys and then
+ * the values of the filled positions (f32), then u32 crc32 of all the bytes
+ * before it.
+ */
+#ifndef WASTE_CHECKPOINT_H
+#define WASTE_CHECKPOINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "manifest.h"
+#include "model.h"
+
+/* Write atomically (temp file in the same directory, then rename). */
+waste_status wcheckpoint_save(const char *path, uint32_t fingerprint, const wmanifest *m,
+                              const wstate *s, char *err, size_t errcap);
+
+/* Restore into s.  Another model's file or a damaged one: WASTE_E_FORMAT;
+ * more positions than s holds: WASTE_E_ARG.  On any failure s is left
+ * empty (pos 0). */
+waste_status wcheckpoint_load(const char *path, uint32_t fingerprint, const wmanifest *m, wstate *s,
+                              char *err, size_t errcap);
+
+#endif
