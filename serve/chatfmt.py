@@ -1,0 +1,297 @@
+"""Which chat format a container speaks: K3's XTML, its own chat.json, or neither.
+
+XTML is preferred because it is the only complete format (tools, reasoning,
+images). A container without the XTML markers falls back to the four
+prefix/suffix strings of its `chat.json`, which can carry a plain
+conversation and nothing else; every request field they cannot express is
+refused by name rather than dropped. Resolution never raises: a container
+with neither format still serves its other endpoints.
+"""
+from __future__ import annotations
+
+import codecs
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+from . import xtml
+from .regions import Delta, Markers, Reply, ReplyParser
+from .xtml import Segment
+
+XTML_MARKERS = ("<|open|>", "<|sep|>", "<|close|>", "<|end_of_msg|>")
+TEMPLATE_ROLES = ("system", "user", "assistant")
+TEMPLATE_KEYS = (*TEMPLATE_ROLES, "open")
+TEMPLATE_LIMITS = "plain conversation only, no tools, no reasoning channel, no images"
+
+# Anything spelled like a control token; each must be a real special of the vocabulary.
+_CONTROL_TOKEN = re.compile(r"<\|.*?\|>", re.DOTALL)
+
+
+class ChatFormatError(Exception):
+    """A request the chat format cannot express; `field` names the request field."""
+
+    def __init__(self, message: str, field: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class _Refused(Exception):
+    """Why a format does not apply to this container (one line, for the banner and the 400)."""
+
+
+def _system_role(message: Mapping[str, Any]) -> Mapping[str, Any]:
+    """OpenAI's `developer` role is the system role under another name."""
+    return {**message, "role": "system"} if message.get("role") == "developer" else message
+
+# ------------------------------------------------------------------- XTML
+
+
+class XtmlFormat:
+    name = "xtml"
+    description = "xtml (K3 markup: tools, reasoning, images)"
+    supports_images = True
+    supports_tools = True
+    supports_reasoning = True
+
+    def __init__(self, markers: Markers, special_ids: frozenset[int]) -> None:
+        self.markers = markers
+        self.stop_tokens = [markers.end_of_msg]
+        self._special_ids = special_ids
+
+    @classmethod
+    def load(cls, engine) -> "XtmlFormat":
+        ids = {text: engine.token_id(text) for text in XTML_MARKERS}
+        absent = [text for text, token in ids.items() if token is None]
+        if absent:
+            raise _Refused(f"no XTML markers: {', '.join(absent)} "
+                           f"{'is not a single token' if len(absent) == 1 else 'are not single tokens'}")
+        markers = Markers(*(ids[text] for text in XTML_MARKERS))
+        return cls(markers, frozenset(engine.specials.values()))
+
+    def render(self, messages: Sequence[Mapping[str, Any]], *, tools=None, tool_choice=None,
+               response_format=None, thinking: bool, thinking_effort: Optional[str] = None,
+               image_prompts: Optional[Sequence[str]] = None) -> list[Segment]:
+        return xtml.build_chat_segments(
+            [_system_role(m) for m in messages], tools, add_generation_prompt=True,
+            thinking=thinking, image_prompts=image_prompts, thinking_effort=thinking_effort,
+            tool_choice=tool_choice, response_format=response_format)
+
+    def new_parser(self, thinking: bool) -> ReplyParser:
+        return ReplyParser(self.markers, thinking=thinking, special_ids=self._special_ids)
+
+# -------------------------------------------------------------- chat.json
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """chat.json's strings: (prefix, suffix) per role, and the prefix that hands over the floor."""
+    turns: dict[str, tuple[str, str]]   # "user" and "assistant" always; "system" optional
+    open: str
+
+
+def _parse_template(raw: str) -> ChatTemplate:
+    """Strict structural check of chat.json's text; vocabulary checks come later."""
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise _Refused(f"chat.json: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise _Refused("chat.json: not a JSON object")
+    unknown = sorted(set(data) - set(TEMPLATE_KEYS))
+    if unknown:
+        raise _Refused(f"chat.json: unknown key {unknown[0]!r} (expected {', '.join(TEMPLATE_KEYS)})")
+    for required in ("open", "user", "assistant"):
+        if required not in data:
+            raise _Refused(f'chat.json: missing "{required}"')
+    if not isinstance(data["open"], str):
+        raise _Refused('chat.json: "open" must be a string')
+    turns = {}
+    for role in TEMPLATE_ROLES:
+        if role not in data:
+            continue
+        pair = data[role]
+        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(s, str) for s in pair)):
+            raise _Refused(f'chat.json: "{role}" must be a [prefix, suffix] pair of strings')
+        turns[role] = (pair[0], pair[1])
+    return ChatTemplate(turns, data["open"])
+
+
+def _template_strings(template: ChatTemplate) -> list[str]:
+    return [s for pair in template.turns.values() for s in pair] + [template.open]
+
+
+class PlainReplyParser:
+    """The reply under a chat.json template: all text is content, the stop token ends it.
+
+    Same surface as regions.ReplyParser. Other specials are dropped, and bytes
+    are decoded incrementally because a token can end mid-character.
+    """
+
+    def __init__(self, stop_ids: frozenset[int], special_ids: frozenset[int]) -> None:
+        self._stop_ids = stop_ids
+        self._special_ids = special_ids
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._reply = Reply()
+        self._closed = False
+
+    @property
+    def reply(self) -> Reply:
+        return Reply(content=self._reply.content, ended=self._reply.ended)
+
+    @property
+    def ended(self) -> bool:
+        return self._reply.ended
+
+    def feed_token(self, token_id: int, piece: bytes) -> list[Delta]:
+        if self._closed:
+            return []
+        if token_id in self._stop_ids:
+            self._reply.ended = True
+            return self._close()
+        if token_id in self._special_ids:
+            return []
+        return self._emit(self._decoder.decode(piece))
+
+    def finish(self) -> list[Delta]:
+        return [] if self._closed else self._close()
+
+    def _close(self) -> list[Delta]:
+        self._closed = True
+        return self._emit(self._decoder.decode(b"", final=True))
+
+    def _emit(self, text: str) -> list[Delta]:
+        if not text:
+            return []
+        self._reply.content += text
+        return [Delta(content=text)]
+
+
+class TemplateFormat:
+    name = "chat.json"
+    supports_images = False
+    supports_tools = False
+    supports_reasoning = False
+
+    def __init__(self, path: Path, template: ChatTemplate, stop_tokens: list[int],
+                 special_ids: frozenset[int]) -> None:
+        self.path = path
+        self.template = template
+        self.stop_tokens = stop_tokens
+        self.description = f"chat.json from {path} — {TEMPLATE_LIMITS}"
+        self._special_ids = special_ids
+
+    @classmethod
+    def load(cls, engine, path: Path) -> "TemplateFormat":
+        try:
+            raw = path.read_text("utf-8")
+        except FileNotFoundError:
+            raise _Refused("chat.json: missing") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise _Refused(f"chat.json: unreadable ({exc})") from None
+        template = _parse_template(raw)
+        # Markup the tokenizer lacks would be encoded as prose: the model would
+        # read its own turn structure as text and answer anyway, wrongly.
+        ids: dict[str, int] = {}
+        for text in _template_strings(template):
+            for token in _CONTROL_TOKEN.findall(text):
+                token_id = engine.token_id(token)
+                if token_id is None:
+                    raise _Refused(f"chat.json: {token} is not a token of this vocabulary")
+                ids[token] = token_id
+        # Without a stop token every reply would run to max_tokens.
+        stops = list(dict.fromkeys(ids[t] for t in _CONTROL_TOKEN.findall(template.turns["assistant"][1])))
+        if not stops:
+            raise _Refused("chat.json: the assistant suffix has no control token (<|...|>) "
+                           "to end a reply")
+        return cls(path, template, stops, frozenset(engine.specials.values()) | set(ids.values()))
+
+    def render(self, messages: Sequence[Mapping[str, Any]], *, tools=None, tool_choice=None,
+               response_format=None, thinking: bool, thinking_effort: Optional[str] = None,
+               image_prompts: Optional[Sequence[str]] = None) -> list[Segment]:
+        """Template strings as markup segments, the caller's content always as text."""
+        self._refuse_request_fields(tools, tool_choice, response_format, thinking_effort)
+        segments: list[Segment] = []
+        for i, message in enumerate(messages):
+            prefix, suffix = self._turn(i, message)
+            segments += [Segment(prefix, True),
+                         Segment(self._content_text(i, message.get("content")), False),
+                         Segment(suffix, True)]
+        if image_prompts:
+            raise ChatFormatError("images need the XTML chat format", "messages")
+        segments.append(Segment(self.template.open, True))
+        return [s for s in segments if s.text]
+
+    @staticmethod
+    def _refuse_request_fields(tools, tool_choice, response_format, thinking_effort) -> None:
+        if tools:
+            raise ChatFormatError("tools need the XTML chat format; this container has chat.json",
+                                  "tools")
+        if tool_choice not in (None, "none", "auto"):
+            raise ChatFormatError("tool_choice needs the XTML chat format", "tool_choice")
+        if response_format is not None and (not isinstance(response_format, Mapping)
+                                            or response_format.get("type", "text") != "text"):
+            raise ChatFormatError("response_format needs the XTML chat format", "response_format")
+        if thinking_effort is not None:
+            raise ChatFormatError("this chat format has no reasoning channel", "reasoning_effort")
+
+    def _turn(self, i: int, message: Mapping[str, Any]) -> tuple[str, str]:
+        role = _system_role(message).get("role")
+        if role == "assistant" and message.get("tool_calls"):
+            raise ChatFormatError("tool calls need the XTML chat format",
+                                  f"messages[{i}].tool_calls")
+        if role == "tool":
+            raise ChatFormatError("tool results need the XTML chat format", f"messages[{i}]")
+        if role not in self.template.turns:
+            raise ChatFormatError(f"this chat.json has no {role!r} turn", f"messages[{i}]")
+        return self.template.turns[role]
+
+    @staticmethod
+    def _content_text(i: int, content: Any) -> str:
+        if content is None or isinstance(content, str):
+            return content or ""
+        if not isinstance(content, list):
+            raise ChatFormatError("content must be a string or a list of parts",
+                                  f"messages[{i}].content")
+        texts = []
+        for j, part in enumerate(content):
+            if not (isinstance(part, dict) and part.get("type") == "text"
+                    and isinstance(part.get("text"), str)):
+                raise ChatFormatError("only text parts fit this chat format",
+                                      f"messages[{i}].content[{j}]")
+            texts.append(part["text"])
+        return "".join(texts)
+
+    def new_parser(self, thinking: bool) -> PlainReplyParser:
+        return PlainReplyParser(frozenset(self.stop_tokens), self._special_ids)
+
+# ------------------------------------------------------------- resolution
+
+
+@dataclass
+class NoChatFormat:
+    reasons: list[str]   # why XTML did not apply, and why chat.json did not
+    name = None
+
+    @property
+    def description(self) -> str:
+        return "none — " + "; ".join(self.reasons)
+
+
+def resolve_chat_format(engine, model_dir) -> XtmlFormat | TemplateFormat | NoChatFormat:
+    """XTML if the vocabulary has its markers, else model_dir/chat.json, else neither.
+
+    Never raises: anything unexpected becomes a reason, because a broken chat
+    format must not take down the endpoints that do not need one.
+    """
+    reasons = []
+    for attempt in (lambda: XtmlFormat.load(engine),
+                    lambda: TemplateFormat.load(engine, Path(model_dir) / "chat.json")):
+        try:
+            return attempt()
+        except _Refused as exc:
+            reasons.append(str(exc))
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            reasons.append(f"{type(exc).__name__}: {exc}")
+    return NoChatFormat(reasons)
