@@ -298,12 +298,13 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     waste: dict  # the engine numbers OpenAI's schema has no place for
+    cached_tokens: int = 0  # prompt positions restored from a prefix snapshot
 
     def openai(self) -> dict:
         return {"prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens,
                 "total_tokens": self.prompt_tokens + self.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": 0}}
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
 
 
 def new_id(prefix: str) -> str:

@@ -285,6 +285,9 @@ class _BlockingSink:
     def emit(self, delta: dict) -> None:
         pass
 
+    def progress(self, done: int, total: int) -> None:
+        pass
+
     def gone(self) -> bool:
         return self._handler.client_gone()
 
@@ -317,6 +320,10 @@ class _StreamSink:
 
     def emit(self, delta: dict) -> None:
         self._handler.wfile.write(sse_event(self._chunk(delta)))
+
+    def progress(self, done: int, total: int) -> None:
+        # An SSE comment: every client ignores it, and it keeps proxies from timing out.
+        self._handler.wfile.write(f": prefill {done}/{total}\n\n".encode())
 
     def gone(self) -> bool:
         return self._handler.client_gone()

@@ -12,13 +12,15 @@ import codecs
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any, Optional, Protocol
+from typing import Any, Callable, Optional, Protocol, Sequence
 
 from . import api
 from .api import ApiError, ChatRequest, CompletionRequest, Sampling, Usage, invalid
 from .chatfmt import ChatFormatError, NoChatFormat
 from .engine import GenParams, GenResult, Stats, TokenInfo, WasteError
 from .images import StagedImages, image_parts, image_prompt, measure
+from .prefill import DEFAULT_CHUNK, PrefillCancelled, prefill
+from .prefix_cache import PrefixCache
 from .stops import StopFilter
 
 
@@ -27,6 +29,9 @@ class ReplySink(Protocol):
 
     def start(self) -> None:
         """The request was accepted and generation begins; errors after this are mid-reply."""
+
+    def progress(self, done: int, total: int) -> None:
+        """Prefill has evaluated `done` of `total` prompt positions."""
 
     def emit(self, delta: dict) -> None:
         """One piece of output: a chat delta, or {"text": ...} for completions."""
@@ -42,6 +47,9 @@ class ServiceOptions:
     thinking: bool = True          # the default when a request does not say
     vision: bool = False
     allow_local_images: bool = False
+    prefix_cache: Optional[PrefixCache] = None   # None: prefill every request from scratch
+    prefill_chunk: int = DEFAULT_CHUNK
+    log: Optional[Callable[[str], None]] = None  # prefill progress of long prompts
 
 
 @dataclass
@@ -70,6 +78,7 @@ class _Run:
     first_token_at: float = 0.0
     last_token_at: float = 0.0
     n_tokens: int = 0
+    cached_tokens: int = 0          # prompt positions restored from a snapshot
     stats: Optional[Stats] = None   # engine counters for this request only
 
 
@@ -228,8 +237,12 @@ class Service:
     # -- shared ---------------------------------------------------------------
 
     def _run(self, ids: list[int], sampling: Sampling, stop_tokens, sink: ReplySink,
-             on_piece) -> tuple[_Run, GenResult, float]:
-        """Generate after the prompt; `on_piece(token, bytes)` returns True when the reply is done."""
+             on_piece, snapshot_at: Sequence[int] = (),
+             image_start: Optional[int] = None) -> tuple[_Run, GenResult, float]:
+        """Prefill, then generate; `on_piece(token, bytes)` returns True when the reply is done.
+
+        `snapshot_at`: prompt positions worth a prefix snapshot; `image_start`:
+        the first image position (no snapshot reuse past it)."""
         room = self.engine.info.ctx_max - len(ids)
         if room < 1:
             raise ApiError(400, f"the prompt is {len(ids)} tokens; the context holds "
@@ -260,10 +273,38 @@ class Service:
         before = self.engine.stats()
         sink.start()
         started = time.monotonic()
-        result = self.engine.generate(ids, params, on_token)
+        try:
+            rest = self._prefill(ids, run, sink, snapshot_at, image_start)
+        except PrefillCancelled:
+            run.client_gone = True
+            result = GenResult(n_tokens=0, cancelled=True, context_full=False, detail=None)
+        else:
+            result = self.engine.generate(rest, params, on_token)
         ms = (time.monotonic() - started) * 1000.0
         run.stats = _stats_delta(before, self.engine.stats())
         return run, result, ms
+
+    def _prefill(self, ids: list[int], run: _Run, sink: ReplySink, snapshot_at: Sequence[int],
+                 image_start: Optional[int]) -> list[int]:
+        """Restore and evaluate all but the tail of the prompt; returns the tail for generate."""
+        log, chunk = self.options.log, self.options.prefill_chunk
+
+        def progress(done: int, total: int) -> None:
+            if total <= chunk:
+                return  # one chunk is over before anyone could be waiting on it
+            sink.progress(done, total)
+            if log is not None:
+                log(f"prefill {done}/{total}")
+
+        try:
+            done = prefill(self.engine, ids, cache=self.options.prefix_cache,
+                           snapshot_at=snapshot_at, image_start=image_start, chunk=chunk,
+                           progress=progress, cancelled=sink.gone)
+        except BaseException:
+            self.engine.reset()  # a half-evaluated prompt must not survive into the next request
+            raise
+        run.cached_tokens = done.cached_tokens
+        return done.remaining
 
     @staticmethod
     def _finish_reason(run: _Run, result: GenResult, ended: bool, has_tool_calls: bool) -> str:
@@ -279,8 +320,9 @@ class Service:
         tps = (run.n_tokens - 1) / decode_s if run.n_tokens > 1 and decode_s > 0 else 0.0
         s = run.stats
         looked_up = s.experts_hit + s.experts_missed
-        return Usage(prompt_tokens, run.n_tokens, {
+        return Usage(prompt_tokens, run.n_tokens, cached_tokens=run.cached_tokens, waste={
             "prompt_tokens": prompt_tokens, "completion_tokens": run.n_tokens,
+            "cached_tokens": run.cached_tokens,
             "experts_hit": s.experts_hit, "experts_missed": s.experts_missed,
             "expert_hit_rate": s.experts_hit / looked_up if looked_up else 0.0,
             "bytes_read": s.bytes_read, "direct_io": s.direct_io, "ms": round(ms, 3),

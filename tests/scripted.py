@@ -97,6 +97,7 @@ class ScriptedEngine:
         self.params: list[GenParams] = []
         self.results: list[GenResult] = []
         self.resets = 0
+        self.state: list[int] = []        # prompt ids evaluated (or restored) since the last reset
         self.images_added: list[str] = []
         self.active = 0
         self.max_active = 0
@@ -161,6 +162,19 @@ class ScriptedEngine:
 
     def reset(self) -> None:
         self.resets += 1
+        self.state = []
+
+    def eval(self, tokens: Sequence[int]) -> list[float]:
+        self.state.extend(tokens)
+        return []
+
+    def save_state(self, path: str) -> None:
+        with open(path, "w") as f:
+            json.dump(self.state, f)
+
+    def load_state(self, path: str) -> None:
+        with open(path) as f:
+            self.state = json.load(f)
 
     def generate(self, prompt: Sequence[int], params: GenParams,
                  on_token: Callable[[TokenInfo, bytes], Optional[bool]]) -> GenResult:
@@ -174,6 +188,8 @@ class ScriptedEngine:
         return result
 
     def _play(self, prompt: list[int], params: GenParams, on_token) -> GenResult:
+        prompt = self.state + prompt   # what a real engine's state would hold
+        self.state = []
         self.prompts.append(prompt)
         self.params.append(params)
         script = self.replies.pop(0) if len(self.replies) > 1 else self.replies[0]
@@ -272,11 +288,15 @@ class Response:
     def json(self) -> Any:
         return json.loads(self.body)
 
+    def comments(self) -> list[str]:
+        """The SSE comment lines (prefill progress), without their leading ': '."""
+        return [block[2:] for block in self.body.decode().split("\n\n") if block.startswith(": ")]
+
     def events(self) -> list[Any]:
-        """The SSE payloads in order; "[DONE]" stays a string."""
+        """The SSE payloads in order; "[DONE]" stays a string. Comments are skipped, as clients do."""
         out = []
         for block in self.body.decode().split("\n\n"):
-            if block:
+            if block and not block.startswith(":"):
                 assert block.startswith("data: "), block
                 data = block[len("data: "):]
                 out.append(data if data == "[DONE]" else json.loads(data))
