@@ -4,8 +4,10 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from typing import Optional
@@ -13,6 +15,7 @@ from typing import Optional
 from .chatfmt import NoChatFormat, resolve_chat_format
 from .engine import Engine, EngineConfig, LibraryNotFound, MemPlan, WasteError, load_library
 from .http import Server, stderr_log
+from .prefix_cache import PrefixCache
 from .service import Service, ServiceOptions
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
@@ -77,6 +80,11 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--plan", action="store_true", help="print the memory plan and exit")
     p.add_argument("--lib", default=os.environ.get("WASTE_LIB"), help="libwaste path (default $WASTE_LIB)")
     p.add_argument("--exclusive-open", action="store_true", help="refuse a container another process owns")
+    p.add_argument("--prefix-cache", type=parse_size, default=None, metavar="SIZE",
+                   help="disk for prefix snapshots, e.g. 8G (default: a quarter of the free "
+                        "temporary space, at most 16G)")
+    p.add_argument("--no-prefix-cache", action="store_true",
+                   help="prefill every request from scratch")
     p.add_argument("--quiet", action="store_true", help="no per-request log lines")
     return p.parse_args(argv)
 
@@ -98,7 +106,8 @@ def describe_plan(plan: MemPlan) -> str:
     return "\n".join(f"  {name:<18} {gib(value):>12}  ({value} bytes)" for name, value in rows)
 
 
-def banner(lib, engine: Engine, fmt, args: argparse.Namespace, url: str) -> str:
+def banner(lib, engine: Engine, fmt, args: argparse.Namespace, url: str,
+           cache: Optional[PrefixCache]) -> str:
     info, mem = engine.info, engine.memory_used()
     chat = fmt.description
     lines = [
@@ -113,12 +122,26 @@ def banner(lib, engine: Engine, fmt, args: argparse.Namespace, url: str) -> str:
         f"chat     {chat}",
         f"thinking {'off' if args.no_thinking or not getattr(fmt, 'supports_reasoning', False) else 'on'}"
         " by default (reasoning_effort overrides)",
+        f"prefix   {'off' if cache is None else gib(cache.capacity_bytes) + ' of snapshots in ' + cache.directory}",
         f"listen   {url}",
     ]
     if args.host not in LOOPBACK and not args.api_key:
         lines.append(f"WARNING  listening on {args.host} without --api-key: anyone who can reach "
                      "this port can use the model")
     return "\n".join(lines)
+
+
+def default_prefix_cache_bytes() -> int:
+    """A quarter of the free space where snapshots go, capped: they are a cache, not the point."""
+    free = shutil.disk_usage(tempfile.gettempdir()).free
+    return min(free // 4, 16 << 30)
+
+
+def open_prefix_cache(args: argparse.Namespace) -> Optional[PrefixCache]:
+    if args.no_prefix_cache:
+        return None
+    size = default_prefix_cache_bytes() if args.prefix_cache is None else args.prefix_cache
+    return PrefixCache(size) if size > 0 else None
 
 
 def fail(message: str) -> int:
@@ -132,6 +155,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         lib = load_library(args.lib)
     except LibraryNotFound as e:
         return fail(str(e).replace("\n", "; "))
+    for skipped in lib.rejected:  # e.g. a mistyped --lib: say so rather than run another library
+        print(f"serve: warning: skipped {skipped}", file=sys.stderr)
     if not Path(args.model).is_dir():
         return fail(f"{args.model}: not a model container directory")
     if args.plan:
@@ -156,16 +181,29 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 def serve(lib, engine: Engine, args: argparse.Namespace) -> int:
     fmt = resolve_chat_format(engine, args.model)
-    options = ServiceOptions(model_id=args.model_id or default_model_id(args.model),
-                             max_tokens=args.max_tokens, thinking=not args.no_thinking,
-                             vision=args.vision, allow_local_images=args.allow_local_images)
+    log = None if args.quiet else stderr_log
+    cache = open_prefix_cache(args)
+    try:
+        options = ServiceOptions(model_id=args.model_id or default_model_id(args.model),
+                                 max_tokens=args.max_tokens, thinking=not args.no_thinking,
+                                 vision=args.vision, allow_local_images=args.allow_local_images,
+                                 prefix_cache=cache, log=log)
+        return run_server(lib, engine, fmt, options, args, log)
+    finally:
+        if cache is not None:
+            cache.close()
+
+
+def run_server(lib, engine: Engine, fmt, options: ServiceOptions, args: argparse.Namespace,
+               log) -> int:
     try:
         server = Server((args.host, args.port), Service(engine, lib, fmt, options),
-                        api_key=args.api_key or None, log=None if args.quiet else stderr_log)
+                        api_key=args.api_key or None, log=log)
     except OSError as e:
         return fail(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}")
     host = f"[{args.host}]" if ":" in args.host else args.host
-    print(banner(lib, engine, fmt, args, f"http://{host}:{server.port}/v1"), flush=True)
+    print(banner(lib, engine, fmt, args, f"http://{host}:{server.port}/v1", options.prefix_cache),
+          flush=True)
     if isinstance(fmt, NoChatFormat):
         print("note     /v1/chat/completions is unavailable; /v1/completions works", flush=True)
 

@@ -72,11 +72,16 @@ class XtmlFormat:
 
     def render(self, messages: Sequence[Mapping[str, Any]], *, tools=None, tool_choice=None,
                response_format=None, thinking: bool, thinking_effort: Optional[str] = None,
-               image_prompts: Optional[Sequence[str]] = None) -> list[Segment]:
+               image_prompts: Optional[Sequence[str]] = None,
+               add_generation_prompt: bool = True) -> list[Segment]:
         return xtml.build_chat_segments(
-            [_system_role(m) for m in messages], tools, add_generation_prompt=True,
+            [_system_role(m) for m in messages], tools,
+            add_generation_prompt=add_generation_prompt,
             thinking=thinking, image_prompts=image_prompts, thinking_effort=thinking_effort,
             tool_choice=tool_choice, response_format=response_format)
+
+    def generation_prompt(self, thinking: bool) -> list[Segment]:
+        return xtml.generation_prompt(thinking)
 
     def new_parser(self, thinking: bool) -> ReplyParser:
         return ReplyParser(self.markers, thinking=thinking, special_ids=self._special_ids)
@@ -209,7 +214,8 @@ class TemplateFormat:
 
     def render(self, messages: Sequence[Mapping[str, Any]], *, tools=None, tool_choice=None,
                response_format=None, thinking: bool, thinking_effort: Optional[str] = None,
-               image_prompts: Optional[Sequence[str]] = None) -> list[Segment]:
+               image_prompts: Optional[Sequence[str]] = None,
+               add_generation_prompt: bool = True) -> list[Segment]:
         """Template strings as markup segments, the caller's content always as text."""
         self._refuse_request_fields(tools, tool_choice, response_format, thinking_effort)
         segments: list[Segment] = []
@@ -220,8 +226,12 @@ class TemplateFormat:
                          Segment(suffix, True)]
         if image_prompts:
             raise ChatFormatError("images need the XTML chat format", "messages")
-        segments.append(Segment(self.template.open, True))
+        if add_generation_prompt:
+            segments += self.generation_prompt(thinking)
         return [s for s in segments if s.text]
+
+    def generation_prompt(self, thinking: bool) -> list[Segment]:
+        return [Segment(self.template.open, True)]
 
     @staticmethod
     def _refuse_request_fields(tools, tool_choice, response_format, thinking_effort) -> None:

@@ -22,6 +22,7 @@ from .images import StagedImages, image_parts, image_prompt, measure
 from .prefill import DEFAULT_CHUNK, PrefillCancelled, prefill
 from .prefix_cache import PrefixCache
 from .stops import StopFilter
+from .xtml import MEDIA_PAD
 
 
 class ReplySink(Protocol):
@@ -123,17 +124,24 @@ class Service:
                 paths = [staged.stage(url, param) for param, url in images]
                 prompts = [image_prompt(*measure(self.library.image_dimensions, path, param))
                            for path, (param, _) in zip(paths, images)]
-                segments = self._render(req, thinking, prompts)
-                ids = self.engine.tokenize_segments(segments)
+                # The conversation and the generation prompt are tokenized apart (as
+                # segments always are) so that the end of the conversation, which the
+                # next turn's prompt will repeat, is a known position worth a snapshot.
+                history = self.engine.tokenize_segments(self._render(req, thinking, prompts))
+                ids = history + self.engine.tokenize_segments(
+                    self.chat_format.generation_prompt(thinking))
                 for path, (param, _) in zip(paths, images):
                     try:
                         self.engine.image_add(path)  # reads the file, so before it is removed
                     except WasteError as e:
                         self.engine.image_clear()
                         raise invalid(param, f"image could not be encoded: {e}") from None
+                image_start = None
                 if paths:
+                    image_start = ids.index(self.engine.token_id(MEDIA_PAD))
                     ids = self.engine.image_expand(ids)
-            return self._generate_chat(req, ids, thinking, sink)
+            return self._generate_chat(req, ids, thinking, sink, snapshot_at=[len(history)],
+                                       image_start=image_start)
 
     def _thinking(self, req: ChatRequest) -> bool:
         if not self.chat_format.supports_reasoning:
@@ -157,14 +165,15 @@ class Service:
             return self.chat_format.render(
                 req.messages, tools=req.tools, tool_choice=req.tool_choice,
                 response_format=req.response_format, thinking=thinking,
-                thinking_effort=req.thinking_effort if thinking else None, image_prompts=prompts)
+                thinking_effort=req.thinking_effort if thinking else None, image_prompts=prompts,
+                add_generation_prompt=False)
         except ChatFormatError as e:
             raise invalid(e.field or "messages", str(e), code="unsupported_by_chat_format") from None
         except ValueError as e:
             raise invalid("messages", str(e)) from None
 
-    def _generate_chat(self, req: ChatRequest, ids: list[int], thinking: bool,
-                       sink: ReplySink) -> ChatReply:
+    def _generate_chat(self, req: ChatRequest, ids: list[int], thinking: bool, sink: ReplySink,
+                       snapshot_at: Sequence[int], image_start: Optional[int]) -> ChatReply:
         parser = self.chat_format.new_parser(thinking)
         stops = StopFilter(req.sampling.stop)
         reasoning: list[str] = []
@@ -187,7 +196,8 @@ class Service:
             forward(parser.feed_token(token, piece))
             return stops.hit or parser.ended
 
-        run, result, ms = self._run(ids, req.sampling, self.chat_format.stop_tokens, sink, on_piece)
+        run, result, ms = self._run(ids, req.sampling, self.chat_format.stop_tokens, sink, on_piece,
+                                    snapshot_at, image_start)
         if not stops.hit and not run.client_gone:
             forward(parser.finish())
             tail = stops.flush()

@@ -20,6 +20,7 @@ CLOSE = "<|close|>"
 END_OF_MSG = "<|end_of_msg|>"
 MARKUP_TOKENS = (OPEN, SEP, CLOSE, END_OF_MSG)
 IMAGE_PLACEHOLDER = "<|kimi_image_placeholder|>"
+MEDIA_PAD = "<|media_pad|>"  # the placeholder waste_image_expand widens to an image's positions
 
 ROLES = ("system", "user", "assistant", "tool")
 THINKING_EFFORTS = ("low", "high", "max")
@@ -376,6 +377,13 @@ def build_chat_segments(messages: Sequence[Mapping[str, Any]],
     if format_text is not None:
         _write_system(out, "response-format", format_text)
     if add_generation_prompt:
-        out.open("message", [("role", "assistant")])
-        out.open("think" if thinking else "response")
+        out.segments += generation_prompt(thinking)
+    return out.segments
+
+
+def generation_prompt(thinking: bool = True) -> list[Segment]:
+    """The open assistant turn that hands the model the floor."""
+    out = _Writer()
+    out.open("message", [("role", "assistant")])
+    out.open("think" if thinking else "response")
     return out.segments

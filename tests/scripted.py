@@ -104,6 +104,8 @@ class ScriptedEngine:
         # Called before each token with its index; a test can block here to pace generation.
         self.before_token: Optional[Callable[[int], None]] = None
         self.context_full_after: Optional[int] = None  # pretend the context fills after n tokens
+        self.evals: list[int] = []        # the size of every prefill chunk evaluated
+        self.before_eval: Optional[Callable[[int], None]] = None  # called with the chunk's number
         self._stats = Stats(0, 0, 0, 0, 0.0, 0.0, True)
 
     # -- tokenizer ------------------------------------------------------------
@@ -165,6 +167,9 @@ class ScriptedEngine:
         self.state = []
 
     def eval(self, tokens: Sequence[int]) -> list[float]:
+        if self.before_eval is not None:
+            self.before_eval(len(self.evals))
+        self.evals.append(len(tokens))
         self.state.extend(tokens)
         return []
 

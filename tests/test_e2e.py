@@ -7,7 +7,9 @@ import signal
 import socket
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator, Optional
 
 import pytest
 
@@ -226,14 +228,19 @@ def test_unopenable_model_and_library(lib_path, tmp_path):
     bad_model = run_cli(str(broken), lib_path=lib_path)
     no_lib = run_cli(str(broken), "--lib", str(tmp_path / "nolib.so"))
     for done in (no_model, bad_model, no_lib):
-        assert done.returncode != 0
-        assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+        assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert len(no_model.stderr.strip().splitlines()) == 1
+    assert len(bad_model.stderr.strip().splitlines()) == 1
+    # A --lib that cannot be loaded is named in a warning before the one error line.
+    warning, error = no_lib.stderr.strip().splitlines()
+    assert "warning" in warning and "nolib.so" in warning and "cannot open" in error
 
 
-def test_cli_serves_and_stops_on_sigterm(lib_path, k3_container):
-    env = {**os.environ, "WASTE_API_KEY": "from-env"}
-    proc = subprocess.Popen([sys.executable, "-m", "serve", str(k3_container), "--port", "0",
-                             "--host", "127.0.0.1", "--model-id", "demo", "--lib", str(lib_path),
+@contextmanager
+def cli_server(*args: str, host: str = "127.0.0.1", env: Optional[dict] = None,
+               ) -> Iterator[tuple[subprocess.Popen, int, list[str]]]:
+    """`python3 -m serve ...` on an ephemeral port: (process, port, banner lines); always stopped."""
+    proc = subprocess.Popen([sys.executable, "-m", "serve", *args, "--port", "0", "--host", host,
                              "--quiet"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)
     try:
@@ -242,42 +249,56 @@ def test_cli_serves_and_stops_on_sigterm(lib_path, k3_container):
             line = proc.stdout.readline()
             assert line, proc.stderr.read()
             banner.append(line.strip())
-        port = int(banner[-1].rsplit(":", 1)[1].split("/")[0])
+        yield proc, int(banner[-1].rsplit(":", 1)[1].split("/")[0]), banner
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def two_turns(port: int, headers: Optional[dict] = None) -> dict:
+    """The second turn of a chat, after the first; returns its response."""
+    first = [{"role": "user", "content": "hello"}]
+    one = call(port, "POST", CHAT, {"messages": first, "max_tokens": 3, **GREEDY}, headers=headers).json()
+    return call(port, "POST", CHAT, {"messages": first + [one["choices"][0]["message"],
+                                                         {"role": "user", "content": "more"}],
+                                     "max_tokens": 3, **GREEDY}, headers=headers).json()
+
+
+def test_cli_serves_and_stops_on_sigterm(lib_path, k3_container):
+    env = {**os.environ, "WASTE_API_KEY": "from-env"}
+    with cli_server(str(k3_container), "--model-id", "demo", "--lib", str(lib_path), env=env) as (
+            proc, port, banner):
         text = "\n".join(banner)
         assert "libwaste" in text and "xtml" in text and "thinking on" in text
         assert call(port, "GET", "/v1/models").status == 401
         key = {"Authorization": "Bearer from-env"}
         assert call(port, "GET", "/v1/models", headers=key).json()["data"][0]["id"] == "demo"
+        # The second turn of a chat reuses the first's snapshot.
+        assert two_turns(port, key)["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+        snapshots = next(line for line in banner if line.startswith("prefix")).rsplit(" in ", 1)[1]
+        assert os.listdir(snapshots)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
+        assert not os.path.exists(snapshots)   # the private snapshot directory leaves with the server
+
+
+def test_no_prefix_cache_prefills_every_turn(lib_path, k3_container):
+    with cli_server(str(k3_container), "--lib", str(lib_path), "--no-prefix-cache") as (_, port, banner):
+        assert "prefix   off" in banner
+        assert two_turns(port)["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    done = run_cli(str(k3_container), "--prefix-cache", "lots", lib_path=lib_path)
+    assert done.returncode == 2 and "not a size" in done.stderr
 
 
 def test_default_model_id_and_exposed_warning(lib_path, k3_container):
-    proc = subprocess.Popen([sys.executable, "-m", "serve", str(k3_container), "--port", "0",
-                             "--host", "0.0.0.0", "--lib", str(lib_path), "--quiet"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={k: v for k, v in os.environ.items() if k != "WASTE_API_KEY"})
-    try:
-        lines = []
-        while not any(line.startswith("listen") for line in lines):
-            line = proc.stdout.readline()
-            assert line, proc.stderr.read()
-            lines.append(line)
-        lines.append(proc.stdout.readline())
-        assert any("WARNING" in line and "api-key" in line for line in lines)
-        port = int(next(l for l in lines if l.startswith("listen")).rsplit(":", 1)[1].split("/")[0])
+    env = {k: v for k, v in os.environ.items() if k != "WASTE_API_KEY"}
+    with cli_server(str(k3_container), "--lib", str(lib_path), host="0.0.0.0", env=env) as (
+            proc, port, banner):
+        warning = proc.stdout.readline()
+        assert "WARNING" in warning and "api-key" in warning
         assert call(port, "GET", "/v1/models").json()["data"][0]["id"] == "k3"
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=20) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()

@@ -1,0 +1,195 @@
+"""Prefix reuse and chunked prefill, through the server.
+
+The guarantee under test: with snapshots on, answers are exactly those of a
+server that prefills every request from scratch, whatever the order of the
+requests, while the repeated part of a conversation is not prefilled again.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import threading
+
+import pytest
+
+from scripted import (ScriptedEngine, call, data_url, real_service, scripted_service, serving,
+                      tiny_png, xtml_answer)
+from serve import xtml
+from serve.prefix_cache import PrefixCache
+
+CHAT = "/v1/chat/completions"
+ANSWER_ONLY = {"temperature": 0, "seed": 3, "max_tokens": 8, "reasoning_effort": "none"}
+TOOLS = [{"type": "function", "function": {
+    "name": "lookup", "description": "Look a word up",
+    "parameters": {"type": "object", "properties": {"word": {"type": "string"}}}}}]
+
+
+@pytest.fixture
+def cache(tmp_path):
+    c = PrefixCache(64 << 20, parent_dir=str(tmp_path))
+    yield c
+    c.close()
+
+
+def ask(port: int, messages: list, **fields) -> dict:
+    resp = call(port, "POST", CHAT, {"messages": messages, **ANSWER_ONLY, **fields})
+    assert resp.status == 200, resp.body
+    return resp.json()
+
+
+def answer(body: dict) -> dict:
+    return body["choices"][0]["message"]
+
+
+def conversation(port: int, turns: int) -> list[list[dict]]:
+    """The prompts of a chat whose every turn resends the history with the last reply."""
+    prompts, messages = [], []
+    for n in range(turns):
+        messages = messages + [{"role": "user", "content": f"Question number {n}: why the tides?"}]
+        prompts.append(messages)
+        messages = messages + [{"role": "assistant", "content": answer(ask(port, messages))["content"]}]
+    return prompts
+
+
+def generation_prompt_tokens(service, thinking: bool) -> int:
+    return len(service.engine.tokenize_segments(xtml.generation_prompt(thinking)))
+
+
+def test_answers_equal_a_cold_server_in_any_order(lib_path, k3_container, cache):
+    with real_service(lib_path, k3_container) as cold, serving(cold) as srv:
+        prompts = conversation(srv.port, 4)
+        expected = [ask(srv.port, p) for p in prompts]
+    for order in ([0, 1, 2, 3], [3, 1, 0, 2], [2, 2, 3, 0, 1]):
+        with real_service(lib_path, k3_container, prefix_cache=cache) as warm, serving(warm) as srv:
+            for i in order:
+                got = ask(srv.port, prompts[i])
+                assert got["choices"] == expected[i]["choices"]
+                assert got["usage"]["prompt_tokens"] == expected[i]["usage"]["prompt_tokens"]
+
+
+def test_next_turn_prefills_only_what_is_new(lib_path, k3_container, cache):
+    with real_service(lib_path, k3_container, prefix_cache=cache) as service, serving(service) as srv:
+        first = [{"role": "user", "content": "Name a colour."}]
+        one = ask(srv.port, first)
+        assert one["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        history = one["usage"]["prompt_tokens"] - generation_prompt_tokens(service, False)
+        second = first + [answer(one), {"role": "user", "content": "Another one."}]
+        two = ask(srv.port, second)
+        assert two["usage"]["prompt_tokens_details"]["cached_tokens"] == history
+        assert two["waste"]["cached_tokens"] == history
+        # The same turn streamed reports it on the usage chunk too.
+        resp = call(srv.port, "POST", CHAT, {"messages": second, **ANSWER_ONLY, "stream": True,
+                                             "stream_options": {"include_usage": True}})
+        usage = resp.events()[-2]["usage"]
+        assert usage["prompt_tokens_details"]["cached_tokens"] >= history
+
+
+def test_tool_loop_reuses_the_prompt_before_the_call(lib_path, k3_container, cache):
+    with real_service(lib_path, k3_container, prefix_cache=cache) as service, serving(service) as srv:
+        asked = [{"role": "user", "content": "Look up 'tide'."}]
+        first = ask(srv.port, asked, tools=TOOLS)
+        history = first["usage"]["prompt_tokens"] - generation_prompt_tokens(service, False)
+        call_turn = {"role": "assistant", "content": "", "tool_calls": [{
+            "id": "call_1", "type": "function",
+            "function": {"name": "lookup", "arguments": '{"word": "tide"}'}}]}
+        result = {"role": "tool", "tool_call_id": "call_1", "content": "the rise and fall of the sea"}
+        second = ask(srv.port, asked + [call_turn, result], tools=TOOLS)
+        assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == history
+
+
+def test_a_snapshot_that_fails_to_load_is_dropped(lib_path, k3_container, cache):
+    first = [{"role": "user", "content": "Count to three."}]
+    with real_service(lib_path, k3_container) as cold, serving(cold) as srv:
+        reply = answer(ask(srv.port, first))
+        later = first + [reply, {"role": "user", "content": "And to four?"}]
+        expected = ask(srv.port, later)
+    with real_service(lib_path, k3_container, prefix_cache=cache) as warm, serving(warm) as srv:
+        ask(srv.port, first)
+        assert len(cache) == 1
+        for name in os.listdir(cache.directory):
+            with open(os.path.join(cache.directory, name), "r+b") as f:
+                f.write(b"not a state")
+        got = ask(srv.port, later)
+        assert got["choices"] == expected["choices"]
+        assert got["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        # The damaged snapshot is gone; the new turn's history took its place.
+        assert len(cache) == 1 and cache.lookup(list(range(3))) is None
+
+
+def test_images_invalidate_reuse_past_their_position(lib_path, k3_vision_container, cache):
+    picture = [{"role": "user", "content": [
+        {"type": "text", "text": "What is in the picture?"},
+        {"type": "image_url", "image_url": {"url": data_url(tiny_png(20, 12))}}]}]
+    with real_service(lib_path, k3_vision_container, vision=True) as cold, serving(cold) as srv:
+        reply = answer(ask(srv.port, picture))
+        later = picture + [reply, {"role": "user", "content": "Describe it again."}]
+        expected = ask(srv.port, later)
+    with real_service(lib_path, k3_vision_container, vision=True, prefix_cache=cache) as warm, \
+            serving(warm) as srv:
+        ask(srv.port, picture)
+        assert len(cache) == 0   # the history ends after the image: no snapshot of it
+        got = ask(srv.port, later)
+        assert got["choices"] == expected["choices"]
+        assert got["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+
+
+def long_prompt() -> list[dict]:
+    return [{"role": "user", "content": "x" * 300}]   # ~330 ids on the scripted tokenizer
+
+
+def test_stream_shows_prefill_progress_as_comments():
+    engine = ScriptedEngine([xtml_answer("ok")])
+    lines: list[str] = []
+    service = scripted_service(engine, prefill_chunk=64, log=lines.append)
+    with serving(service) as srv:
+        resp = call(srv.port, "POST", CHAT, {"messages": long_prompt(), "stream": True})
+    total = len(engine.prompts[0])
+    progress = [c.split() for c in resp.comments()]
+    assert progress and all(word == "prefill" for word, _ in progress)
+    done = [int(frac.split("/")[0]) for _, frac in progress]
+    assert all(int(frac.split("/")[1]) == total for _, frac in progress)
+    assert done == sorted(done) and done[0] == 64 and done[-1] == total - 1
+    assert engine.evals[:-1] == [64] * (len(engine.evals) - 1)
+    assert [line for line in lines if line.startswith("prefill")] == [f"prefill {d}/{total}" for d in done]
+    # The comments come after the role chunk, before the answer, and disturb nothing.
+    events = resp.events()
+    assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert resp.body.rindex(b": prefill ") < resp.body.index(b'"finish_reason": "stop"')
+    assert events[-1] == "[DONE]"
+
+
+def test_short_prompts_send_no_progress():
+    service = scripted_service(ScriptedEngine([xtml_answer("ok")]))
+    with serving(service) as srv:
+        resp = call(srv.port, "POST", CHAT, {"messages": [{"role": "user", "content": "hi"}],
+                                             "stream": True})
+    assert resp.comments() == [] and resp.events()[-1] == "[DONE]"
+
+
+def test_client_that_leaves_during_prefill_stops_it_at_the_next_chunk():
+    engine = ScriptedEngine([xtml_answer("ok")])
+    in_prefill, client_closed = threading.Event(), threading.Event()
+
+    def pace(chunk: int) -> None:
+        if chunk == 1:
+            in_prefill.set()
+            client_closed.wait(10)
+
+    engine.before_eval = pace
+    service = scripted_service(engine, prefill_chunk=16)
+    with serving(service) as srv:
+        body = (b'{"stream": true, "messages": [{"role": "user", "content": "' + b"y" * 300 + b'"}]}')
+        sock = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        assert in_prefill.wait(10)
+        sock.close()
+        client_closed.set()
+        engine.before_eval = None
+        # The next request runs once the abandoned one has let go of the engine.
+        resp = call(srv.port, "POST", CHAT, {"messages": [{"role": "user", "content": "hi"}]})
+        assert resp.status == 200
+    chunks_needed = -(-(300 + 30) // 16)
+    abandoned = len(engine.evals) - 1   # the second request fits one chunk
+    assert 2 <= abandoned < chunks_needed
+    assert len(engine.prompts) == 1     # the abandoned request never reached generate
