@@ -138,22 +138,23 @@ class PlainReplyParser:
         self._stop_ids = stop_ids
         self._special_ids = special_ids
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._reply = Reply()
+        self._content: list[str] = []  # joined on demand: no copy of the whole reply per token
+        self._ended = False
         self._closed = False
 
     @property
     def reply(self) -> Reply:
-        return Reply(content=self._reply.content, ended=self._reply.ended)
+        return Reply(content="".join(self._content), ended=self._ended)
 
     @property
     def ended(self) -> bool:
-        return self._reply.ended
+        return self._ended
 
     def feed_token(self, token_id: int, piece: bytes) -> list[Delta]:
         if self._closed:
             return []
         if token_id in self._stop_ids:
-            self._reply.ended = True
+            self._ended = True
             return self._close()
         if token_id in self._special_ids:
             return []
@@ -169,7 +170,7 @@ class PlainReplyParser:
     def _emit(self, text: str) -> list[Delta]:
         if not text:
             return []
-        self._reply.content += text
+        self._content.append(text)
         return [Delta(content=text)]
 
 

@@ -604,7 +604,9 @@ class Engine:
             nonlocal count
             count += 1
             try:
-                info = _from_struct(TokenInfo, info_ptr.contents)
+                c = info_ptr.contents  # per token: build TokenInfo directly, no field reflection
+                info = TokenInfo(c.token_index, c.token, c.logprob, c.experts_hit, c.experts_missed,
+                                 c.bytes_read, c.ms_total, c.ms_io)
                 piece = ctypes.string_at(piece_ptr) if piece_ptr else b""
                 return 1 if on_token(info, piece) else 0
             except BaseException as exc:  # noqa: BLE001 - must not unwind through C

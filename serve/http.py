@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import hmac
 import json
+import queue
 import select
 import socket
 import sys
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Optional
@@ -21,6 +23,7 @@ from .service import Service
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 MAX_JSON_DEPTH = 64
+SEND_GAP = 0.002  # seconds between two sends of one stream, at most (see _SocketWriter)
 MODELS_PREFIX = "/v1/models/"
 ROUTES = {"/health": "GET", "/v1/models": "GET",
           "/v1/chat/completions": "POST", "/v1/completions": "POST"}
@@ -83,6 +86,17 @@ def sse_event(payload: Any) -> bytes:
 
 
 SSE_DONE = b"data: [DONE]\n\n"
+_HOLE = {"\u0000hole": 0}
+
+
+def sse_encoder(chunk: Callable[[Any], dict]) -> Callable[[Any], bytes]:
+    """`part -> sse_event(chunk(part))`, byte for byte, encoding only the part per call.
+
+    A stream's chunks differ only in one value (a chat delta, a completion's
+    text), and this runs once per token.
+    """
+    head, tail = sse_event(chunk(_HOLE)).split(json.dumps(_HOLE).encode())
+    return lambda part: head + json.dumps(part, ensure_ascii=False).encode() + tail
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -93,6 +107,9 @@ class Handler(BaseHTTPRequestHandler):
     def setup(self) -> None:
         self.timeout = self.server.socket_timeout
         super().setup()
+        # Asked once per generated token, so registered once per connection.
+        self._hangup = select.poll()
+        self._hangup.register(self.connection, select.POLLIN | select.POLLHUP | select.POLLERR)
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # one line per request is written by _log instead
@@ -231,7 +248,8 @@ class Handler(BaseHTTPRequestHandler):
                 rid, created, model, reply.text, reply.finish_reason, reply.usage))
             return
         stream = _StreamSink(
-            self, chunk=lambda delta: api.text_completion(rid, created, model, delta["text"], None),
+            self, chunk=lambda text: api.text_completion(rid, created, model, text, None),
+            part=lambda delta: delta["text"],
             final=lambda finish: api.text_completion(rid, created, model, "", finish),
             usage=(lambda usage: api.usage_chunk(rid, created, model, "text_completion", usage))
             if req.include_usage else None)
@@ -292,18 +310,64 @@ class _BlockingSink:
         return self._handler.client_gone()
 
 
+class _SocketWriter(threading.Thread):
+    """Sends one stream's bytes from its own thread, at most one send per SEND_GAP.
+
+    The engine thread only queues.  A model slower than one token per SEND_GAP
+    (every real one) gets each token sent the moment it exists; a faster one
+    has its tokens gathered into one send per SEND_GAP instead of paying a
+    socket round trip per token, for at most SEND_GAP of added latency.
+    """
+
+    def __init__(self, wfile: Any):
+        super().__init__(name="sse-writer", daemon=True)
+        self._wfile = wfile
+        self._queue: "queue.SimpleQueue[Optional[bytes]]" = queue.SimpleQueue()
+        self.failed = False  # the client went away mid-stream
+
+    def put(self, data: bytes) -> None:
+        self._queue.put(data)
+
+    def close(self) -> None:
+        """Send everything queued so far, then stop."""
+        self._queue.put(None)
+        self.join()
+
+    def run(self) -> None:
+        done, last_send = False, 0.0
+        while not done:
+            batch = [self._queue.get()]
+            pause = last_send + SEND_GAP - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)  # tokens are coming faster than anyone reads them
+            while True:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            done = None in batch
+            data = b"".join(item for item in batch if item is not None)
+            if data and not self.failed:
+                try:
+                    self._wfile.write(data)
+                except OSError:
+                    self.failed = True
+                last_send = time.monotonic()
+
+
 class _StreamSink:
     """Server-sent events: headers and the first chunk once generation starts, a chunk per delta."""
 
-    def __init__(self, handler: Handler, *, chunk: Callable[[dict], dict],
+    def __init__(self, handler: Handler, *, chunk: Callable[[Any], dict],
                  final: Callable[[str], dict], usage: Optional[Callable[[Any], dict]],
-                 first: Optional[dict] = None):
+                 first: Optional[dict] = None, part: Callable[[dict], Any] = lambda delta: delta):
         self._handler = handler
-        self._chunk = chunk        # delta -> chunk
+        self._encode = sse_encoder(chunk)  # part -> the SSE event of its chunk
+        self._part = part          # the service's delta -> what varies in the chunk
         self._final = final        # finish_reason -> the closing chunk
         self._usage = usage        # usage -> the usage chunk, when the client asked for one
         self._first = first
-        self._started = False
+        self._writer: Optional[_SocketWriter] = None
 
     def start(self) -> None:
         h = self._handler
@@ -314,32 +378,34 @@ class _StreamSink:
         h.send_header("Cache-Control", "no-cache")
         h.send_header("Connection", "close")
         h.end_headers()
-        self._started = True
+        self._writer = _SocketWriter(h.wfile)
+        self._writer.start()
         if self._first is not None:
             self.emit(self._first)
 
     def emit(self, delta: dict) -> None:
-        self._handler.wfile.write(sse_event(self._chunk(delta)))
+        self._writer.put(self._encode(self._part(delta)))
 
     def progress(self, done: int, total: int) -> None:
         # An SSE comment: every client ignores it, and it keeps proxies from timing out.
-        self._handler.wfile.write(f": prefill {done}/{total}\n\n".encode())
+        self._writer.put(f": prefill {done}/{total}\n\n".encode())
 
     def gone(self) -> bool:
-        return self._handler.client_gone()
+        return (self._writer is not None and self._writer.failed) or self._handler.client_gone()
 
     def run(self, generate: Callable[[], Any]) -> None:
         """Runs the generation; errors before the first byte are ordinary HTTP errors."""
         try:
             reply = generate()
         except Exception as e:
-            if not self._started:
+            if self._writer is None:
                 raise
             error = e.body() if isinstance(e, ApiError) else api.error_body(str(e), "server_error")
             self._close_stream([error])
             return
         self._handler.tokens = reply.usage.completion_tokens
         if reply.client_gone:
+            self._writer.close()
             return
         events = [self._final(reply.finish_reason)]
         if self._usage is not None:
@@ -347,9 +413,7 @@ class _StreamSink:
         self._close_stream(events)
 
     def _close_stream(self, events: list[dict]) -> None:
-        try:
-            for event in events:
-                self._handler.wfile.write(sse_event(event))
-            self._handler.wfile.write(SSE_DONE)
-        except OSError:
-            pass  # the client left just before the end; nothing to tell it
+        for event in events:
+            self._writer.put(sse_event(event))
+        self._writer.put(SSE_DONE)
+        self._writer.close()

@@ -10,7 +10,6 @@ broken structure is dropped or read as text, and whatever is open at the end is 
 from __future__ import annotations
 
 import codecs
-import copy
 import json
 import re
 import secrets
@@ -124,17 +123,26 @@ class ReplyParser:
         self._held = b""                          # text mode: a possible marker cut by the chunk end
         self._call: _Call | None = None
         self._argument: _Argument | None = None
-        self._reply = Reply()
+        # What was said so far, as parts joined on demand: a long reply must not
+        # cost a copy of everything before it on every token.
+        self._text: dict[str, list[str]] = {"reasoning_content": [], "content": []}
+        self._calls: list[dict] = []           # id, type, name of each tool call
+        self._arguments: list[list[str]] = []  # each call's argument fragments
+        self._ended = False
         self._closed = False                      # no more input: the message ended or finish() ran
         self._out: list[Delta] = []
 
     @property
     def reply(self) -> Reply:
-        return copy.deepcopy(self._reply)
+        calls = [{"id": c["id"], "type": "function",
+                  "function": {"name": c["name"], "arguments": "".join(parts)}}
+                 for c, parts in zip(self._calls, self._arguments)]
+        return Reply("".join(self._text["reasoning_content"]), "".join(self._text["content"]),
+                     calls, self._ended)
 
     @property
     def ended(self) -> bool:
-        return self._reply.ended
+        return self._ended
 
     def feed_token(self, token_id: int, piece: bytes) -> list[Delta]:
         marker = self._marker_by_id.get(token_id)
@@ -247,10 +255,10 @@ class ReplyParser:
         return self._call.body == child == "argument"
 
     def _start_call(self, name: str) -> None:
-        self._call = _Call(index=len(self._reply.tool_calls))
+        self._call = _Call(index=len(self._calls))
         call_id = self._new_call_id()
-        self._reply.tool_calls.append(
-            {"id": call_id, "type": "function", "function": {"name": name, "arguments": ""}})
+        self._calls.append({"id": call_id, "name": name})
+        self._arguments.append([])
         self._out.append(Delta(tool_call={"index": self._call.index, "id": call_id, "type": "function",
                                           "function": {"name": name, "arguments": ""}}))
 
@@ -293,13 +301,13 @@ class ReplyParser:
         self._call = None   # a json body was passed through as written
 
     def _end_message(self) -> None:
-        self._reply.ended = True
+        self._ended = True
         self._closed = True
 
     # -- output -------------------------------------------------------------------------
 
     def _emit_text(self, channel: str, text: str) -> None:
-        setattr(self._reply, channel, getattr(self._reply, channel) + text)
+        self._text[channel].append(text)
         last = self._out[-1] if self._out else None
         if last is not None and getattr(last, channel):
             setattr(last, channel, getattr(last, channel) + text)
@@ -308,7 +316,7 @@ class ReplyParser:
 
     def _emit_arguments(self, fragment: str) -> None:
         index = self._call.index
-        self._reply.tool_calls[index]["function"]["arguments"] += fragment
+        self._arguments[index].append(fragment)
         last = self._out[-1] if self._out else None
         # Fragments merge within one feed, but never into the call's first delta (id and name).
         if last is not None and last.tool_call and last.tool_call["index"] == index and "id" not in last.tool_call:
