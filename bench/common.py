@@ -100,10 +100,14 @@ class Streamed:
     first_token_s: float          # request sent -> first reasoning/content delta
     token_stamps: list[float]     # arrival time of each delta
     usage: dict
+    text: str                     # the answer (content), for the next turn's history
 
 
-def stream_chat(port: int, body: dict) -> Streamed:
-    """POST a streaming chat and read it as a client would, timing each delta."""
+def stream_chat(port: int, body: dict, keep_text: bool = True) -> Streamed:
+    """POST a streaming chat and read it as a client would, timing each delta.
+
+    keep_text=False skips decoding the deltas, to keep the client's cost off the
+    measurement when only timing matters."""
     payload = json.dumps({**body, "stream": True, "stream_options": {"include_usage": True}})
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     started = time.perf_counter()
@@ -111,6 +115,7 @@ def stream_chat(port: int, body: dict) -> Streamed:
                  headers={"Content-Type": "application/json"})
     resp = conn.getresponse()
     stamps: list[float] = []
+    text: list[str] = []
     usage: dict = {}
     pending = b""
     # Read as it arrives and keep the client light (it shares the machine with
@@ -123,9 +128,11 @@ def stream_chat(port: int, body: dict) -> Streamed:
             if b'"content": "' in event or b'"reasoning_content": "' in event:
                 if b'"content": ""' not in event:   # the role chunk carries no token
                     stamps.append(now)
+                    if keep_text:
+                        text.append(json.loads(event[6:])["choices"][0]["delta"].get("content") or "")
             elif event.startswith(b"data: {") and b'"usage": {' in event:
                 usage = json.loads(event[6:])["usage"]
     conn.close()
     if not stamps:
         raise SystemExit("no tokens streamed")
-    return Streamed(stamps[0] - started, stamps, usage)
+    return Streamed(stamps[0] - started, stamps, usage, "".join(text))

@@ -11,15 +11,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from serve.engine import Engine, EngineConfig, load_library  # noqa: E402
-from serve.xtml import build_chat_segments  # noqa: E402
+from common import DEMO, machine
+from serve.engine import Engine, EngineConfig, load_library
+from serve.xtml import build_chat_segments
 
 
 def agent_tools(n: int) -> list[dict]:
@@ -51,7 +47,7 @@ def agent_messages(n: int) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("container", nargs="?", default=str(ROOT / "build" / "demo.waste"))
+    ap.add_argument("container", nargs="?", default=str(DEMO))
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--lib", default=None)
     args = ap.parse_args()
@@ -69,8 +65,8 @@ def main() -> None:
         tokenize_ms.append((t2 - t1) * 1e3)
     engine.close()
     total = [r + t for r, t in zip(render_ms, tokenize_ms)]
-    print(f"prompt: 50 tools, 200 messages -> {len(segments)} segments, {len(ids)} tokens "
-          f"({args.repeat} runs, median)")
+    print(f"prompt building: 50 tools, 200 messages -> {len(segments)} segments, {len(ids)} tokens, "
+          f"median of {args.repeat} — {machine()}")
     print(f"{'stage':<10} {'ms':>8}")
     print(f"{'render':<10} {statistics.median(render_ms):>8.2f}")
     print(f"{'tokenize':<10} {statistics.median(tokenize_ms):>8.2f}")

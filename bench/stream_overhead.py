@@ -37,7 +37,7 @@ def main() -> None:
         for _ in range(args.runs):
             bare.append(decode_rate(args.lib, args.container, body["messages"],
                                     threads=args.threads, max_tokens=args.tokens, ctx=4096)[0])
-            streamed.append(rate(stream_chat(port, body).token_stamps))
+            streamed.append(rate(stream_chat(port, body, keep_text=False).token_stamps))
     # Each streamed run is paired with the bare run just before it, so that
     # drift in the machine's speed cancels out of the ratio.
     ratios = sorted(s / b for b, s in zip(bare, streamed))

@@ -491,6 +491,34 @@ def test_disconnect_mid_stream_cancels_at_the_next_token(engine):
     assert nxt["choices"][0]["message"]["content"] == "next"
 
 
+def test_each_token_reaches_the_client_before_the_next_is_generated(engine):
+    # Sends are gathered only while tokens outpace the socket: a slow model's
+    # tokens must each go out at once, never wait for the next one.
+    words = [f"t{i} " for i in range(5)]
+    engine.replies = [xtml_answer(*words)]
+    received = b""
+    delivered = threading.Condition()
+
+    def pace(index: int) -> None:
+        if index > 0:
+            with delivered:
+                assert delivered.wait_for(lambda: words[index - 1].encode() in received, 10)
+
+    engine.before_token = pace
+    with serving(scripted_service(engine, thinking=False)) as srv:
+        request = json.dumps({"messages": USER, "stream": True}).encode()
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
+            s.sendall(f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(request)}\r\n\r\n"
+                      .encode() + request)
+            while b"[DONE]" not in received:
+                data = s.recv(4096)
+                assert data
+                with delivered:
+                    received += data
+                    delivered.notify_all()
+    assert all(w.encode() in received for w in words)
+
+
 def test_disconnect_during_blocking_request_cancels(engine):
     engine.replies = [xtml_answer(*[f"w{i} " for i in range(50)]), xtml_answer("next")]
     started, closed = threading.Event(), threading.Event()

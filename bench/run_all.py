@@ -1,0 +1,14 @@
+"""Every benchmark, one after the other, on the demo container: `make bench`."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BENCHES = ["engine_decode.py", "stream_overhead.py", "multiturn.py", "prompt_build.py"]
+
+for name in BENCHES:
+    print(f"== {name}", flush=True)
+    subprocess.run([sys.executable, str(HERE / name), *sys.argv[1:]], check=True)
+    print(flush=True)
