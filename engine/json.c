@@ -280,31 +280,41 @@ json_value *json_parse(const char *text, size_t len, char *err, size_t errcap) {
     return NULL;
 }
 
-waste_status json_load_file(const char *path, json_value **out, char *err, size_t errcap) {
-    *out = NULL;
+waste_status read_whole_file(const char *path, char **buf, size_t *len, char *err, size_t errcap) {
     FILE *f = fopen(path, "rb");
     if (!f) {
         snprintf(err, errcap, "cannot open %s: %s", path, strerror(errno));
         return WASTE_E_IO;
     }
     size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        n += fread(buf + n, 1, cap - n, f);
+    char *data = malloc(cap);
+    while (data) {
+        n += fread(data + n, 1, cap - n, f);
         if (n < cap) break;
-        char *grown = realloc(buf, cap * 2);
-        if (!grown) { free(buf); buf = NULL; break; }
-        buf = grown;
+        char *grown = realloc(data, cap * 2);
+        if (!grown) { free(data); data = NULL; break; }
+        data = grown;
         cap *= 2;
     }
     int read_error = ferror(f);
     fclose(f);
-    if (!buf) { snprintf(err, errcap, "out of memory reading %s", path); return WASTE_E_OOM; }
+    if (!data) { snprintf(err, errcap, "out of memory reading %s", path); return WASTE_E_OOM; }
     if (read_error) {
-        free(buf);
+        free(data);
         snprintf(err, errcap, "cannot read %s", path);
         return WASTE_E_IO;
     }
+    *buf = data;
+    *len = n;
+    return WASTE_OK;
+}
+
+waste_status json_load_file(const char *path, json_value **out, char *err, size_t errcap) {
+    *out = NULL;
+    char *buf;
+    size_t n;
+    waste_status st = read_whole_file(path, &buf, &n, err, errcap);
+    if (st != WASTE_OK) return st;
     char why[200] = "";
     *out = json_parse(buf, n, why, sizeof why);
     free(buf);

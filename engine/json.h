@@ -36,6 +36,10 @@ struct json_value {
  * of memory (err says so). */
 json_value *json_parse(const char *text, size_t len, char *err, size_t errcap);
 
+/* Read a whole file into a malloc'd buffer (the caller frees; not
+ * NUL-terminated).  Errors: WASTE_E_IO (cannot open or read), WASTE_E_OOM. */
+waste_status read_whole_file(const char *path, char **buf, size_t *len, char *err, size_t errcap);
+
 /* Read and parse a whole file.  WASTE_E_IO when it cannot be read,
  * WASTE_E_FORMAT when it is not valid JSON, WASTE_E_OOM. */
 waste_status json_load_file(const char *path, json_value **out, char *err, size_t errcap);

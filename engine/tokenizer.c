@@ -50,32 +50,7 @@ static waste_status read_file(const char *dir, const char *name, char **buf, siz
     char path[4096];
     if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, name) >= sizeof path)
         return fail(err, errcap, WASTE_E_ARG, "container path too long");
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(err, errcap, "cannot open %s: %s", path, strerror(errno));
-        return WASTE_E_IO;
-    }
-    size_t cap = 1 << 16, n = 0;
-    char *data = malloc(cap);
-    while (data) {
-        n += fread(data + n, 1, cap - n, f);
-        if (n < cap) break;
-        char *grown = realloc(data, cap * 2);
-        if (!grown) { free(data); data = NULL; break; }
-        data = grown;
-        cap *= 2;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (!data) return fail(err, errcap, WASTE_E_OOM, "out of memory reading tokenizer");
-    if (bad) {
-        free(data);
-        snprintf(err, errcap, "cannot read %s", path);
-        return WASTE_E_IO;
-    }
-    *buf = data;
-    *len = n;
-    return WASTE_OK;
+    return read_whole_file(path, buf, len, err, errcap);
 }
 
 /* ------------------------------------------------------------- hash map */

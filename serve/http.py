@@ -224,41 +224,42 @@ class Handler(BaseHTTPRequestHandler):
     # -- generation ---------------------------------------------------------------------
 
     def _chat(self, req: api.ChatRequest) -> None:
-        service = self.server.service
-        rid, created, model = api.new_id("chatcmpl"), api.now(), service.options.model_id
-        if not req.stream:
-            reply = service.chat(req, _BlockingSink(self))
-            self._reply_json(reply, lambda: api.chat_completion(
-                rid, created, model, reply.message, reply.finish_reason, reply.usage))
-            return
-        stream = _StreamSink(
-            self, chunk=lambda delta: api.chat_chunk(rid, created, model, delta),
-            final=lambda finish: api.chat_chunk(rid, created, model, {}, finish),
-            usage=(lambda usage: api.usage_chunk(rid, created, model, "chat.completion.chunk", usage))
-            if req.include_usage else None,
-            first={"role": "assistant", "content": ""})
-        stream.run(lambda: service.chat(req, stream))
+        rid, created, model = api.new_id("chatcmpl"), api.now(), self.server.service.options.model_id
+        self._generate(
+            req, self.server.service.chat,
+            body=lambda reply: api.chat_completion(rid, created, model, reply.message,
+                                                   reply.finish_reason, reply.usage),
+            stream=dict(chunk=lambda delta: api.chat_chunk(rid, created, model, delta),
+                        final=lambda finish: api.chat_chunk(rid, created, model, {}, finish),
+                        usage=lambda usage: api.usage_chunk(rid, created, model,
+                                                            "chat.completion.chunk", usage),
+                        first={"role": "assistant", "content": ""}))
 
     def _complete(self, req: api.CompletionRequest) -> None:
-        service = self.server.service
-        rid, created, model = api.new_id("cmpl"), api.now(), service.options.model_id
-        if not req.stream:
-            reply = service.complete(req, _BlockingSink(self))
-            self._reply_json(reply, lambda: api.text_completion(
-                rid, created, model, reply.text, reply.finish_reason, reply.usage))
-            return
-        stream = _StreamSink(
-            self, chunk=lambda text: api.text_completion(rid, created, model, text, None),
-            part=lambda delta: delta["text"],
-            final=lambda finish: api.text_completion(rid, created, model, "", finish),
-            usage=(lambda usage: api.usage_chunk(rid, created, model, "text_completion", usage))
-            if req.include_usage else None)
-        stream.run(lambda: service.complete(req, stream))
+        rid, created, model = api.new_id("cmpl"), api.now(), self.server.service.options.model_id
+        self._generate(
+            req, self.server.service.complete,
+            body=lambda reply: api.text_completion(rid, created, model, reply.text,
+                                                   reply.finish_reason, reply.usage),
+            stream=dict(chunk=lambda text: api.text_completion(rid, created, model, text, None),
+                        part=lambda delta: delta["text"],
+                        final=lambda finish: api.text_completion(rid, created, model, "", finish),
+                        usage=lambda usage: api.usage_chunk(rid, created, model, "text_completion",
+                                                            usage)))
 
-    def _reply_json(self, reply: Any, body: Callable[[], dict]) -> None:
-        self.tokens = reply.usage.completion_tokens
-        if not reply.client_gone:
-            self._send_json(200, body())
+    def _generate(self, req: Any, run: Callable[[Any, Any], Any], *, body: Callable[[Any], dict],
+                  stream: dict[str, Any]) -> None:
+        """Run a request blocking (one JSON body) or streaming (the sink's chunk builders)."""
+        if not req.stream:
+            reply = run(req, _BlockingSink(self))
+            self.tokens = reply.usage.completion_tokens
+            if not reply.client_gone:
+                self._send_json(200, body(reply))
+            return
+        if not req.include_usage:
+            stream["usage"] = None
+        sink = _StreamSink(self, **stream)
+        sink.run(lambda: run(req, sink))
 
     # -- output -------------------------------------------------------------------------
 

@@ -54,3 +54,18 @@ def kimi_linear_container(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def plain_container(tmp_path_factory) -> Path:
     return make_container(tmp_path_factory.mktemp("plain") / "plain.waste", "--flavour", "plain")
+
+
+@pytest.fixture(scope="session")
+def lib(lib_path):
+    """The library under test, loaded through the binding."""
+    from serve.engine import load_library
+    return load_library(str(lib_path))
+
+
+@pytest.fixture(scope="module")
+def k3_engine(lib, k3_container):
+    """An open engine on the k3 container, shared by one test module."""
+    from serve.engine import Engine, EngineConfig
+    with Engine(lib, k3_container, EngineConfig()) as opened:
+        yield opened

@@ -9,7 +9,7 @@ import pytest
 from serve import xtml
 from serve.chatfmt import (ChatFormatError, NoChatFormat, PlainReplyParser, TemplateFormat,
                            XtmlFormat, resolve_chat_format)
-from serve.engine import Engine, EngineConfig, load_library
+from serve.engine import Engine, EngineConfig
 from serve.regions import Delta, ReplyParser
 from serve.xtml import Segment
 
@@ -22,14 +22,8 @@ KIMI_CHAT = {
 
 
 @pytest.fixture(scope="module")
-def lib(lib_path):
-    return load_library(str(lib_path))
-
-
-@pytest.fixture(scope="module")
-def k3(lib, k3_container):
-    with Engine(lib, k3_container, EngineConfig()) as opened:
-        yield opened
+def k3(k3_engine):
+    return k3_engine
 
 
 @pytest.fixture(scope="module")

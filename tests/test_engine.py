@@ -40,14 +40,8 @@ def stub_library_source(version_number: int, omit: tuple[str, ...] = ()) -> str:
 
 
 @pytest.fixture(scope="module")
-def lib(lib_path):
-    return load_library(str(lib_path))
-
-
-@pytest.fixture(scope="module")
-def engine(lib, k3_container):
-    with Engine(lib, k3_container, EngineConfig()) as opened:
-        yield opened
+def engine(k3_engine):
+    return k3_engine
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ import os
 import socket
 import tempfile
 import threading
+import time
 
 import pytest
 
@@ -62,6 +63,10 @@ def test_each_request_logs_one_line(engine):
     with serving(scripted_service(engine), log=lines.append) as srv:
         call(srv.port, "GET", "/health")
         call(srv.port, "POST", CHAT, {"messages": USER})
+        # The line is written once the reply is out, so the client can be first.
+        deadline = time.monotonic() + 10
+        while len(lines) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
     assert len(lines) == 2
     assert "GET /health 200" in lines[0]
     assert "POST /v1/chat/completions 200" in lines[1] and "tokens=" in lines[1]
