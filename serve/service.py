@@ -11,7 +11,7 @@ from __future__ import annotations
 import codecs
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Protocol, Sequence
 
 from . import api
@@ -67,6 +67,16 @@ class CompletionReply:
     finish_reason: str
     usage: Usage
     client_gone: bool
+
+
+@dataclass
+class _Prompt:
+    """A tokenized prompt and what prefilling it needs to know."""
+    ids: list[int]                        # what the engine will hold, images expanded
+    snapshot_at: Sequence[int] = ()       # positions worth a prefix snapshot
+    text_ids: list[int] = field(default_factory=list)  # with images: the ids before expansion
+    image_start: int = 0                  # with images: where the first placeholder is in text_ids
+    image_paths: Sequence[str] = ()       # with images: the files, to queue again after prefill
 
 
 @dataclass
@@ -132,16 +142,16 @@ class Service:
                     self.chat_format.generation_prompt(thinking))
                 for path, (param, _) in zip(paths, images):
                     try:
-                        self.engine.image_add(path)  # reads the file, so before it is removed
+                        self.engine.image_add(path)  # validates the image, and counts its positions
                     except WasteError as e:
                         self.engine.image_clear()
                         raise invalid(param, f"image could not be encoded: {e}") from None
-                image_start = None
+                prompt = _Prompt(ids, snapshot_at=[len(history)])
                 if paths:
-                    image_start = ids.index(self.engine.token_id(MEDIA_PAD))
-                    ids = self.engine.image_expand(ids)
-            return self._generate_chat(req, ids, thinking, sink, snapshot_at=[len(history)],
-                                       image_start=image_start)
+                    prompt = _Prompt(self.engine.image_expand(ids), snapshot_at=prompt.snapshot_at,
+                                     text_ids=ids, image_start=ids.index(self.engine.token_id(MEDIA_PAD)),
+                                     image_paths=paths)
+                return self._generate_chat(req, prompt, thinking, sink)
 
     def _thinking(self, req: ChatRequest) -> bool:
         if not self.chat_format.supports_reasoning:
@@ -172,8 +182,8 @@ class Service:
         except ValueError as e:
             raise invalid("messages", str(e)) from None
 
-    def _generate_chat(self, req: ChatRequest, ids: list[int], thinking: bool, sink: ReplySink,
-                       snapshot_at: Sequence[int], image_start: Optional[int]) -> ChatReply:
+    def _generate_chat(self, req: ChatRequest, prompt: "_Prompt", thinking: bool,
+                       sink: ReplySink) -> ChatReply:
         parser = self.chat_format.new_parser(thinking)
         stops = StopFilter(req.sampling.stop)
         reasoning: list[str] = []
@@ -196,8 +206,7 @@ class Service:
             forward(parser.feed_token(token, piece))
             return stops.hit or parser.ended
 
-        run, result, ms = self._run(ids, req.sampling, self.chat_format.stop_tokens, sink, on_piece,
-                                    snapshot_at, image_start)
+        run, result, ms = self._run(prompt, req.sampling, self.chat_format.stop_tokens, sink, on_piece)
         if not stops.hit and not run.client_gone:
             forward(parser.finish())
             tail = stops.flush()
@@ -207,7 +216,8 @@ class Service:
         tool_calls = parser.reply.tool_calls
         finish = self._finish_reason(run, result, stops.hit or parser.ended, bool(tool_calls))
         message = api.chat_message("".join(content), "".join(reasoning), tool_calls)
-        return ChatReply(message, finish, self._usage(len(ids), run, result, ms), run.client_gone)
+        return ChatReply(message, finish, self._usage(len(prompt.ids), run, result, ms),
+                         run.client_gone)
 
     # -- completions ----------------------------------------------------------
 
@@ -236,7 +246,7 @@ class Service:
                 show(stops.feed(decoder.decode(piece)))
             return stops.hit
 
-        run, result, ms = self._run(ids, req.sampling, (), sink, on_piece)
+        run, result, ms = self._run(_Prompt(ids), req.sampling, (), sink, on_piece)
         if not stops.hit and not run.client_gone:
             show(stops.feed(decoder.decode(b"", final=True)))
             show(stops.flush())
@@ -246,13 +256,10 @@ class Service:
 
     # -- shared ---------------------------------------------------------------
 
-    def _run(self, ids: list[int], sampling: Sampling, stop_tokens, sink: ReplySink,
-             on_piece, snapshot_at: Sequence[int] = (),
-             image_start: Optional[int] = None) -> tuple[_Run, GenResult, float]:
-        """Prefill, then generate; `on_piece(token, bytes)` returns True when the reply is done.
-
-        `snapshot_at`: prompt positions worth a prefix snapshot; `image_start`:
-        the first image position (no snapshot reuse past it)."""
+    def _run(self, prompt: "_Prompt", sampling: Sampling, stop_tokens, sink: ReplySink,
+             on_piece) -> tuple[_Run, GenResult, float]:
+        """Prefill, then generate; `on_piece(token, bytes)` returns True when the reply is done."""
+        ids = prompt.ids
         room = self.engine.info.ctx_max - len(ids)
         if room < 1:
             raise ApiError(400, f"the prompt is {len(ids)} tokens; the context holds "
@@ -284,7 +291,7 @@ class Service:
         sink.start()
         started = time.monotonic()
         try:
-            rest = self._prefill(ids, run, sink, snapshot_at, image_start)
+            rest = self._prefill(prompt, run, sink)
         except PrefillCancelled:
             run.client_gone = True
             result = GenResult(n_tokens=0, cancelled=True, context_full=False, detail=None)
@@ -294,10 +301,9 @@ class Service:
         run.stats = _stats_delta(before, self.engine.stats())
         return run, result, ms
 
-    def _prefill(self, ids: list[int], run: _Run, sink: ReplySink, snapshot_at: Sequence[int],
-                 image_start: Optional[int]) -> list[int]:
+    def _prefill(self, prompt: "_Prompt", run: _Run, sink: ReplySink) -> list[int]:
         """Restore and evaluate all but the tail of the prompt; returns the tail for generate."""
-        log, chunk = self.options.log, self.options.prefill_chunk
+        log, chunk, cache = self.options.log, self.options.prefill_chunk, self.options.prefix_cache
 
         def progress(done: int, total: int) -> None:
             if total <= chunk:
@@ -306,15 +312,30 @@ class Service:
             if log is not None:
                 log(f"prefill {done}/{total}")
 
+        def run_prefill(tokens: list[int], upto: int) -> None:
+            run.cached_tokens = prefill(self.engine, tokens, upto, cache=cache,
+                                        snapshot_at=prompt.snapshot_at, chunk=chunk,
+                                        progress=progress, cancelled=sink.gone)
+
         try:
-            done = prefill(self.engine, ids, cache=self.options.prefix_cache,
-                           snapshot_at=snapshot_at, image_start=image_start, chunk=chunk,
-                           progress=progress, cancelled=sink.gone)
+            if not prompt.image_paths:
+                run_prefill(prompt.ids, len(prompt.ids) - 1)
+                return prompt.ids[-1:]
+            # An engine may consume its whole image queue on the next eval (the ABI
+            # allows it), so the text before the first image is prefilled with the
+            # queue empty, and the images are queued again right before generate.
+            # When there is nothing to restore or to chunk, one generate does it all.
+            upto = prompt.image_start
+            if upto <= chunk and (cache is None or cache.lookup(prompt.text_ids, limit=upto) is None):
+                return prompt.ids
+            self.engine.image_clear()
+            run_prefill(prompt.text_ids, upto)
+            for path in prompt.image_paths:
+                self.engine.image_add(path)
+            return self.engine.image_expand(prompt.text_ids[upto:])
         except BaseException:
             self.engine.reset()  # a half-evaluated prompt must not survive into the next request
             raise
-        run.cached_tokens = done.cached_tokens
-        return done.remaining
 
     @staticmethod
     def _finish_reason(run: _Run, result: GenResult, ended: bool, has_tool_calls: bool) -> str:

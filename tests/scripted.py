@@ -105,6 +105,7 @@ class ScriptedEngine:
         self.before_token: Optional[Callable[[int], None]] = None
         self.context_full_after: Optional[int] = None  # pretend the context fills after n tokens
         self.evals: list[int] = []        # the size of every prefill chunk evaluated
+        self.calls: list[str] = []        # the engine calls that touch state or images, in order
         self.before_eval: Optional[Callable[[int], None]] = None  # called with the chunk's number
         self._stats = Stats(0, 0, 0, 0, 0.0, 0.0, True)
 
@@ -151,6 +152,7 @@ class ScriptedEngine:
         with open(path, "rb"):
             pass  # the file must still exist when the engine encodes it
         self.images_added.append(path)
+        self.calls.append("image_add")
         return IMAGE_POSITIONS
 
     def image_expand(self, ids: Sequence[int]) -> list[int]:
@@ -158,7 +160,7 @@ class ScriptedEngine:
         return [x for i in ids for x in ([i] * IMAGE_POSITIONS if i == pad else [i])]
 
     def image_clear(self) -> None:
-        pass
+        self.calls.append("image_clear")
 
     # -- generation -----------------------------------------------------------
 
@@ -170,6 +172,7 @@ class ScriptedEngine:
         if self.before_eval is not None:
             self.before_eval(len(self.evals))
         self.evals.append(len(tokens))
+        self.calls.append("eval")
         self.state.extend(tokens)
         return []
 
@@ -178,11 +181,13 @@ class ScriptedEngine:
             json.dump(self.state, f)
 
     def load_state(self, path: str) -> None:
+        self.calls.append("load_state")
         with open(path) as f:
             self.state = json.load(f)
 
     def generate(self, prompt: Sequence[int], params: GenParams,
                  on_token: Callable[[TokenInfo, bytes], Optional[bool]]) -> GenResult:
+        self.calls.append("generate")
         self.active += 1
         self.max_active = max(self.max_active, self.active)
         try:

@@ -193,3 +193,40 @@ def test_client_that_leaves_during_prefill_stops_it_at_the_next_chunk():
     abandoned = len(engine.evals) - 1   # the second request fits one chunk
     assert 2 <= abandoned < chunks_needed
     assert len(engine.prompts) == 1     # the abandoned request never reached generate
+
+
+def test_an_image_after_a_cached_prefix_still_reaches_the_model(lib_path, k3_vision_container, cache):
+    # Restoring a snapshot resets the engine's image queue, and an engine may
+    # consume its queue on any eval: the image must be queued after both.
+    first = [{"role": "user", "content": "Hello there."}]
+    with real_service(lib_path, k3_vision_container, vision=True) as cold, serving(cold) as srv:
+        reply = answer(ask(srv.port, first))
+        later = first + [reply, {"role": "user", "content": [
+            {"type": "text", "text": "And this picture?"},
+            {"type": "image_url", "image_url": {"url": data_url(tiny_png(30, 20))}}]}]
+        expected = ask(srv.port, later)
+    with real_service(lib_path, k3_vision_container, vision=True, prefix_cache=cache) as warm, \
+            serving(warm) as srv:
+        ask(srv.port, first)
+        got = ask(srv.port, later)
+    assert got["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    assert got["choices"] == expected["choices"]
+
+
+def test_images_are_queued_after_the_last_prefill_eval(tmp_path):
+    engine = ScriptedEngine([xtml_answer("ok")])
+    service = scripted_service(engine, vision=True, prefill_chunk=8,
+                               prefix_cache=PrefixCache(1 << 20, parent_dir=str(tmp_path)))
+    with serving(service) as srv:
+        messages = [{"role": "user", "content": [
+            {"type": "text", "text": "z" * 100},
+            {"type": "image_url", "image_url": {"url": data_url(tiny_png())}}]}]
+        assert call(srv.port, "POST", CHAT, {"messages": messages}).status == 200
+    service.options.prefix_cache.close()
+    calls = engine.calls
+    # Queued once to validate and count it, dropped, the text prefilled in chunks,
+    # queued again, and nothing evaluated between that and generate.
+    first_eval = calls.index("eval")
+    assert "image_add" in calls[:first_eval] and calls[first_eval - 1] == "image_clear"
+    assert calls.count("eval") > 1 and calls[-2:] == ["image_add", "generate"]
+
