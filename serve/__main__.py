@@ -58,8 +58,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p = _Parser(prog="python3 -m serve",
                                 description="OpenAI-compatible server for a libwaste model.")
     p.add_argument("model", help="container directory (e.g. ~/models/k3.waste)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=non_negative, default=8000)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=non_negative, default=8000, help="port (default 8000; 0 = any free)")
     p.add_argument("--model-id", help="id reported to clients (default: the directory name)")
     p.add_argument("--api-key", default=os.environ.get("WASTE_API_KEY"),
                    help="require Authorization: Bearer KEY (default $WASTE_API_KEY)")
