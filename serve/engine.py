@@ -352,6 +352,10 @@ def load_library(explicit: Optional[str] = None) -> "Library":
     raise LibraryNotFound("no usable libwaste; tried " + "; ".join(rejected))
 
 
+# How the reference engine's waste_build_info() begins.
+REFERENCE_BUILD = "waste reference engine"
+
+
 class Library:
     """A loaded, version-checked libwaste with every signature declared."""
 
@@ -375,6 +379,10 @@ class Library:
         self.dll = dll
         self.path = path
         self.rejected = list(rejected)
+        # waste_error_detail(NULL) -- the reason an open, plan or image header
+        # failed -- is documented by the reference engine only; the ABI does not
+        # promise that another libwaste accepts NULL there, so it is not asked.
+        self.detail_without_ctx = (_text(dll.waste_build_info()) or "").startswith(REFERENCE_BUILD)
 
     # -- errors
 
@@ -382,7 +390,10 @@ class Library:
         return _text(self.dll.waste_strerror(status)) or ""
 
     def error_detail(self, ctx: Optional[int] = None) -> Optional[str]:
-        """waste_error_detail: for a ctx, or (None) this thread's last open/plan."""
+        """waste_error_detail: for a ctx, or (None) this thread's last open/plan,
+        where the library supports that."""
+        if ctx is None and not self.detail_without_ctx:
+            return None
         return _text(self.dll.waste_error_detail(ctx))
 
     def error(self, status: int, call: str, ctx: Optional[int] = None) -> WasteError:

@@ -155,6 +155,33 @@ def test_a_library_missing_symbols_is_refused(tmp_path, monkeypatch):
     with pytest.raises(LibraryNotFound, match=r"missing waste_eval"):
         load_library(str(stub))
 
+def test_another_library_is_never_asked_for_a_detail_without_a_ctx(tmp_path, monkeypatch):
+    # The ABI does not promise waste_error_detail(NULL) is safe; this stub
+    # crashes on it, as a library that dereferences its argument would.
+    monkeypatch.delenv("WASTE_LIB", raising=False)
+    source = "\n".join([
+        "#include <stddef.h>",
+        "int waste_version_number(void) { return 608; }",
+        'const char *waste_build_info(void) { return "another engine"; }',
+        'const char *waste_strerror(int s) { return "file missing"; }',
+        "void waste_cfg_init(void *cfg) {}",
+        "int waste_open(const char *p, const void *c, void **out) { *out = NULL; return -1; }",
+        "const char *waste_error_detail(const int *ctx) { return ctx[0] ? \"x\" : NULL; }",
+        *[f"void {name}(void) {{}}" for name in eng.SIGNATURES if name not in (
+            "waste_version_number", "waste_build_info", "waste_strerror", "waste_cfg_init",
+            "waste_open", "waste_error_detail")]])
+    stub = load_library(str(compile_shared(tmp_path, source)))
+    assert not stub.detail_without_ctx
+    with pytest.raises(WasteError) as caught:
+        Engine(stub, tmp_path / "model.waste", EngineConfig())
+    assert (caught.value.name, caught.value.message, caught.value.detail) == (
+        "WASTE_E_IO", "file missing", None)
+
+
+def test_the_reference_engine_explains_a_failed_open(lib):
+    assert lib.detail_without_ctx
+
+
 # ------------------------------------------------------------------ opening
 
 
