@@ -120,8 +120,9 @@ def banner(lib, engine: Engine, fmt, args: argparse.Namespace, url: str,
         f"state {gib(mem.state_bytes)}, floor {gib(mem.floor_bytes)})"
         + (f", vision tower {gib(mem.vision_bytes)}" if args.vision else ""),
         f"chat     {chat}",
-        f"thinking {'off' if args.no_thinking or not getattr(fmt, 'supports_reasoning', False) else 'on'}"
-        " by default (reasoning_effort overrides)",
+        ("thinking unavailable (this chat format has no reasoning channel)"
+         if not getattr(fmt, "supports_reasoning", False) else
+         f"thinking {'off' if args.no_thinking else 'on'} by default (reasoning_effort overrides)"),
         f"prefix   {'off' if cache is None else gib(cache.capacity_bytes) + ' of snapshots in ' + cache.directory}",
         f"listen   {url}",
     ]

@@ -300,9 +300,13 @@ def resolve_chat_format(engine, model_dir) -> XtmlFormat | TemplateFormat | NoCh
     for attempt in (lambda: XtmlFormat.load(engine),
                     lambda: TemplateFormat.load(engine, Path(model_dir) / "chat.json")):
         try:
-            return attempt()
+            chosen = attempt()
         except _Refused as exc:
             reasons.append(str(exc))
         except Exception as exc:  # noqa: BLE001 - see the docstring
             reasons.append(f"{type(exc).__name__}: {exc}")
+        else:
+            if reasons:  # a fallback says why the richer format was not used
+                chosen.description += f" ({'; '.join(reasons)})"
+            return chosen
     return NoChatFormat(reasons)

@@ -63,6 +63,7 @@ def test_kimi_linear_speaks_its_chat_json(template, kimi, kimi_linear_container)
     assert template.stop_tokens == [kimi.specials["<|im_end|>"]]
     assert str(kimi_linear_container / "chat.json") in template.description
     assert "plain conversation only" in template.description
+    assert "no XTML markers" in template.description  # why it fell back
     assert not (template.supports_tools or template.supports_reasoning or template.supports_images)
 
 
