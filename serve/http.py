@@ -23,7 +23,7 @@ from .service import Service
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 MAX_JSON_DEPTH = 64
-SEND_GAP = 0.002  # seconds between two sends of one stream, at most (see _SocketWriter)
+SEND_GAP = 0.01  # seconds between two sends of one stream, at most (see _SocketWriter)
 MODELS_PREFIX = "/v1/models/"
 ROUTES = {"/health": "GET", "/v1/models": "GET",
           "/v1/chat/completions": "POST", "/v1/completions": "POST"}
@@ -81,8 +81,11 @@ def parse_json_object(raw: bytes) -> dict:
     return value
 
 
+_JSON = json.JSONEncoder(ensure_ascii=False)  # built once: json.dumps builds one per call
+
+
 def sse_event(payload: Any) -> bytes:
-    return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
+    return b"data: " + _JSON.encode(payload).encode() + b"\n\n"
 
 
 SSE_DONE = b"data: [DONE]\n\n"
@@ -95,8 +98,8 @@ def sse_encoder(chunk: Callable[[Any], dict]) -> Callable[[Any], bytes]:
     A stream's chunks differ only in one value (a chat delta, a completion's
     text), and this runs once per token.
     """
-    head, tail = sse_event(chunk(_HOLE)).split(json.dumps(_HOLE).encode())
-    return lambda part: head + json.dumps(part, ensure_ascii=False).encode() + tail
+    head, tail = sse_event(chunk(_HOLE)).split(_JSON.encode(_HOLE).encode())
+    return lambda part: head + _JSON.encode(part).encode() + tail
 
 
 class Handler(BaseHTTPRequestHandler):
