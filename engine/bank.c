@@ -9,10 +9,7 @@
 #include <zlib.h>
 
 #include "detail.h"
-
-static uint32_t le32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
+#include "fileio.h"
 
 static void bank_path(const char *dir, uint32_t layer, char *out, size_t cap) {
     snprintf(out, cap, "%s/experts/layer-%03u.bank", dir, layer);
@@ -40,12 +37,12 @@ static waste_status check_open_file(int fd, const char *path, const wmanifest *m
         return wdetail(err, errcap, WASTE_E_FORMAT, "%s: shorter than its header", path);
     uint64_t payload = wmanifest_payload_bytes(m), stride = wmanifest_record_stride(m);
     const struct { const char *name; uint32_t got; uint64_t want; } fields[] = {
-        {"version", le32(h + 4), 1},
-        {"layer", le32(h + 8), layer},
-        {"n_experts", le32(h + 12), m->n_experts},
-        {"stride", le32(h + 16), stride},
-        {"payload_bytes", le32(h + 20), payload},
-        {"quant_group", le32(h + 24), m->quant_group},
+        {"version", wle32_get(h + 4), 1},
+        {"layer", wle32_get(h + 8), layer},
+        {"n_experts", wle32_get(h + 12), m->n_experts},
+        {"stride", wle32_get(h + 16), stride},
+        {"payload_bytes", wle32_get(h + 20), payload},
+        {"quant_group", wle32_get(h + 24), m->quant_group},
     };
     if (memcmp(h, "WBNK", 4) != 0) return wdetail(err, errcap, WASTE_E_FORMAT, "%s: bad magic", path);
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
@@ -126,12 +123,12 @@ waste_status wbank_read(wbank *b, uint32_t expert, uint8_t *buf, int verify, cha
     if (read_record(b, buf, off) != 0)
         return wdetail(err, errcap, WASTE_E_IO, "layer %u expert %u: read failed: %s", b->layer,
                        expert, strerror(errno));
-    if (memcmp(buf, "WEXP", 4) != 0 || le32(buf + 4) != b->layer || le32(buf + 8) != expert ||
-        le32(buf + 12) != b->payload_bytes)
+    if (memcmp(buf, "WEXP", 4) != 0 || wle32_get(buf + 4) != b->layer || wle32_get(buf + 8) != expert ||
+        wle32_get(buf + 12) != b->payload_bytes)
         return wdetail(err, errcap, WASTE_E_IO, "layer %u expert %u: record header does not match (%s)",
                        b->layer, expert, b->path);
     if (verify) {
-        uint32_t want = le32(buf + 16);
+        uint32_t want = wle32_get(buf + 16);
         uint32_t got = (uint32_t)crc32(0L, buf + WM_RECORD_HEADER, (uInt)b->payload_bytes);
         if (got != want)
             return wdetail(err, errcap, WASTE_E_IO,

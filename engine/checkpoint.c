@@ -4,21 +4,13 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 #include <zlib.h>
 
 #include "detail.h"
+#include "fileio.h"
 
 #define HEADER_BYTES 24
 #define VERSION 1
-
-static void put32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t get32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
 
 /* Bytes of one layer's keys (or values) for pos positions. */
 static size_t plane_bytes(const wmanifest *m, uint32_t pos) {
@@ -37,31 +29,23 @@ static int write_all(FILE *f, const void *p, size_t n, uLong *crc) {
 waste_status wcheckpoint_save(const char *path, uint32_t fingerprint, const wmanifest *m,
                               const wstate *s, char *err, size_t errcap) {
     char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return wdetail(err, errcap, WASTE_E_IO, "%s: %s", tmp, strerror(errno));
+    FILE *f = wfile_begin(path, tmp, sizeof tmp, err, errcap);
+    if (!f) return WASTE_E_IO;
     uint8_t header[HEADER_BYTES], tail[4];
     memcpy(header, "WSTA", 4);
-    put32(header + 4, VERSION);
-    put32(header + 8, fingerprint);
-    put32(header + 12, m->n_layers);
-    put32(header + 16, m->hidden);
-    put32(header + 20, s->pos);
+    wle32_put(header + 4, VERSION);
+    wle32_put(header + 8, fingerprint);
+    wle32_put(header + 12, m->n_layers);
+    wle32_put(header + 16, m->hidden);
+    wle32_put(header + 20, s->pos);
     uLong crc = crc32(0L, Z_NULL, 0);
     int ok = write_all(f, header, sizeof header, &crc);
     for (uint32_t l = 0; ok && l < m->n_layers; l++)
         ok = write_all(f, plane(s, s->keys, m, l), plane_bytes(m, s->pos), &crc) &&
              write_all(f, plane(s, s->values, m, l), plane_bytes(m, s->pos), &crc);
-    put32(tail, (uint32_t)crc);
-    ok = ok && fwrite(tail, 1, 4, f) == 4 && fflush(f) == 0 && fsync(fileno(f)) == 0;
-    int saved = errno;
-    if (fclose(f) != 0) ok = 0;
-    if (!ok || rename(tmp, path) != 0) {
-        if (ok) saved = errno;
-        unlink(tmp);
-        return wdetail(err, errcap, WASTE_E_IO, "%s: cannot write: %s", path, strerror(saved));
-    }
-    return WASTE_OK;
+    wle32_put(tail, (uint32_t)crc);
+    ok = ok && fwrite(tail, 1, 4, f) == 4;
+    return wfile_commit(f, tmp, path, ok, err, errcap);
 }
 
 static int read_all(FILE *f, void *p, size_t n, uLong *crc) {
@@ -72,10 +56,10 @@ static int read_all(FILE *f, void *p, size_t n, uLong *crc) {
 
 static waste_status check_header(const uint8_t *h, uint32_t fingerprint, const wmanifest *m,
                                  const char *path, char *err, size_t errcap) {
-    if (memcmp(h, "WSTA", 4) != 0 || get32(h + 4) != VERSION)
+    if (memcmp(h, "WSTA", 4) != 0 || wle32_get(h + 4) != VERSION)
         return wdetail(err, errcap, WASTE_E_FORMAT, "%s: not a waste state file (version %d)", path,
                        VERSION);
-    if (get32(h + 8) != fingerprint || get32(h + 12) != m->n_layers || get32(h + 16) != m->hidden)
+    if (wle32_get(h + 8) != fingerprint || wle32_get(h + 12) != m->n_layers || wle32_get(h + 16) != m->hidden)
         return wdetail(err, errcap, WASTE_E_FORMAT, "%s: saved by another model", path);
     return WASTE_OK;
 }
@@ -89,7 +73,7 @@ static waste_status load(FILE *f, const char *path, uint32_t fingerprint, const 
         return wdetail(err, errcap, WASTE_E_FORMAT, "%s: truncated header", path);
     waste_status status = check_header(header, fingerprint, m, path, err, errcap);
     if (status != WASTE_OK) return status;
-    uint32_t pos = get32(header + 20);
+    uint32_t pos = wle32_get(header + 20);
     uint64_t size = HEADER_BYTES + 2ull * m->n_layers * plane_bytes(m, pos) + 4;
     if (fstat(fileno(f), &st) != 0 || (uint64_t)st.st_size != size)
         return wdetail(err, errcap, WASTE_E_FORMAT, "%s: %llu bytes, %u positions need %llu", path,
@@ -101,7 +85,7 @@ static waste_status load(FILE *f, const char *path, uint32_t fingerprint, const 
     for (uint32_t l = 0; ok && l < m->n_layers; l++)
         ok = read_all(f, (float *)plane(s, s->keys, m, l), plane_bytes(m, pos), &crc) &&
              read_all(f, (float *)plane(s, s->values, m, l), plane_bytes(m, pos), &crc);
-    if (!ok || fread(tail, 1, 4, f) != 4 || get32(tail) != (uint32_t)crc)
+    if (!ok || fread(tail, 1, 4, f) != 4 || wle32_get(tail) != (uint32_t)crc)
         return wdetail(err, errcap, WASTE_E_FORMAT, "%s: damaged (checksum mismatch)", path);
     s->pos = pos;
     return WASTE_OK;

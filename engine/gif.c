@@ -99,7 +99,7 @@ static waste_status decode_lzw(subblock_bits *in, int min_size, frame_out *f, ch
     for (;;) {
         int code = read_code(in, size);
         if (code < 0 || code == eoi)
-            return wimg_fail(err, errcap, WASTE_E_FORMAT, "GIF image data ends after %d of %d rows",
+            return wdetail(err, errcap, WASTE_E_FORMAT, "GIF image data ends after %d of %d rows",
                              f->seq, f->fh);
         if (code == clear) {
             size = min_size + 1;
@@ -108,7 +108,7 @@ static waste_status decode_lzw(subblock_bits *in, int min_size, frame_out *f, ch
             continue;
         }
         if (code > next || (prev < 0 && code >= clear))
-            return wimg_fail(err, errcap, WASTE_E_FORMAT, "GIF LZW code %d is not yet defined",
+            return wdetail(err, errcap, WASTE_E_FORMAT, "GIF LZW code %d is not yet defined",
                              code);
         int depth = 0, c = code;
         if (code == next) { /* the string being defined: prev's string plus its first byte */
@@ -130,7 +130,7 @@ static waste_status decode_lzw(subblock_bits *in, int min_size, frame_out *f, ch
         while (depth > 0) {
             int r = put_pixel(f, stack[--depth]);
             if (r < 0)
-                return wimg_fail(err, errcap, WASTE_E_FORMAT,
+                return wdetail(err, errcap, WASTE_E_FORMAT,
                                  "GIF pixel uses palette index %d of %d", stack[depth],
                                  f->n_palette);
             if (r > 0) return WASTE_OK;
@@ -151,7 +151,7 @@ static int skip_subblocks(const uint8_t *data, size_t n, size_t *pos) {
 
 waste_status wimg_decode_gif(const uint8_t *data, size_t n, wimg *out, char *err, size_t errcap) {
     if (n < 13)
-        return wimg_fail(err, errcap, WASTE_E_FORMAT,
+        return wdetail(err, errcap, WASTE_E_FORMAT,
                          "GIF is truncated before its screen descriptor");
     int sw = (int)wimg_le16(data + 6), sh = (int)wimg_le16(data + 8), flags = data[10],
         bg = data[11];
@@ -163,27 +163,27 @@ waste_status wimg_decode_gif(const uint8_t *data, size_t n, wimg *out, char *err
     if (flags & 0x80) {
         n_global = 2 << (flags & 7);
         if ((size_t)n_global * 3 > n - pos)
-            return wimg_fail(err, errcap, WASTE_E_FORMAT, "GIF global colour table is truncated");
+            return wdetail(err, errcap, WASTE_E_FORMAT, "GIF global colour table is truncated");
         global = data + pos;
         pos += (size_t)n_global * 3;
     }
     /* Skip extensions up to the first image descriptor. */
     for (;;) {
         if (pos >= n)
-            return wimg_fail(err, errcap, WASTE_E_FORMAT,
+            return wdetail(err, errcap, WASTE_E_FORMAT,
                              "GIF is truncated before its first image");
         uint8_t block = data[pos++];
         if (block == 0x2c) break;
         if (block != 0x21)
-            return wimg_fail(err, errcap, WASTE_E_FORMAT,
+            return wdetail(err, errcap, WASTE_E_FORMAT,
                              block == 0x3b ? "GIF has no image" : "GIF has unknown block 0x%02x",
                              block);
         pos++; /* extension label, then sub-blocks */
         if (pos >= n || !skip_subblocks(data, n, &pos))
-            return wimg_fail(err, errcap, WASTE_E_FORMAT, "GIF extension block is truncated");
+            return wdetail(err, errcap, WASTE_E_FORMAT, "GIF extension block is truncated");
     }
     if (n - pos < 9)
-        return wimg_fail(err, errcap, WASTE_E_FORMAT, "GIF image descriptor is truncated");
+        return wdetail(err, errcap, WASTE_E_FORMAT, "GIF image descriptor is truncated");
     frame_out f = {0};
     f.left = (int)wimg_le16(data + pos);
     f.top = (int)wimg_le16(data + pos + 2);
@@ -199,16 +199,16 @@ waste_status wimg_decode_gif(const uint8_t *data, size_t n, wimg *out, char *err
     if (iflags & 0x80) {
         f.n_palette = 2 << (iflags & 7);
         if ((size_t)f.n_palette * 3 > n - pos)
-            return wimg_fail(err, errcap, WASTE_E_FORMAT, "GIF local colour table is truncated");
+            return wdetail(err, errcap, WASTE_E_FORMAT, "GIF local colour table is truncated");
         f.palette = data + pos;
         pos += (size_t)f.n_palette * 3;
     }
-    if (!f.palette) return wimg_fail(err, errcap, WASTE_E_FORMAT, "GIF image has no colour table");
+    if (!f.palette) return wdetail(err, errcap, WASTE_E_FORMAT, "GIF image has no colour table");
     if (pos >= n)
-        return wimg_fail(err, errcap, WASTE_E_FORMAT, "GIF is truncated before its image data");
+        return wdetail(err, errcap, WASTE_E_FORMAT, "GIF is truncated before its image data");
     int min_size = data[pos++];
     if (min_size < 2 || min_size > 8)
-        return wimg_fail(err, errcap, WASTE_E_FORMAT, "GIF LZW minimum code size %d is invalid",
+        return wdetail(err, errcap, WASTE_E_FORMAT, "GIF LZW minimum code size %d is invalid",
                          min_size);
 
     wimg canvas;

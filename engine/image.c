@@ -9,7 +9,6 @@
 #include "image_codec.h"
 
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,16 +16,6 @@
 #include <sys/types.h>
 
 typedef enum { KIND_UNKNOWN, KIND_PNG, KIND_JPEG, KIND_GIF, KIND_WEBP } image_kind;
-
-waste_status wimg_fail(char *err, size_t errcap, waste_status status, const char *fmt, ...) {
-    if (err && errcap) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errcap, fmt, ap);
-        va_end(ap);
-    }
-    return status;
-}
 
 const char *wimg_open_reason(int err_no) {
     switch (err_no) {
@@ -41,18 +30,18 @@ waste_status wimg_check_size(const char *what, uint64_t w, uint64_t h, int decod
                              size_t errcap) {
     unsigned long long lw = w, lh = h;
     if (w == 0 || h == 0)
-        return wimg_fail(err, errcap, WASTE_E_FORMAT, "%s declares an empty image (%llux%llu)",
+        return wdetail(err, errcap, WASTE_E_FORMAT, "%s declares an empty image (%llux%llu)",
                          what, lw, lh);
     if (w > WIMG_MAX_SIDE || h > WIMG_MAX_SIDE)
-        return wimg_fail(err, errcap, WASTE_E_FORMAT,
+        return wdetail(err, errcap, WASTE_E_FORMAT,
                          "%s image is %llux%llu; a side may be at most %d pixels", what, lw, lh,
                          WIMG_MAX_SIDE);
     if (w * h > WIMG_MAX_PIXELS) /* both sides <= 2^15: no overflow */
-        return wimg_fail(err, errcap, WASTE_E_FORMAT,
+        return wdetail(err, errcap, WASTE_E_FORMAT,
                          "%s image is %llux%llu; at most %u pixels are accepted", what, lw, lh,
                          WIMG_MAX_PIXELS);
     if (decode && w * h > WIMG_DECODE_MAX_PIXELS)
-        return wimg_fail(err, errcap, WASTE_E_FORMAT,
+        return wdetail(err, errcap, WASTE_E_FORMAT,
                          "%s image is %llux%llu; this engine decodes at most %u pixels", what, lw,
                          lh, WIMG_DECODE_MAX_PIXELS);
     return WASTE_OK;
@@ -70,7 +59,7 @@ waste_status wimg_alloc(wimg *out, int w, int h, char *err, size_t errcap) {
     out->w = w;
     out->h = h;
     out->rgb = malloc((size_t)w * (size_t)h * 3);
-    if (!out->rgb) return wimg_fail(err, errcap, WASTE_E_OOM, "no memory for a %dx%d image", w, h);
+    if (!out->rgb) return wdetail(err, errcap, WASTE_E_OOM, "no memory for a %dx%d image", w, h);
     return WASTE_OK;
 }
 
@@ -93,15 +82,15 @@ static image_kind sniff(const uint8_t *b, size_t n) {
 /* Open a regular file; directories, devices and missing paths are I/O errors. */
 static waste_status open_image(const char *path, FILE **fp, uint64_t *size, char *err,
                                size_t errcap) {
-    if (!path || !*path) return wimg_fail(err, errcap, WASTE_E_IO, "no image path given");
+    if (!path || !*path) return wdetail(err, errcap, WASTE_E_IO, "no image path given");
     FILE *f = fopen(path, "rb");
     if (!f)
-        return wimg_fail(err, errcap, WASTE_E_IO, "cannot open %s: %s", path,
+        return wdetail(err, errcap, WASTE_E_IO, "cannot open %s: %s", path,
                          wimg_open_reason(errno));
     struct stat st;
     if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
         fclose(f);
-        return wimg_fail(err, errcap, WASTE_E_IO, "%s is not a regular file", path);
+        return wdetail(err, errcap, WASTE_E_IO, "%s is not a regular file", path);
     }
     *fp = f;
     *size = (uint64_t)st.st_size;
@@ -119,16 +108,16 @@ static int read_at(FILE *f, uint64_t off, void *buf, size_t n) {
 static waste_status png_dimensions(FILE *f, int *w, int *h, char *err, size_t errcap) {
     uint8_t b[24]; /* signature, IHDR length and type, width, height */
     if (!read_at(f, 0, b, sizeof b))
-        return wimg_fail(err, errcap, WASTE_E_FORMAT, "PNG is truncated before its IHDR chunk");
+        return wdetail(err, errcap, WASTE_E_FORMAT, "PNG is truncated before its IHDR chunk");
     if (wimg_be32(b + 8) != 13 || memcmp(b + 12, "IHDR", 4) != 0)
-        return wimg_fail(err, errcap, WASTE_E_FORMAT, "PNG does not start with a 13-byte IHDR");
+        return wdetail(err, errcap, WASTE_E_FORMAT, "PNG does not start with a 13-byte IHDR");
     return report_size("PNG", wimg_be32(b + 16), wimg_be32(b + 20), w, h, err, errcap);
 }
 
 static waste_status gif_dimensions(FILE *f, int *w, int *h, char *err, size_t errcap) {
     uint8_t b[10]; /* signature and the logical screen's width and height */
     if (!read_at(f, 0, b, sizeof b))
-        return wimg_fail(err, errcap, WASTE_E_FORMAT, "GIF is truncated before its screen size");
+        return wdetail(err, errcap, WASTE_E_FORMAT, "GIF is truncated before its screen size");
     return report_size("GIF", wimg_le16(b + 6), wimg_le16(b + 8), w, h, err, errcap);
 }
 
@@ -141,31 +130,31 @@ static waste_status webp_dimensions(FILE *f, uint64_t size, int *w, int *h, char
     uint8_t b[30] = {0};
     size_t have = size < sizeof b ? (size_t)size : sizeof b;
     if (have < 21 || !read_at(f, 0, b, have))
-        return wimg_fail(err, errcap, WASTE_E_FORMAT, "WebP is truncated before its first chunk");
+        return wdetail(err, errcap, WASTE_E_FORMAT, "WebP is truncated before its first chunk");
     const uint8_t *payload = b + 20;
     uint32_t lw, lh;
     if (memcmp(b + 12, "VP8 ", 4) == 0) {
         if (have < 30)
-            return wimg_fail(err, errcap, WASTE_E_FORMAT, "WebP VP8 frame header is truncated");
+            return wdetail(err, errcap, WASTE_E_FORMAT, "WebP VP8 frame header is truncated");
         if ((payload[0] & 1) != 0 || payload[3] != 0x9d || payload[4] != 0x01 || payload[5] != 0x2a)
-            return wimg_fail(err, errcap, WASTE_E_FORMAT, "WebP VP8 chunk is not a key frame");
+            return wdetail(err, errcap, WASTE_E_FORMAT, "WebP VP8 chunk is not a key frame");
         lw = wimg_le16(payload + 6) & 0x3fff;
         lh = wimg_le16(payload + 8) & 0x3fff;
     } else if (memcmp(b + 12, "VP8L", 4) == 0) {
         if (have < 25)
-            return wimg_fail(err, errcap, WASTE_E_FORMAT, "WebP VP8L header is truncated");
+            return wdetail(err, errcap, WASTE_E_FORMAT, "WebP VP8L header is truncated");
         if (payload[0] != 0x2f)
-            return wimg_fail(err, errcap, WASTE_E_FORMAT, "WebP VP8L signature byte is wrong");
+            return wdetail(err, errcap, WASTE_E_FORMAT, "WebP VP8L signature byte is wrong");
         uint32_t bits = wimg_le32(payload + 1);
         lw = (bits & 0x3fff) + 1;
         lh = ((bits >> 14) & 0x3fff) + 1;
     } else if (memcmp(b + 12, "VP8X", 4) == 0) {
         if (have < 30)
-            return wimg_fail(err, errcap, WASTE_E_FORMAT, "WebP VP8X header is truncated");
+            return wdetail(err, errcap, WASTE_E_FORMAT, "WebP VP8X header is truncated");
         lw = wimg_le24(payload + 4) + 1;
         lh = wimg_le24(payload + 7) + 1;
     } else {
-        return wimg_fail(err, errcap, WASTE_E_FORMAT, "WebP first chunk is %.4s, not VP8/VP8L/VP8X",
+        return wdetail(err, errcap, WASTE_E_FORMAT, "WebP first chunk is %.4s, not VP8/VP8L/VP8X",
                          (const char *)(b + 12));
     }
     return report_size("WebP", lw, lh, w, h, err, errcap);
@@ -179,7 +168,7 @@ static waste_status jpeg_dimensions(FILE *f, uint64_t size, int *w, int *h, char
         uint8_t m[2];
         if (!read_at(f, pos, m, 2)) break;
         if (m[0] != 0xff)
-            return wimg_fail(err, errcap, WASTE_E_FORMAT,
+            return wdetail(err, errcap, WASTE_E_FORMAT,
                              "JPEG has 0x%02x where a marker should be (offset %llu)", m[0],
                              (unsigned long long)pos);
         if (m[1] == 0xff) { /* fill byte before a marker */
@@ -191,13 +180,13 @@ static waste_status jpeg_dimensions(FILE *f, uint64_t size, int *w, int *h, char
             continue;
         }
         if (m[1] == 0xda || m[1] == 0xd9)
-            return wimg_fail(err, errcap, WASTE_E_FORMAT,
+            return wdetail(err, errcap, WASTE_E_FORMAT,
                              "JPEG has no frame header before its scan");
         uint8_t seg[7]; /* length, then for a frame header: precision, height, width */
         if (!read_at(f, pos + 2, seg, 2)) break;
         uint32_t len = wimg_be16(seg);
         if (len < 2)
-            return wimg_fail(err, errcap, WASTE_E_FORMAT, "JPEG segment length %u is too short",
+            return wdetail(err, errcap, WASTE_E_FORMAT, "JPEG segment length %u is too short",
                              len);
         if (wimg_jpeg_is_sof(m[1])) {
             if (len < 8 || !read_at(f, pos + 2, seg, sizeof seg)) break;
@@ -205,7 +194,7 @@ static waste_status jpeg_dimensions(FILE *f, uint64_t size, int *w, int *h, char
         }
         pos += 2 + (uint64_t)len;
     }
-    return wimg_fail(err, errcap, WASTE_E_FORMAT, "JPEG is truncated before its frame header");
+    return wdetail(err, errcap, WASTE_E_FORMAT, "JPEG is truncated before its frame header");
 }
 
 waste_status wimg_dimensions(const char *path, int *w, int *h, char *err, size_t errcap) {
@@ -217,7 +206,7 @@ waste_status wimg_dimensions(const char *path, int *w, int *h, char *err, size_t
     size_t have = size < sizeof head ? (size_t)size : sizeof head;
     if (have > 0 && !read_at(f, 0, head, have)) {
         fclose(f);
-        return wimg_fail(err, errcap, WASTE_E_IO, "cannot read %s", path);
+        return wdetail(err, errcap, WASTE_E_IO, "cannot read %s", path);
     }
     switch (sniff(head, have)) {
     case KIND_PNG: st = png_dimensions(f, w, h, err, errcap); break;
@@ -225,7 +214,7 @@ waste_status wimg_dimensions(const char *path, int *w, int *h, char *err, size_t
     case KIND_WEBP: st = webp_dimensions(f, size, w, h, err, errcap); break;
     case KIND_JPEG: st = jpeg_dimensions(f, size, w, h, err, errcap); break;
     default:
-        st = wimg_fail(err, errcap, WASTE_E_FORMAT,
+        st = wdetail(err, errcap, WASTE_E_FORMAT,
                        size ? "not a PNG, JPEG, GIF or WebP file" : "empty file");
     }
     fclose(f);
@@ -242,20 +231,20 @@ static waste_status read_whole(const char *path, uint8_t **data, size_t *n, char
     if (st != WASTE_OK) return st;
     if (size > WIMG_MAX_FILE_BYTES) {
         fclose(f);
-        return wimg_fail(err, errcap, WASTE_E_FORMAT, "image file is %llu bytes; the limit is %u",
+        return wdetail(err, errcap, WASTE_E_FORMAT, "image file is %llu bytes; the limit is %u",
                          (unsigned long long)size, WIMG_MAX_FILE_BYTES);
     }
     uint8_t *buf = malloc(size ? (size_t)size : 1);
     if (!buf) {
         fclose(f);
-        return wimg_fail(err, errcap, WASTE_E_OOM, "no memory to read a %llu-byte image",
+        return wdetail(err, errcap, WASTE_E_OOM, "no memory to read a %llu-byte image",
                          (unsigned long long)size);
     }
     int ok = size == 0 || read_at(f, 0, buf, (size_t)size);
     fclose(f);
     if (!ok) {
         free(buf);
-        return wimg_fail(err, errcap, WASTE_E_IO, "short read from %s", path);
+        return wdetail(err, errcap, WASTE_E_IO, "short read from %s", path);
     }
     *data = buf;
     *n = (size_t)size;
@@ -273,11 +262,11 @@ waste_status wimg_decode(const char *path, wimg *out, char *err, size_t errcap) 
     case KIND_GIF: st = wimg_decode_gif(data, n, &img, err, errcap); break;
     case KIND_JPEG: st = wimg_decode_jpeg(data, n, &img, err, errcap); break;
     case KIND_WEBP:
-        st = wimg_fail(err, errcap, WASTE_E_UNSUPPORTED,
+        st = wdetail(err, errcap, WASTE_E_UNSUPPORTED,
                        "WebP decoding is not built into the reference engine");
         break;
     default:
-        st = wimg_fail(err, errcap, WASTE_E_FORMAT,
+        st = wdetail(err, errcap, WASTE_E_FORMAT,
                        n ? "not a PNG, JPEG, GIF or WebP file" : "empty file");
     }
     free(data);

@@ -9,14 +9,8 @@
 #ifndef WASTE_IMAGE_CODEC_H
 #define WASTE_IMAGE_CODEC_H
 
+#include "detail.h"
 #include "image.h"
-
-/* Record a failure: formats the reason into err and returns status. */
-waste_status wimg_fail(char *err, size_t errcap, waste_status status, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 4, 5)))
-#endif
-    ;
 
 /* A short reason for a failed open; strerror is not thread-safe everywhere. */
 const char *wimg_open_reason(int err_no);

@@ -69,7 +69,7 @@ static waste_status read_dqt(jpeg_dec *j, const uint8_t *s, size_t len, char *er
         int precision = s[p] >> 4, id = s[p] & 15;
         size_t need = precision ? 128 : 64;
         if (precision > 1 || id > 3 || len - p - 1 < need)
-            return wimg_fail(err, errcap, WASTE_E_FORMAT, "JPEG quantisation table is malformed");
+            return wdetail(err, errcap, WASTE_E_FORMAT, "JPEG quantisation table is malformed");
         p++;
         for (int k = 0; k < 64; k++)
             j->quant[id][k] = precision ? (uint16_t)wimg_be16(s + p + 2 * k) : s[p + k];
@@ -83,10 +83,10 @@ static waste_status read_dht(jpeg_dec *j, const uint8_t *s, size_t len, char *er
     size_t p = 0;
     while (p < len) {
         if (len - p < 17)
-            return wimg_fail(err, errcap, WASTE_E_FORMAT, "JPEG Huffman table is truncated");
+            return wdetail(err, errcap, WASTE_E_FORMAT, "JPEG Huffman table is truncated");
         int cls = s[p] >> 4, id = s[p] & 15;
         if (cls > 1 || id > 3)
-            return wimg_fail(err, errcap, WASTE_E_FORMAT, "JPEG Huffman table id is invalid");
+            return wdetail(err, errcap, WASTE_E_FORMAT, "JPEG Huffman table id is invalid");
         huffman *t = cls ? &j->ac[id] : &j->dc[id];
         const uint8_t *counts = s + p + 1;
         int total = 0, code = 0;
@@ -97,11 +97,11 @@ static waste_status read_dht(jpeg_dec *j, const uint8_t *s, size_t len, char *er
             total += counts[l - 1];
             t->maxcode[l] = counts[l - 1] ? code - 1 : -1;
             if (code > (1 << l))
-                return wimg_fail(err, errcap, WASTE_E_FORMAT, "JPEG Huffman code lengths overflow");
+                return wdetail(err, errcap, WASTE_E_FORMAT, "JPEG Huffman code lengths overflow");
             code <<= 1;
         }
         if (total > 256 || (size_t)total > len - p - 17)
-            return wimg_fail(err, errcap, WASTE_E_FORMAT, "JPEG Huffman table is truncated");
+            return wdetail(err, errcap, WASTE_E_FORMAT, "JPEG Huffman table is truncated");
         memcpy(t->vals, s + p + 17, (size_t)total);
         t->defined = 1;
         p += 17 + (size_t)total;
@@ -111,7 +111,7 @@ static waste_status read_dht(jpeg_dec *j, const uint8_t *s, size_t len, char *er
 
 static waste_status read_dri(jpeg_dec *j, const uint8_t *s, size_t len, char *err, size_t errcap) {
     if (len < 2)
-        return wimg_fail(err, errcap, WASTE_E_FORMAT, "JPEG restart interval segment is truncated");
+        return wdetail(err, errcap, WASTE_E_FORMAT, "JPEG restart interval segment is truncated");
     j->restart_interval = (int)wimg_be16(s);
     return WASTE_OK;
 }
@@ -119,25 +119,25 @@ static waste_status read_dri(jpeg_dec *j, const uint8_t *s, size_t len, char *er
 static waste_status read_sof(jpeg_dec *j, uint8_t marker, const uint8_t *s, size_t len, char *err,
                              size_t errcap) {
     if (marker == 0xc2 || marker == 0xc6 || marker == 0xca || marker == 0xce)
-        return wimg_fail(err, errcap, WASTE_E_UNSUPPORTED,
+        return wdetail(err, errcap, WASTE_E_UNSUPPORTED,
                          "progressive JPEG is not supported; use baseline");
     if (marker != 0xc0 && marker != 0xc1)
-        return wimg_fail(
+        return wdetail(
             err, errcap, WASTE_E_UNSUPPORTED,
             "JPEG frame type SOF%d (lossless, hierarchical or arithmetic) is not supported",
             marker - 0xc0);
-    if (j->nc) return wimg_fail(err, errcap, WASTE_E_FORMAT, "JPEG has more than one frame header");
-    if (len < 6) return wimg_fail(err, errcap, WASTE_E_FORMAT, "JPEG frame header is truncated");
+    if (j->nc) return wdetail(err, errcap, WASTE_E_FORMAT, "JPEG has more than one frame header");
+    if (len < 6) return wdetail(err, errcap, WASTE_E_FORMAT, "JPEG frame header is truncated");
     if (s[0] != 8)
-        return wimg_fail(err, errcap, WASTE_E_UNSUPPORTED, "%d-bit JPEG is not supported", s[0]);
+        return wdetail(err, errcap, WASTE_E_UNSUPPORTED, "%d-bit JPEG is not supported", s[0]);
     int h = (int)wimg_be16(s + 1), w = (int)wimg_be16(s + 3), nc = s[5];
     waste_status st = wimg_check_size("JPEG", (uint64_t)w, (uint64_t)h, 1, err, errcap);
     if (st != WASTE_OK) return st;
-    if (nc == 4) return wimg_fail(err, errcap, WASTE_E_UNSUPPORTED, "CMYK JPEG is not supported");
+    if (nc == 4) return wdetail(err, errcap, WASTE_E_UNSUPPORTED, "CMYK JPEG is not supported");
     if (nc != 1 && nc != 3)
-        return wimg_fail(err, errcap, WASTE_E_FORMAT, "JPEG has %d components", nc);
+        return wdetail(err, errcap, WASTE_E_FORMAT, "JPEG has %d components", nc);
     if (len < 6 + 3 * (size_t)nc)
-        return wimg_fail(err, errcap, WASTE_E_FORMAT, "JPEG frame header is truncated");
+        return wdetail(err, errcap, WASTE_E_FORMAT, "JPEG frame header is truncated");
     int blocks = 0;
     j->hmax = j->vmax = 1;
     for (int i = 0; i < nc; i++) {
@@ -148,7 +148,7 @@ static waste_status read_sof(jpeg_dec *j, uint8_t marker, const uint8_t *s, size
         c->v = cs[1] & 15;
         c->tq = cs[2];
         if (c->h < 1 || c->h > 4 || c->v < 1 || c->v > 4 || c->tq > 3)
-            return wimg_fail(err, errcap, WASTE_E_FORMAT,
+            return wdetail(err, errcap, WASTE_E_FORMAT,
                              "JPEG component %d has invalid sampling or table", i);
         if (nc == 1)
             c->h = c->v = 1; /* one component: blocks are in raster order whatever it declares */
@@ -157,7 +157,7 @@ static waste_status read_sof(jpeg_dec *j, uint8_t marker, const uint8_t *s, size
         if (c->v > j->vmax) j->vmax = c->v;
     }
     if (blocks > MAX_BLOCKS_PER_MCU)
-        return wimg_fail(err, errcap, WASTE_E_FORMAT, "JPEG MCU has %d blocks (at most %d)", blocks,
+        return wdetail(err, errcap, WASTE_E_FORMAT, "JPEG MCU has %d blocks (at most %d)", blocks,
                          MAX_BLOCKS_PER_MCU);
     j->w = w;
     j->h = h;
@@ -225,13 +225,13 @@ static waste_status decode_block(jpeg_dec *j, bitreader *b, component *c, float 
     memset(coef, 0, 64 * sizeof *coef);
     int t = decode_symbol(b, &j->dc[c->td]), diff;
     if (t < 0 || t > 11 || !read_signed(b, t, &diff))
-        return wimg_fail(err, errcap, WASTE_E_FORMAT, "JPEG scan data is corrupt or truncated");
+        return wdetail(err, errcap, WASTE_E_FORMAT, "JPEG scan data is corrupt or truncated");
     c->pred += diff;
     coef[0] = (float)c->pred * q[0];
     for (int k = 1; k < 64;) {
         int rs = decode_symbol(b, &j->ac[c->ta]);
         if (rs < 0)
-            return wimg_fail(err, errcap, WASTE_E_FORMAT, "JPEG scan data is corrupt or truncated");
+            return wdetail(err, errcap, WASTE_E_FORMAT, "JPEG scan data is corrupt or truncated");
         int run = rs >> 4, size = rs & 15, v;
         if (size == 0) {
             if (run != 15) break; /* end of block */
@@ -240,7 +240,7 @@ static waste_status decode_block(jpeg_dec *j, bitreader *b, component *c, float 
         }
         k += run;
         if (k > 63 || size > 10 || !read_signed(b, size, &v))
-            return wimg_fail(err, errcap, WASTE_E_FORMAT, "JPEG scan data is corrupt or truncated");
+            return wdetail(err, errcap, WASTE_E_FORMAT, "JPEG scan data is corrupt or truncated");
         coef[ZIGZAG[k]] = (float)v * q[k];
         k++;
     }
@@ -300,7 +300,7 @@ static waste_status restart(jpeg_dec *j, bitreader *b, char *err, size_t errcap)
     while (b->pos + 1 < b->n && b->d[b->pos] == 0xff && b->d[b->pos + 1] == 0xff) b->pos++;
     if (b->pos + 1 >= b->n || b->d[b->pos] != 0xff || b->d[b->pos + 1] < 0xd0 ||
         b->d[b->pos + 1] > 0xd7)
-        return wimg_fail(err, errcap, WASTE_E_FORMAT, "JPEG restart marker is missing");
+        return wdetail(err, errcap, WASTE_E_FORMAT, "JPEG restart marker is missing");
     b->pos += 2;
     for (int i = 0; i < j->nc; i++) j->comp[i].pred = 0;
     return WASTE_OK;
@@ -314,7 +314,7 @@ static waste_status decode_scan(jpeg_dec *j, const uint8_t *data, size_t n, size
         component *c = &j->comp[i];
         c->stride = mcus_x * c->h * 8;
         c->plane = malloc((size_t)c->stride * (size_t)(c->v * 8));
-        if (!c->plane) return wimg_fail(err, errcap, WASTE_E_OOM, "no memory for a JPEG MCU row");
+        if (!c->plane) return wdetail(err, errcap, WASTE_E_OOM, "no memory for a JPEG MCU row");
         c->pred = 0;
     }
     bitreader b = {data, n, pos, 0, 0};
@@ -347,23 +347,23 @@ static waste_status decode_scan(jpeg_dec *j, const uint8_t *data, size_t n, size
 /* Start of scan: bind components to Huffman tables, then decode the image. */
 static waste_status read_sos(jpeg_dec *j, const uint8_t *s, size_t len, const uint8_t *data,
                              size_t n, size_t scan_start, wimg *img, char *err, size_t errcap) {
-    if (!j->nc) return wimg_fail(err, errcap, WASTE_E_FORMAT, "JPEG scan before its frame header");
+    if (!j->nc) return wdetail(err, errcap, WASTE_E_FORMAT, "JPEG scan before its frame header");
     if (len < 1 || len < 1 + 2 * (size_t)s[0] + 3)
-        return wimg_fail(err, errcap, WASTE_E_FORMAT, "JPEG scan header is truncated");
+        return wdetail(err, errcap, WASTE_E_FORMAT, "JPEG scan header is truncated");
     if (s[0] != j->nc)
-        return wimg_fail(err, errcap, WASTE_E_UNSUPPORTED,
+        return wdetail(err, errcap, WASTE_E_UNSUPPORTED,
                          "JPEG with one scan per component is not supported");
     for (int i = 0; i < j->nc; i++) {
         int id = s[1 + 2 * i], tables = s[2 + 2 * i];
         component *c = &j->comp[i];
         if (c->id != id)
-            return wimg_fail(err, errcap, WASTE_E_FORMAT,
+            return wdetail(err, errcap, WASTE_E_FORMAT,
                              "JPEG scan names component %d out of frame order", id);
         c->td = tables >> 4;
         c->ta = tables & 15;
         if (c->td > 3 || c->ta > 3 || !j->dc[c->td].defined || !j->ac[c->ta].defined ||
             !j->quant_defined[c->tq])
-            return wimg_fail(err, errcap, WASTE_E_FORMAT, "JPEG scan uses an undefined table");
+            return wdetail(err, errcap, WASTE_E_FORMAT, "JPEG scan uses an undefined table");
     }
     waste_status st = wimg_alloc(img, j->w, j->h, err, errcap);
     if (st != WASTE_OK) return st;
@@ -383,21 +383,21 @@ static waste_status decode_segments(jpeg_dec *j, const uint8_t *data, size_t n, 
     size_t pos = 2;
     for (;;) {
         if (n - pos < 2)
-            return wimg_fail(err, errcap, WASTE_E_FORMAT, "JPEG is truncated before its scan");
+            return wdetail(err, errcap, WASTE_E_FORMAT, "JPEG is truncated before its scan");
         if (data[pos] != 0xff)
-            return wimg_fail(err, errcap, WASTE_E_FORMAT,
+            return wdetail(err, errcap, WASTE_E_FORMAT,
                              "JPEG has 0x%02x where a marker should be", data[pos]);
         uint8_t m = data[pos + 1];
         if (m == 0xff || wimg_jpeg_standalone(m)) {
             pos += m == 0xff ? 1 : 2;
             continue;
         }
-        if (m == 0xd9) return wimg_fail(err, errcap, WASTE_E_FORMAT, "JPEG ends before its scan");
+        if (m == 0xd9) return wdetail(err, errcap, WASTE_E_FORMAT, "JPEG ends before its scan");
         if (n - pos < 4)
-            return wimg_fail(err, errcap, WASTE_E_FORMAT, "JPEG is truncated in a segment header");
+            return wdetail(err, errcap, WASTE_E_FORMAT, "JPEG is truncated in a segment header");
         size_t len = wimg_be16(data + pos + 2);
         if (len < 2 || len - 2 > n - pos - 4)
-            return wimg_fail(err, errcap, WASTE_E_FORMAT, "JPEG segment 0x%02x has a bad length",
+            return wdetail(err, errcap, WASTE_E_FORMAT, "JPEG segment 0x%02x has a bad length",
                              m);
         const uint8_t *s = data + pos + 4;
         size_t body = len - 2;
@@ -412,7 +412,7 @@ static waste_status decode_segments(jpeg_dec *j, const uint8_t *data, size_t n, 
         else if (wimg_jpeg_is_sof(m))
             st = read_sof(j, m, s, body, err, errcap);
         else if (m == 0xcc)
-            st = wimg_fail(err, errcap, WASTE_E_UNSUPPORTED,
+            st = wdetail(err, errcap, WASTE_E_UNSUPPORTED,
                            "arithmetic-coded JPEG is not supported");
         if (st != WASTE_OK) return st;
         pos += 2 + len;
@@ -421,7 +421,7 @@ static waste_status decode_segments(jpeg_dec *j, const uint8_t *data, size_t n, 
 
 waste_status wimg_decode_jpeg(const uint8_t *data, size_t n, wimg *out, char *err, size_t errcap) {
     jpeg_dec *j = calloc(1, sizeof *j);
-    if (!j) return wimg_fail(err, errcap, WASTE_E_OOM, "no memory for the JPEG decoder");
+    if (!j) return wdetail(err, errcap, WASTE_E_OOM, "no memory for the JPEG decoder");
     init_idct(j);
     wimg img = {0, 0, NULL};
     waste_status st = decode_segments(j, data, n, &img, err, errcap);

@@ -211,6 +211,27 @@ static int parse_array(parser *p, json_value *v, int depth) {
     }
 }
 
+static int compare_keys(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Refuse an object that names a member twice.  Sorting the names keeps this
+ * O(n log n): a per-member lookup would make a hostile file with a million
+ * members take hours. */
+static int check_unique_keys(parser *p, const json_value *v) {
+    if (v->len < 2) return 1;
+    const char **keys = malloc(v->len * sizeof *keys);
+    if (!keys) { fail(p, "out of memory"); return 0; }
+    for (size_t i = 0; i < v->len; i++) keys[i] = v->items[i].key;
+    qsort(keys, v->len, sizeof *keys, compare_keys);
+    const char *dup = NULL;
+    for (size_t i = 1; i < v->len && !dup; i++)
+        if (strcmp(keys[i - 1], keys[i]) == 0) dup = keys[i];
+    if (dup) fail(p, "duplicate member name \"%.40s\"", dup);
+    free(keys);
+    return dup == NULL;
+}
+
 static int parse_object(parser *p, json_value *v, int depth) {
     size_t cap = 0;
     v->type = JSON_OBJECT;
@@ -223,8 +244,8 @@ static int parse_object(parser *p, json_value *v, int depth) {
         size_t key_len;
         char *key = parse_string(p, &key_len);
         if (!key) return 0;
-        if (strlen(key) != key_len || json_get(v, key)) {
-            fail(p, "duplicate or invalid member name \"%.40s\"", key);
+        if (strlen(key) != key_len) {
+            fail(p, "member name \"%.40s\" contains a NUL", key);
             free(key);
             return 0;
         }
@@ -238,7 +259,7 @@ static int parse_object(parser *p, json_value *v, int depth) {
         skip_ws(p);
         int c = peek(p);
         p->pos++;
-        if (c == '}') return 1;
+        if (c == '}') return check_unique_keys(p, v);
         if (c != ',') { p->pos--; fail(p, "expected ',' or '}'"); return 0; }
     }
 }

@@ -102,7 +102,7 @@ static waste_status unfilter(png_dec *d, char *err, size_t errcap) {
                              paeth(i >= bpp ? x[i - bpp] : 0, up[i], i >= bpp ? up[i - bpp] : 0));
         break;
     default:
-        return wimg_fail(err, errcap, WASTE_E_FORMAT, "PNG row uses unknown filter type %d",
+        return wdetail(err, errcap, WASTE_E_FORMAT, "PNG row uses unknown filter type %d",
                          d->cur[0]);
     }
     return WASTE_OK;
@@ -127,7 +127,7 @@ static waste_status emit_row(png_dec *d, char *err, size_t errcap) {
         if (d->ctype == CT_PALETTE) {
             int idx = sample8(d, row, (size_t)i, 0);
             if (idx >= d->n_palette)
-                return wimg_fail(err, errcap, WASTE_E_FORMAT,
+                return wdetail(err, errcap, WASTE_E_FORMAT,
                                  "PNG pixel uses palette index %d of %d", idx, d->n_palette);
             memcpy(o, d->palette + 3 * idx, 3);
         } else if (d->ctype == CT_RGB || d->ctype == CT_RGBA) {
@@ -167,10 +167,10 @@ static waste_status feed_idat(png_dec *d, const uint8_t *data, uint32_t len, cha
         int ret = inflate(&d->z, Z_NO_FLUSH);
         size_t produced = room - d->z.avail_out;
         if (ret != Z_OK && ret != Z_STREAM_END && ret != Z_BUF_ERROR)
-            return wimg_fail(err, errcap, WASTE_E_FORMAT, "PNG image data is corrupt (%s)",
+            return wdetail(err, errcap, WASTE_E_FORMAT, "PNG image data is corrupt (%s)",
                              d->z.msg ? d->z.msg : "inflate failed");
         if (d->done && produced)
-            return wimg_fail(err, errcap, WASTE_E_FORMAT,
+            return wdetail(err, errcap, WASTE_E_FORMAT,
                              "PNG image data is larger than its %dx%d header declares", d->w, d->h);
         d->filled += produced;
         if (!d->done && d->filled == d->rowbytes + 1) {
@@ -179,7 +179,7 @@ static waste_status feed_idat(png_dec *d, const uint8_t *data, uint32_t len, cha
         }
         if (ret == Z_STREAM_END) {
             if (!d->done)
-                return wimg_fail(err, errcap, WASTE_E_FORMAT,
+                return wdetail(err, errcap, WASTE_E_FORMAT,
                                  "PNG image data ends before the last row");
             d->z_end = 1;
         }
@@ -191,7 +191,7 @@ static waste_status feed_idat(png_dec *d, const uint8_t *data, uint32_t len, cha
 static waste_status read_ihdr(png_dec *d, const uint8_t *c, uint32_t len, char *err,
                               size_t errcap) {
     if (len != 13)
-        return wimg_fail(err, errcap, WASTE_E_FORMAT, "PNG IHDR is %u bytes, not 13", len);
+        return wdetail(err, errcap, WASTE_E_FORMAT, "PNG IHDR is %u bytes, not 13", len);
     uint32_t w = wimg_be32(c), h = wimg_be32(c + 4);
     waste_status st = wimg_check_size("PNG", w, h, 1, err, errcap);
     if (st != WASTE_OK) return st;
@@ -210,10 +210,10 @@ static waste_status read_ihdr(png_dec *d, const uint8_t *c, uint32_t len, char *
                                        0,
                                        1u << 8 | 1u << 16};
     if (d->ctype > 6 || !channels[d->ctype] || d->depth > 16 || !(depths[d->ctype] >> d->depth & 1))
-        return wimg_fail(err, errcap, WASTE_E_FORMAT,
+        return wdetail(err, errcap, WASTE_E_FORMAT,
                          "PNG colour type %d with bit depth %d is invalid", d->ctype, d->depth);
     if (c[10] != 0 || c[11] != 0 || d->interlace > 1)
-        return wimg_fail(err, errcap, WASTE_E_FORMAT,
+        return wdetail(err, errcap, WASTE_E_FORMAT,
                          "PNG compression %d, filter %d or interlace %d is unknown", c[10], c[11],
                          c[12]);
     d->channels = channels[d->ctype];
@@ -224,7 +224,7 @@ static waste_status read_ihdr(png_dec *d, const uint8_t *c, uint32_t len, char *
 static waste_status read_plte(png_dec *d, const uint8_t *c, uint32_t len, char *err,
                               size_t errcap) {
     if (len == 0 || len % 3 != 0 || len > 256 * 3)
-        return wimg_fail(err, errcap, WASTE_E_FORMAT, "PNG palette of %u bytes is invalid", len);
+        return wdetail(err, errcap, WASTE_E_FORMAT, "PNG palette of %u bytes is invalid", len);
     memcpy(d->palette, c, len);
     d->n_palette = (int)(len / 3);
     return WASTE_OK;
@@ -233,15 +233,15 @@ static waste_status read_plte(png_dec *d, const uint8_t *c, uint32_t len, char *
 /* First IDAT: everything the rows need must be known now. */
 static waste_status begin_image_data(png_dec *d, char *err, size_t errcap) {
     if (d->ctype == CT_PALETTE && !d->n_palette)
-        return wimg_fail(err, errcap, WASTE_E_FORMAT, "PNG palette image has no PLTE before IDAT");
+        return wdetail(err, errcap, WASTE_E_FORMAT, "PNG palette image has no PLTE before IDAT");
     size_t rowmax = ((size_t)d->w * (size_t)d->channels * (size_t)d->depth + 7) / 8 + 1;
     d->cur = malloc(rowmax);
     d->prev = malloc(rowmax);
-    if (!d->cur || !d->prev) return wimg_fail(err, errcap, WASTE_E_OOM, "no memory for PNG rows");
+    if (!d->cur || !d->prev) return wdetail(err, errcap, WASTE_E_OOM, "no memory for PNG rows");
     waste_status st = wimg_alloc(&d->img, d->w, d->h, err, errcap);
     if (st != WASTE_OK) return st;
     if (inflateInit(&d->z) != Z_OK)
-        return wimg_fail(err, errcap, WASTE_E_OOM, "cannot start inflate");
+        return wdetail(err, errcap, WASTE_E_OOM, "cannot start inflate");
     d->z_open = 1;
     start_pass(d, 0);
     return WASTE_OK;
@@ -253,36 +253,36 @@ static waste_status decode_chunks(png_dec *d, const uint8_t *data, size_t n, cha
     int seen_ihdr = 0;
     for (;;) {
         if (n - pos < 12)
-            return wimg_fail(err, errcap, WASTE_E_FORMAT, "PNG is truncated (no IEND chunk)");
+            return wdetail(err, errcap, WASTE_E_FORMAT, "PNG is truncated (no IEND chunk)");
         uint32_t len = wimg_be32(data + pos);
         const uint8_t *type = data + pos + 4, *body = data + pos + 8;
         if (len > n - pos - 12)
-            return wimg_fail(err, errcap, WASTE_E_FORMAT,
+            return wdetail(err, errcap, WASTE_E_FORMAT,
                              "PNG chunk %.4s claims %u bytes past the end of the file",
                              (const char *)type, len);
         if ((uint32_t)crc32(0, type, len + 4) != wimg_be32(body + len))
-            return wimg_fail(err, errcap, WASTE_E_FORMAT, "PNG chunk %.4s fails its CRC",
+            return wdetail(err, errcap, WASTE_E_FORMAT, "PNG chunk %.4s fails its CRC",
                              (const char *)type);
         pos += 12 + (size_t)len;
         waste_status st = WASTE_OK;
         if (!seen_ihdr) {
             if (memcmp(type, "IHDR", 4) != 0)
-                return wimg_fail(err, errcap, WASTE_E_FORMAT, "PNG does not start with IHDR");
+                return wdetail(err, errcap, WASTE_E_FORMAT, "PNG does not start with IHDR");
             st = read_ihdr(d, body, len, err, errcap);
             seen_ihdr = 1;
         } else if (memcmp(type, "PLTE", 4) == 0) {
-            if (d->cur) return wimg_fail(err, errcap, WASTE_E_FORMAT, "PNG PLTE after image data");
+            if (d->cur) return wdetail(err, errcap, WASTE_E_FORMAT, "PNG PLTE after image data");
             st = read_plte(d, body, len, err, errcap);
         } else if (memcmp(type, "IDAT", 4) == 0) {
             if (!d->cur) st = begin_image_data(d, err, errcap);
             if (st == WASTE_OK) st = feed_idat(d, body, len, err, errcap);
         } else if (memcmp(type, "IEND", 4) == 0) {
             if (!d->z_end)
-                return wimg_fail(err, errcap, WASTE_E_FORMAT,
+                return wdetail(err, errcap, WASTE_E_FORMAT,
                                  "PNG image data is missing or incomplete");
             return WASTE_OK;
         } else if (!(type[0] & 0x20)) { /* lower-case first letter = ancillary, safe to skip */
-            return wimg_fail(err, errcap, WASTE_E_UNSUPPORTED,
+            return wdetail(err, errcap, WASTE_E_UNSUPPORTED,
                              "PNG has unknown critical chunk %.4s", (const char *)type);
         }
         if (st != WASTE_OK) return st;
@@ -291,7 +291,7 @@ static waste_status decode_chunks(png_dec *d, const uint8_t *data, size_t n, cha
 
 waste_status wimg_decode_png(const uint8_t *data, size_t n, wimg *out, char *err, size_t errcap) {
     png_dec *d = calloc(1, sizeof *d);
-    if (!d) return wimg_fail(err, errcap, WASTE_E_OOM, "no memory for the PNG decoder");
+    if (!d) return wdetail(err, errcap, WASTE_E_OOM, "no memory for the PNG decoder");
     waste_status st = decode_chunks(d, data, n, err, errcap);
     if (d->z_open) inflateEnd(&d->z);
     free(d->cur);

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "detail.h"
 #include "json.h"
 
 enum { KIND_NONE = 0, KIND_BPE = 1, KIND_SPECIAL = 2 };
@@ -38,18 +39,13 @@ struct wtok {
 
 /* ---------------------------------------------------------------- errors */
 
-static waste_status fail(char *err, size_t errcap, waste_status st, const char *msg) {
-    if (err && errcap) snprintf(err, errcap, "%s", msg);
-    return st;
-}
-
 /* ------------------------------------------------------------ file input */
 
 static waste_status read_file(const char *dir, const char *name, char **buf, size_t *len,
                               char *err, size_t errcap) {
     char path[4096];
     if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, name) >= sizeof path)
-        return fail(err, errcap, WASTE_E_ARG, "container path too long");
+        return wdetail(err, errcap, WASTE_E_ARG, "container path too long");
     return read_whole_file(path, buf, len, err, errcap);
 }
 
@@ -163,7 +159,7 @@ static waste_status load_rank_line(wtok *t, const char *line, size_t n, size_t l
         snprintf(err, errcap, "tokenizer.model line %zu: bad base64", lineno);
         return WASTE_E_FORMAT;
     }
-    if (!arena_add(t, id, scratch, (size_t)len)) return fail(err, errcap, WASTE_E_OOM, "out of memory");
+    if (!arena_add(t, id, scratch, (size_t)len)) return wdetail(err, errcap, WASTE_E_OOM, "out of memory");
     if (!map_insert(t, id)) {
         snprintf(err, errcap, "tokenizer.model line %zu: the same bytes have two ranks", lineno);
         return WASTE_E_FORMAT;
@@ -180,7 +176,7 @@ static waste_status load_ranks(wtok *t, const char *dir, char *err, size_t errca
     if (st != WASTE_OK) return st;
     /* Each line decodes to fewer bytes than it has characters. */
     uint8_t *scratch = malloc(len + 1);
-    if (!scratch) { free(text); return fail(err, errcap, WASTE_E_OOM, "out of memory"); }
+    if (!scratch) { free(text); return wdetail(err, errcap, WASTE_E_OOM, "out of memory"); }
     size_t lineno = 0;
     for (size_t pos = 0; pos < len && st == WASTE_OK;) {
         const char *nl = memchr(text + pos, '\n', len - pos);
@@ -223,35 +219,77 @@ static waste_status load_special(wtok *t, const json_value *item, size_t index,
                  (long long)id);
         return WASTE_E_FORMAT;
     }
-    if (wtok_special_id(t, text) >= 0) {
-        snprintf(err, errcap, "specials.json item %zu: text %.64s listed twice", index, text);
-        return WASTE_E_FORMAT;
-    }
     if (!arena_add(t, (int32_t)id, (const uint8_t *)text, len))
-        return fail(err, errcap, WASTE_E_OOM, "out of memory");
+        return wdetail(err, errcap, WASTE_E_OOM, "out of memory");
     t->kind[id] = KIND_SPECIAL;
     t->specials[t->n_specials++] = (int32_t)id;
     t->special_first[(unsigned char)text[0]] = 1;
     return WASTE_OK;
 }
 
+/* A special's text, for sorting them. */
+typedef struct {
+    const uint8_t *text;
+    uint32_t len;
+} special_text;
+
+static int compare_special_texts(const void *a, const void *b) {
+    const special_text *x = a, *y = b;
+    int c = memcmp(x->text, y->text, x->len < y->len ? x->len : y->len);
+    return c ? c : (x->len > y->len) - (x->len < y->len);
+}
+
+/* No text may name two specials.  Sorted, so a hostile file with a million
+ * specials is checked in O(n log n), not by comparing every pair. */
+static waste_status check_special_texts_unique(const wtok *t, char *err, size_t errcap) {
+    if (t->n_specials < 2) return WASTE_OK;
+    special_text *sorted = malloc(t->n_specials * sizeof *sorted);
+    if (!sorted) return wdetail(err, errcap, WASTE_E_OOM, "out of memory");
+    for (size_t i = 0; i < t->n_specials; i++) {
+        int32_t id = t->specials[i];
+        sorted[i] = (special_text){t->arena + t->offset[id], t->length[id]};
+    }
+    qsort(sorted, t->n_specials, sizeof *sorted, compare_special_texts);
+    waste_status st = WASTE_OK;
+    for (size_t i = 1; i < t->n_specials && st == WASTE_OK; i++)
+        if (compare_special_texts(&sorted[i - 1], &sorted[i]) == 0) {
+            snprintf(err, errcap, "specials.json: text %.*s listed twice",
+                     (int)(sorted[i].len < 64 ? sorted[i].len : 64), (const char *)sorted[i].text);
+            st = WASTE_E_FORMAT;
+        }
+    free(sorted);
+    return st;
+}
+
 static waste_status load_specials(wtok *t, const char *dir, char *err, size_t errcap) {
     char path[4096];
     if ((size_t)snprintf(path, sizeof path, "%s/specials.json", dir) >= sizeof path)
-        return fail(err, errcap, WASTE_E_ARG, "container path too long");
+        return wdetail(err, errcap, WASTE_E_ARG, "container path too long");
     json_value *root;
     waste_status st = json_load_file(path, &root, err, errcap);
     if (st != WASTE_OK) return st;
     if (root->type != JSON_ARRAY) {
         json_free(root);
-        return fail(err, errcap, WASTE_E_FORMAT, "specials.json: not a JSON array");
+        return wdetail(err, errcap, WASTE_E_FORMAT, "specials.json: not a JSON array");
     }
     t->specials = malloc((json_count(root) + 1) * sizeof *t->specials);
-    if (!t->specials) st = fail(err, errcap, WASTE_E_OOM, "out of memory");
+    if (!t->specials) st = wdetail(err, errcap, WASTE_E_OOM, "out of memory");
     for (size_t i = 0; i < json_count(root) && st == WASTE_OK; i++)
         st = load_special(t, json_at(root, i), i, err, errcap);
     json_free(root);
-    return st;
+    return st == WASTE_OK ? check_special_texts_unique(t, err, errcap) : st;
+}
+
+/* Every id below vocab_size is a rank or a special (FORMAT.md): the model
+ * can sample any of them, and each must have bytes to hand the host. */
+static waste_status check_every_id_defined(const wtok *t, char *err, size_t errcap) {
+    for (uint32_t id = 0; id < t->vocab_size; id++)
+        if (t->kind[id] == KIND_NONE) {
+            snprintf(err, errcap, "id %u is below vocab_size %u but is neither a rank in "
+                     "tokenizer.model nor in specials.json", id, t->vocab_size);
+            return WASTE_E_FORMAT;
+        }
+    return WASTE_OK;
 }
 
 /* ------------------------------------------------------------ load/free */
@@ -260,9 +298,9 @@ waste_status wtok_load(const char *dir, uint32_t vocab_size, wtok **out, char *e
                        size_t errcap) {
     *out = NULL;
     if (!dir || vocab_size < 256 || vocab_size > (1u << 24))
-        return fail(err, errcap, WASTE_E_FORMAT, "tokenizer: vocab_size out of range");
+        return wdetail(err, errcap, WASTE_E_FORMAT, "tokenizer: vocab_size out of range");
     wtok *t = calloc(1, sizeof *t);
-    if (!t) return fail(err, errcap, WASTE_E_OOM, "out of memory");
+    if (!t) return wdetail(err, errcap, WASTE_E_OOM, "out of memory");
     t->vocab_size = vocab_size;
     t->n_slots = 1;
     while (t->n_slots < 2 * (size_t)vocab_size) t->n_slots *= 2;
@@ -272,12 +310,13 @@ waste_status wtok_load(const char *dir, uint32_t vocab_size, wtok **out, char *e
     t->slots = malloc(t->n_slots * sizeof *t->slots);
     if (!t->offset || !t->length || !t->kind || !t->slots) {
         wtok_free(t);
-        return fail(err, errcap, WASTE_E_OOM, "out of memory");
+        return wdetail(err, errcap, WASTE_E_OOM, "out of memory");
     }
     memset(t->slots, 0xff, t->n_slots * sizeof *t->slots);  /* all -1 */
     for (int b = 0; b < 256; b++) t->byte_rank[b] = -1;
     waste_status st = load_ranks(t, dir, err, errcap);
     if (st == WASTE_OK) st = load_specials(t, dir, err, errcap);
+    if (st == WASTE_OK) st = check_every_id_defined(t, err, errcap);
     if (st != WASTE_OK) {
         wtok_free(t);
         return st;

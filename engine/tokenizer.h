@@ -15,7 +15,8 @@ typedef struct wtok wtok;
 /* Load <dir>/tokenizer.model and <dir>/specials.json.  vocab_size is the
  * manifest's: every rank and special id must be below it.
  * Errors: WASTE_E_IO (missing file), WASTE_E_FORMAT (bad line, duplicate or
- * out-of-range id, missing single-byte ranks, bad special), WASTE_E_OOM. */
+ * out-of-range id, missing single-byte ranks, bad or repeated special, an id
+ * below vocab_size that neither file defines), WASTE_E_OOM. */
 waste_status wtok_load(const char *dir, uint32_t vocab_size, wtok **out,
                        char *err, size_t errcap);
 

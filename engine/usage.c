@@ -1,30 +1,21 @@
 #include "usage.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 #include <zlib.h>
 
 #include "detail.h"
+#include "fileio.h"
 
 #define HEADER_BYTES 20
 
-static void put32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t get32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
 static void header_of(const wmanifest *m, uint8_t *h) {
     memcpy(h, "WUSG", 4);
-    put32(h + 4, 1);
-    put32(h + 8, m->n_layers);
-    put32(h + 12, m->n_dense_layers);
-    put32(h + 16, m->n_experts);
+    wle32_put(h + 4, 1);
+    wle32_put(h + 8, m->n_layers);
+    wle32_put(h + 12, m->n_dense_layers);
+    wle32_put(h + 16, m->n_experts);
 }
 
 static size_t n_keys_of(const wmanifest *m) { return (size_t)wmanifest_moe_layers(m) * m->n_experts; }
@@ -33,8 +24,8 @@ static size_t n_keys_of(const wmanifest *m) { return (size_t)wmanifest_moe_layer
  * file is the same on any host. */
 static void encode_counts(const uint64_t *counts, size_t n, uint8_t *out) {
     for (size_t i = 0; i < n; i++) {
-        put32(out + 8 * i, (uint32_t)counts[i]);
-        put32(out + 8 * i + 4, (uint32_t)(counts[i] >> 32));
+        wle32_put(out + 8 * i, (uint32_t)counts[i]);
+        wle32_put(out + 8 * i + 4, (uint32_t)(counts[i] >> 32));
     }
 }
 
@@ -48,12 +39,12 @@ int wusage_load(const char *path, const wmanifest *m, uint64_t *counts) {
     size_t got = buf ? fread(buf, 1, total + 1, f) : 0;
     fclose(f);
     int ok = got == total && memcmp(buf, want, HEADER_BYTES) == 0 &&
-             get32(buf + HEADER_BYTES + body) ==
+             wle32_get(buf + HEADER_BYTES + body) ==
                  (uint32_t)crc32(0L, buf + HEADER_BYTES, (uInt)body);
     if (ok)
         for (size_t i = 0; i < n; i++)
-            counts[i] = get32(buf + HEADER_BYTES + 8 * i) |
-                        (uint64_t)get32(buf + HEADER_BYTES + 8 * i + 4) << 32;
+            counts[i] = wle32_get(buf + HEADER_BYTES + 8 * i) |
+                        (uint64_t)wle32_get(buf + HEADER_BYTES + 8 * i + 4) << 32;
     free(buf);
     return ok;
 }
@@ -65,22 +56,17 @@ waste_status wusage_save(const char *path, const wmanifest *m, const uint64_t *c
     if (!buf) return wdetail(err, errcap, WASTE_E_OOM, "usage: out of memory");
     header_of(m, buf);
     encode_counts(counts, n, buf + HEADER_BYTES);
-    put32(buf + HEADER_BYTES + body, (uint32_t)crc32(0L, buf + HEADER_BYTES, (uInt)body));
+    wle32_put(buf + HEADER_BYTES + body, (uint32_t)crc32(0L, buf + HEADER_BYTES, (uInt)body));
 
     char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "wb");
-    int ok = f && fwrite(buf, 1, total, f) == total;
-    if (f) ok = (fflush(f) == 0 && fsync(fileno(f)) == 0 && ok);
-    if (f && fclose(f) != 0) ok = 0;
-    int saved_errno = errno;
-    free(buf);
-    if (!ok || rename(tmp, path) != 0) {
-        if (ok) saved_errno = errno;
-        unlink(tmp);
-        return wdetail(err, errcap, WASTE_E_IO, "%s: cannot write: %s", path, strerror(saved_errno));
+    FILE *f = wfile_begin(path, tmp, sizeof tmp, err, errcap);
+    if (!f) {
+        free(buf);
+        return WASTE_E_IO;
     }
-    return WASTE_OK;
+    int ok = fwrite(buf, 1, total, f) == total;
+    free(buf);
+    return wfile_commit(f, tmp, path, ok, err, errcap);
 }
 
 typedef struct {

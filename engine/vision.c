@@ -55,13 +55,13 @@ static waste_status read_config(const char *dir, uint32_t hidden, vision_cfg *cf
                                 size_t errcap) {
     char path[PATH_CAP];
     if ((size_t)snprintf(path, sizeof path, "%s/vision.json", dir) >= sizeof path)
-        return wimg_fail(err, errcap, WASTE_E_ARG, "model path is too long");
+        return wdetail(err, errcap, WASTE_E_ARG, "model path is too long");
     struct stat st;
     if (stat(path, &st) != 0 && errno == ENOENT)
-        return wimg_fail(err, errcap, WASTE_E_UNSUPPORTED,
+        return wdetail(err, errcap, WASTE_E_UNSUPPORTED,
                          "the container has no vision tower (no vision.json)");
     if (hidden == 0 || hidden > 65536)
-        return wimg_fail(err, errcap, WASTE_E_ARG, "model width %u is invalid", hidden);
+        return wdetail(err, errcap, WASTE_E_ARG, "model width %u is invalid", hidden);
     json_value *root;
     waste_status s = json_load_file(path, &root, err, errcap);
     if (s != WASTE_OK) return s;
@@ -78,7 +78,7 @@ static waste_status read_config(const char *dir, uint32_t hidden, vision_cfg *cf
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
         if (!json_int(json_get(root, keys[i].key), 1, keys[i].max, keys[i].field)) {
             json_free(root);
-            return wimg_fail(err, errcap, WASTE_E_FORMAT,
+            return wdetail(err, errcap, WASTE_E_FORMAT,
                              "vision.json: %s must be an integer in 1..%lld", keys[i].key,
                              (long long)keys[i].max);
         }
@@ -92,10 +92,10 @@ static waste_status check_weights_file(const char *path, uint64_t floats, char *
                                        size_t errcap) {
     struct stat st;
     if (stat(path, &st) != 0)
-        return wimg_fail(err, errcap, WASTE_E_IO, "cannot open %s: %s", path,
+        return wdetail(err, errcap, WASTE_E_IO, "cannot open %s: %s", path,
                          wimg_open_reason(errno));
     if ((uint64_t)st.st_size != floats * 4)
-        return wimg_fail(err, errcap, WASTE_E_FORMAT,
+        return wdetail(err, errcap, WASTE_E_FORMAT,
                          "vision.bin is %llu bytes; vision.json and the model width need %llu",
                          (unsigned long long)st.st_size, (unsigned long long)(floats * 4));
     return WASTE_OK;
@@ -153,7 +153,7 @@ waste_status wvision_load(const char *dir, uint32_t hidden, wvision **out, char 
     if (v) v->weights = malloc((size_t)floats * sizeof(float));
     if (!v || !v->weights) {
         wvision_free(v);
-        return wimg_fail(err, errcap, WASTE_E_OOM, "no memory for %llu vision weights",
+        return wdetail(err, errcap, WASTE_E_OOM, "no memory for %llu vision weights",
                          (unsigned long long)floats);
     }
     FILE *f = fopen(bin, "rb");
@@ -161,7 +161,7 @@ waste_status wvision_load(const char *dir, uint32_t hidden, wvision **out, char 
     if (f) fclose(f);
     if (!ok) {
         wvision_free(v);
-        return wimg_fail(err, errcap, WASTE_E_IO, "short read from %s", bin);
+        return wdetail(err, errcap, WASTE_E_IO, "short read from %s", bin);
     }
     v->cfg = c;
     v->hidden = hidden;
@@ -257,7 +257,7 @@ waste_status wvision_encode(const wvision *vis, const wimg *img, float **embeds,
                             char *err, size_t errcap) {
     if (!vis || !img || !img->rgb || img->w <= 0 || img->h <= 0 || img->w > WIMG_MAX_SIDE ||
         img->h > WIMG_MAX_SIDE)
-        return wimg_fail(err, errcap, WASTE_E_ARG, "no image to encode");
+        return wdetail(err, errcap, WASTE_E_ARG, "no image to encode");
     const vision_cfg *c = &vis->cfg;
     int u = (int)(c->patch * c->merge), m = (int)c->merge, p = (int)c->patch;
     double s = sqrt((double)c->max_tokens * u * u / ((double)img->w * img->h));
@@ -296,7 +296,7 @@ waste_status wvision_encode(const wvision *vis, const wimg *img, float **embeds,
     axis_map_free(&my);
     if (!ok) {
         free(out);
-        return wimg_fail(err, errcap, WASTE_E_OOM, "no memory to encode a %dx%d image", img->w,
+        return wdetail(err, errcap, WASTE_E_OOM, "no memory to encode a %dx%d image", img->w,
                          img->h);
     }
     *embeds = out;

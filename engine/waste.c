@@ -453,12 +453,24 @@ waste_status waste_image_add(waste_ctx *ctx, const char *path, size_t *n_tokens_
     return WASTE_OK;
 }
 
+/* Whether two int32 arrays share memory.  Expansion writes ahead of where it
+ * reads, so an aliased output would silently overwrite input not yet read. */
+static int arrays_overlap(const int32_t *a, size_t na, const int32_t *b, size_t nb) {
+    if (na == 0 || nb == 0) return 0;
+    uintptr_t a0 = (uintptr_t)a, a1 = a0 + na * sizeof *a, b0 = (uintptr_t)b, b1 = b0 + nb * sizeof *b;
+    return a0 < b1 && b0 < a1;
+}
+
 waste_status waste_image_expand(waste_ctx *ctx, const int32_t *tokens, size_t n, int32_t *out,
                                 size_t cap, size_t *n_out) {
     if (!ctx) return WASTE_E_ARG;
     clear_detail(ctx);
     if ((!tokens && n > 0) || !n_out || (!out && cap > 0)) {
         snprintf(ctx->detail, sizeof ctx->detail, "waste_image_expand: NULL argument");
+        return ctx_fail(ctx, WASTE_E_ARG);
+    }
+    if (arrays_overlap(tokens, n, out, cap)) {
+        snprintf(ctx->detail, sizeof ctx->detail, "waste_image_expand: out must not alias tokens");
         return ctx_fail(ctx, WASTE_E_ARG);
     }
     return ctx_fail(ctx, wmedia_expand(&ctx->media, ctx->media_pad, tokens, n, out, cap, n_out,

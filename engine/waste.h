@@ -226,8 +226,8 @@ WASTE_API waste_status waste_image_add(waste_ctx *ctx, const char *path, size_t 
 
 /* Copy tokens to out, replacing each media placeholder token (in queue
  * order) by as many copies as its image needs.  out must not alias tokens.
- * Errors: WASTE_E_ARG (more placeholders than queued images; short buffer,
- * with the needed count in *n_out). */
+ * Errors: WASTE_E_ARG (more placeholders than queued images; out overlapping
+ * tokens; short buffer, with the needed count in *n_out). */
 WASTE_API waste_status waste_image_expand(waste_ctx *ctx, const int32_t *tokens, size_t n,
                                           int32_t *out, size_t cap, size_t *n_out);
 

@@ -760,6 +760,20 @@ def test_state_save_reset_load_continues_exactly(lib, k3_container, prompt, tmp_
     assert [p.name for p in tmp_path.iterdir()] == ["s.state"]  # no temp file left
 
 
+def test_a_save_that_cannot_be_written_fails_cleanly(lib, k3_container, prompt, tmp_path):
+    # The destination is a directory: the temporary file is written, the rename
+    # over it fails, and nothing may be left behind.
+    target = tmp_path / "occupied"
+    (target / "inside").mkdir(parents=True)
+    with opened(lib, k3_container) as ctx:
+        evaluate(lib, ctx, prompt)
+        assert lib.waste_state_save(ctx, str(target).encode()) == E_IO
+        assert b"occupied" in detail_of(lib, ctx).encode()
+        assert lib.waste_state_save(ctx, str(tmp_path / "no" / "dir.state").encode()) == E_IO
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["occupied"]
+    assert [p.name for p in target.iterdir()] == ["inside"]
+
+
 def test_state_load_rejects_foreign_and_damaged_files(lib, k3_container, plain_container, prompt,
                                                       tmp_path):
     mine, foreign, reseeded = tmp_path / "k3.state", tmp_path / "plain.state", tmp_path / "s.state"
@@ -910,6 +924,21 @@ def test_image_add_expand_clear(lib, k3_vision_container, tmp_path):
         assert expand(lib, ctx, [1, 2]) == (OK, [1, 2], 2)
         lib.waste_state_reset(ctx)
         assert evaluate(lib, ctx, [1, pad, pad, pad, pad, 2]) == plain
+
+
+def test_image_expand_refuses_an_output_that_aliases_its_input(lib, k3_vision_container, tmp_path):
+    pad = specials(k3_vision_container)["<|media_pad|>"]
+    image = write(tmp_path / "a.png", png_bytes(32, 32))
+    with opened(lib, k3_vision_container, vision=1) as ctx:
+        n = C.c_size_t()
+        assert lib.waste_image_add(ctx, str(image).encode(), C.byref(n)) == OK
+        buf = (C.c_int32 * 16)(1, pad, 2)
+        assert lib.waste_image_expand(ctx, buf, 3, buf, 16, C.byref(n)) == E_ARG
+        assert "alias" in detail_of(lib, ctx)
+        assert list(buf[:3]) == [1, pad, 2]  # the input was not written over
+        tail = C.cast(C.byref(buf, 4 * C.sizeof(C.c_int32)), _I32P)  # disjoint: fine
+        assert lib.waste_image_expand(ctx, buf, 3, tail, 12, C.byref(n)) == OK
+        assert list(buf[4:4 + n.value]) == [1] + [pad] * 4 + [2]
 
 
 def test_image_queue_is_bounded(lib, k3_vision_container, tmp_path):

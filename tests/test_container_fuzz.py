@@ -98,6 +98,19 @@ def edit_specials(change: Callable[[list], object]) -> Callable[[Path], None]:
     return mutate
 
 
+def many_specials_one_repeated(n: int) -> Callable[[Path], None]:
+    """n extra specials (vocab_size grown to hold them), the last repeating a text:
+    a duplicate check that compares every pair of specials would hang on it."""
+    def mutate(root: Path) -> None:
+        items = json.loads((root / "specials.json").read_text())
+        first = max(s["id"] for s in items) + 1
+        items += [{"id": first + i, "text": f"<|s{i}|>"} for i in range(n)]
+        items.append({"id": first + n, "text": "<|s0|>"})
+        (root / "specials.json").write_text(json.dumps(items))
+        edit_manifest(lambda m: m.__setitem__("vocab_size", first + n + 1))(root)
+    return mutate
+
+
 TEXT_CASES = {
     # manifest.json
     "manifest truncated": (truncate_to("manifest.json", 100), E_FORMAT),
@@ -167,6 +180,8 @@ TEXT_CASES = {
     "bos special missing": (edit_specials(lambda s: [x for x in s if x["text"] != "[BOS]"]),
                             E_FORMAT),
     "specials missing": (remove("specials.json"), E_IO),
+    "many specials, one repeated": (many_specials_one_repeated(400_000), E_FORMAT),
+    "an id nothing defines": (edit_specials(lambda s: s[:-1]), E_FORMAT),
 }
 
 def edit_vision(change: Callable[[dict], None]) -> Callable[[Path], None]:
@@ -177,7 +192,19 @@ def edit_vision(change: Callable[[dict], None]) -> Callable[[Path], None]:
     return mutate
 
 
+def vision_json_with_many_members(n: int) -> Callable[[Path], None]:
+    """vision.json padded with n unknown members and ending in a repeated one: a
+    duplicate check that compares every pair of names would hang on it."""
+    def mutate(root: Path) -> None:
+        text = (root / "vision.json").read_text().rstrip().rstrip("}")
+        filler = "".join(f', "k{i}": 0' for i in range(n))
+        (root / "vision.json").write_text(text + filler + ', "merge": 2}')
+    return mutate
+
+
 VISION_CASES = {
+    "vision.json with a repeated member among many": (vision_json_with_many_members(500_000),
+                                                      E_FORMAT),
     "vision.json not json": (write_file("vision.json", b"{patch"), E_FORMAT),
     "vision.json zero patch": (edit_vision(lambda v: v.update(patch_size=0)), E_FORMAT),
     "vision.json missing key": (edit_vision(lambda v: v.pop("merge")), E_FORMAT),

@@ -40,11 +40,12 @@ JSON_NULL, JSON_BOOL, JSON_NUMBER, JSON_STRING, JSON_ARRAY, JSON_OBJECT = range(
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory) -> ctypes.CDLL:
-    """tokenizer.c + json.c alone, as a shared object."""
+    """tokenizer.c + json.c (and the error formatter) alone, as a shared object."""
     out = tmp_path_factory.mktemp("tokso") / "libtok.so"
     subprocess.run(["cc", "-std=c11", "-Wall", "-Wextra", "-Wpedantic", "-Wshadow", "-O1", "-g",
                     "-D_GNU_SOURCE", "-fPIC", "-shared", "-o", str(out),
-                    str(ROOT / "engine" / "tokenizer.c"), str(ROOT / "engine" / "json.c")],
+                    str(ROOT / "engine" / "tokenizer.c"), str(ROOT / "engine" / "json.c"),
+                    str(ROOT / "engine" / "detail.c")],
                    check=True, capture_output=True)
     so = ctypes.CDLL(str(out))
     vp, sz, i32 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int32
@@ -240,6 +241,7 @@ MODEL_DAMAGE = {
     "two ranks": lambda lines: lines + [lines[300].split()[0] + " " + str(len(lines))],
     "vocab_size": lambda lines: lines + [base64.b64encode(b"qqqz").decode() + " 99999"],
     "single byte": lambda lines: [l for l in lines if not l.endswith(" 65")],
+    "neither a rank": lambda lines: [l for l in lines if not l.endswith(" 300")],
 }
 
 
