@@ -20,6 +20,12 @@ from typing import Callable
 from .xtml import CLOSE, END_OF_MSG, MARKUP_TOKENS, OPEN, SEP, unescape_attr
 
 _MARKER_BYTES = tuple(m.encode() for m in MARKUP_TOKENS)
+_LONGEST_MARKER = max(len(m) for m in _MARKER_BYTES)
+
+# A header is a name and a few attributes, tens of characters. Text running past
+# this without a sep follows a stray marker: it is prose, and holding it as a
+# header would swallow the rest of the reply.
+MAX_HEADER_CHARS = 1024
 
 # Where the text inside an element goes.
 _REASONING, _CONTENT, _DROP, _ARGUMENT, _JSON = "reasoning", "content", "drop", "argument", "json"
@@ -100,7 +106,7 @@ def _json_value(text: str) -> str:
         raise ValueError(constant)   # NaN/Infinity are not JSON, whatever Python accepts
     try:
         return json.dumps(json.loads(text, parse_constant=reject), ensure_ascii=False)
-    except ValueError:
+    except (ValueError, RecursionError):   # RecursionError: nesting deeper than Python's parser goes
         return json.dumps(text, ensure_ascii=False)
 
 
@@ -119,6 +125,7 @@ class ReplyParser:
                        _Element(first, first, _CHILDREN["message"][first])]
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._header: list[str] | None = None   # text of an open/close header awaiting its sep
+        self._header_chars = 0
         self._header_marker = OPEN
         self._held = b""                          # text mode: a possible marker cut by the chunk end
         self._call: _Call | None = None
@@ -164,7 +171,9 @@ class ReplyParser:
                 self._on_marker(marker.decode())
                 start = at + len(marker)
                 at = data.find(b"<", start)
-            elif any(m.startswith(data[at:]) for m in _MARKER_BYTES):
+            # Only a tail shorter than a marker can be one cut short; testing every
+            # "<" would slice the rest of the chunk each time (quadratic on HTML).
+            elif len(data) - at < _LONGEST_MARKER and any(m.startswith(data[at:]) for m in _MARKER_BYTES):
                 self._held = data[at:]   # the rest may be completed by the next chunk
                 data = data[:at]
                 break
@@ -201,6 +210,7 @@ class ReplyParser:
             self._end_message()
         elif marker in (OPEN, CLOSE):
             self._header = []   # a previous header still waiting for its sep is dropped
+            self._header_chars = 0
             self._header_marker = marker
         elif self._header is not None:   # SEP completes the header
             header, self._header = "".join(self._header), None
@@ -219,7 +229,10 @@ class ReplyParser:
             return
         if self._header is not None:
             self._header.append(text)
-            return
+            self._header_chars += len(text)
+            if self._header_chars <= MAX_HEADER_CHARS:
+                return
+            text, self._header = "".join(self._header), None
         sink = self._stack[-1].sink
         if sink == _REASONING:
             self._emit_text("reasoning_content", text)

@@ -73,8 +73,18 @@ def render_text(segments: Iterable[Segment]) -> str:
     return "".join(segment.text for segment in segments)
 
 
-def _compact_json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+def _dumps(value: Any, what: str, **options: Any) -> str:
+    """json.dumps that reports a value JSON cannot hold as a ValueError naming it."""
+    try:
+        return json.dumps(value, ensure_ascii=False, **options)
+    except TypeError as e:
+        raise ValueError(f"{what} is not JSON: {e}") from None
+    except RecursionError:
+        raise ValueError(f"{what} is nested too deeply") from None
+
+
+def _compact_json(value: Any, what: str) -> str:
+    return _dumps(value, what, separators=(",", ":"), sort_keys=True)
 
 
 class _Writer:
@@ -120,6 +130,8 @@ class _ImagePrompts:
 
     def __init__(self, prompts: Optional[Sequence[str]]) -> None:
         self._pending = list(prompts or ())
+        if not all(isinstance(prompt, str) for prompt in self._pending):
+            raise ValueError("image_prompts must be strings")
         self._next = 0
 
     def remaining(self) -> bool:
@@ -147,20 +159,17 @@ def _write_text_with_placeholders(out: _Writer, text: str, images: _ImagePrompts
 
 
 def _write_content(out: _Writer, content: Any, images: _ImagePrompts) -> None:
-    """Message content: None, a string, or a list of text/image_url parts."""
+    """Message content, as _check_content admits: None, a string, or text/image_url parts."""
     if content is None:
         return
     if isinstance(content, str):
         _write_text_with_placeholders(out, content, images)
         return
     for part in content:
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "text":
+        if part["type"] == "text":
             _write_text_with_placeholders(out, part.get("text") or "", images)
-        elif kind == "image_url":
-            out.markup(images.take())
         else:
-            raise ValueError(f"unsupported content part type: {kind!r}")
+            out.markup(images.take())
 
 
 def _write_system(out: _Writer, kind: str, text: str) -> None:
@@ -170,7 +179,7 @@ def _write_system(out: _Writer, kind: str, text: str) -> None:
 
 
 def _declare_tools(out: _Writer, header: str, tools: Any) -> None:
-    _write_system(out, "tool-declare", header + "```json\n" + _compact_json(tools) + "\n```")
+    _write_system(out, "tool-declare", header + "```json\n" + _compact_json(tools, "tools") + "\n```")
 
 
 def _json_type(value: Any) -> str:
@@ -190,11 +199,7 @@ def _json_type(value: Any) -> str:
 
 
 def _argument_body(value: Any, kind: str) -> str:
-    if kind == "string":
-        return value
-    if kind in ("object", "array"):
-        return json.dumps(value, ensure_ascii=False)
-    return json.dumps(value)
+    return value if kind == "string" else _dumps(value, "tool argument")
 
 
 def _parse_arguments(raw: Any) -> dict | str:
@@ -204,11 +209,13 @@ def _parse_arguments(raw: Any) -> dict | str:
     if isinstance(raw, dict):
         return raw
     if not isinstance(raw, str):
-        return json.dumps(raw, ensure_ascii=False)
+        return _dumps(raw, "tool call arguments")
     try:
         parsed = json.loads(raw)
     except ValueError:
         return raw
+    except RecursionError:   # valid or not, Python's parser cannot tell past its depth
+        raise ValueError("tool call arguments are nested too deeply") from None
     return parsed if isinstance(parsed, dict) else raw
 
 
@@ -265,29 +272,35 @@ def _write_system_message(out: _Writer, message: Mapping[str, Any],
 
 
 def _ordered_tool_results(run: Sequence[Mapping[str, Any]], calls: Sequence[Mapping[str, Any]],
-                          ) -> list[tuple[Mapping[str, Any], Optional[str], int]]:
-    """A run of tool results as (message, tool name, index), in call order.
+                          ) -> list[tuple[Mapping[str, Any], Optional[str]]]:
+    """A run of tool results as (message, tool name), in call order.
 
     OpenAI clients may return results in any order; the model expects them in
     the order of its calls. Results matching no call keep their order after
-    the matched ones and are numbered by their place in the run.
+    the matched ones. The re-sort happens before numbering, so index is the
+    place in the sorted run, the only numbering a result without a
+    tool_call_id (K3's own message shape) can have.
     """
-    position_by_id = {call.get("id"): i for i, call in enumerate(calls) if call.get("id") is not None}
-    matched, unmatched = [], []
-    for place, message in enumerate(run, start=1):
-        position = position_by_id.get(message.get("tool_call_id"))
-        if position is None:
-            unmatched.append((message, message.get("tool") or message.get("name"), place))
+    position_by_id = {call["id"]: i for i, call in enumerate(calls) if isinstance(call.get("id"), str)}
+    unmatched = len(calls)
+
+    def position(message: Mapping[str, Any]) -> int:
+        return position_by_id.get(message.get("tool_call_id"), unmatched)
+
+    ordered = []
+    for message in sorted(run, key=position):
+        at = position(message)
+        if at == unmatched:
+            name = message.get("tool") or message.get("name")
         else:
-            name = (calls[position].get("function") or {}).get("name")
-            matched.append((position, (message, name, position + 1)))
-    matched.sort(key=lambda entry: entry[0])
-    return [entry for _, entry in matched] + unmatched
+            name = (calls[at].get("function") or {}).get("name")
+        ordered.append((message, name))
+    return ordered
 
 
 def _write_tool_results(out: _Writer, run: Sequence[Mapping[str, Any]],
                         calls: Sequence[Mapping[str, Any]], images: _ImagePrompts) -> None:
-    for message, name, index in _ordered_tool_results(run, calls):
+    for index, (message, name) in enumerate(_ordered_tool_results(run, calls), start=1):
         attrs = [("role", "tool")]
         if name:
             attrs.append(("tool", name))
@@ -297,14 +310,73 @@ def _write_tool_results(out: _Writer, run: Sequence[Mapping[str, Any]],
         out.end_message()
 
 
+def _type_name(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _check_string(message: Mapping[str, Any], key: str, where: str) -> None:
+    value = message.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"{where}.{key} must be a string, not {_type_name(value)}")
+
+
+def _check_content(content: Any, where: str) -> None:
+    if content is None or isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        raise ValueError(f"{where} must be a string or a list of content parts, not {_type_name(content)}")
+    for j, part in enumerate(content):
+        if not isinstance(part, Mapping):
+            raise ValueError(f"{where}[{j}] must be an object, not {_type_name(part)}")
+        kind = part.get("type")
+        if kind == "text":
+            _check_string(part, "text", f"{where}[{j}]")
+        elif kind != "image_url":
+            raise ValueError(f"{where}[{j}]: unsupported content part type: {kind!r}")
+
+
+def _check_tool_calls(calls: Any, where: str) -> None:
+    if calls is None:
+        return
+    if not isinstance(calls, list):
+        raise ValueError(f"{where} must be a list, not {_type_name(calls)}")
+    for j, call in enumerate(calls):
+        if not isinstance(call, Mapping):
+            raise ValueError(f"{where}[{j}] must be an object, not {_type_name(call)}")
+        _check_string(call, "id", f"{where}[{j}]")
+        function = call.get("function")
+        if function is not None and not isinstance(function, Mapping):
+            raise ValueError(f"{where}[{j}].function must be an object, not {_type_name(function)}")
+        _check_string(function or {}, "name", f"{where}[{j}].function")
+
+
+def _check_message(message: Any, where: str) -> None:
+    """The fields rendering reads, by type, so a malformed message is a ValueError naming
+    the field rather than an AttributeError or a non-string segment deep inside."""
+    if not isinstance(message, Mapping):
+        raise ValueError(f"{where} must be an object, not {_type_name(message)}")
+    role = message.get("role")
+    if role not in ROLES:
+        raise ValueError(f"{where}: unsupported message role: {role!r}")
+    _check_content(message.get("content"), f"{where}.content")
+    if role == "assistant":
+        _check_string(message, "reasoning_content", where)
+        _check_tool_calls(message.get("tool_calls"), f"{where}.tool_calls")
+    elif role == "tool":
+        for key in ("tool_call_id", "tool", "name"):
+            _check_string(message, key, where)
+
+
 def _write_messages(out: _Writer, messages: Sequence[Mapping[str, Any]],
                     images: _ImagePrompts) -> None:
+    if not isinstance(messages, (list, tuple)):
+        raise ValueError(f"messages must be a list, not {_type_name(messages)}")
+    for i, message in enumerate(messages):
+        _check_message(message, f"messages[{i}]")
     i = 0
     while i < len(messages):
         message = messages[i]
-        role = message.get("role")
-        if role not in ROLES:
-            raise ValueError(f"unsupported message role: {role!r}")
+        role = message["role"]
         if role == "tool":
             end = i
             while end < len(messages) and messages[end].get("role") == "tool":
@@ -334,23 +406,32 @@ def _thinking_effort_text(effort: Optional[str]) -> Optional[str]:
 
 def _tool_choice_text(tool_choice: Any) -> Optional[str]:
     # A dict names one function, which K3's prompt cannot express: like auto.
-    if tool_choice is None or tool_choice == "auto" or isinstance(tool_choice, dict):
+    if tool_choice is None or tool_choice == "auto" or isinstance(tool_choice, Mapping):
         return None
-    if tool_choice not in _TOOL_CHOICE_TEXT:
+    if not isinstance(tool_choice, str) or tool_choice not in _TOOL_CHOICE_TEXT:
         raise ValueError(f"unsupported tool_choice: {tool_choice!r}")
     return _TOOL_CHOICE_TEXT[tool_choice]
 
 
 def _response_format_text(response_format: Optional[Mapping[str, Any]]) -> Optional[str]:
-    kind = (response_format or {}).get("type", "text")
+    if response_format is None:
+        return None
+    if not isinstance(response_format, Mapping):
+        raise ValueError(f"response_format must be an object, not {_type_name(response_format)}")
+    kind = response_format.get("type", "text")
     if kind == "text":
         return None
     if kind not in ("json_object", "json_schema"):
         raise ValueError(f"unsupported response_format type: {kind!r}")
     text = f"The system is invoked with `response_format={kind}`.\n{_RAW_JSON_RULE}"
-    schema = ((response_format or {}).get("json_schema") or {}).get("schema")
-    if kind == "json_schema" and schema is not None:
-        text += f"\n{_SCHEMA_INTRO}```json\n{_compact_json(schema)}\n```"
+    if kind != "json_schema":
+        return text
+    json_schema = response_format.get("json_schema") or {}
+    if not isinstance(json_schema, Mapping):
+        raise ValueError(f"response_format.json_schema must be an object, not {_type_name(json_schema)}")
+    schema = json_schema.get("schema")
+    if schema is not None:
+        text += f"\n{_SCHEMA_INTRO}```json\n{_compact_json(schema, 'response_format schema')}\n```"
     return text
 
 

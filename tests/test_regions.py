@@ -8,7 +8,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from serve.regions import CLOSE, END_OF_MSG, OPEN, SEP, Delta, Markers, Reply, ReplyParser, default_call_id
+from serve.regions import (CLOSE, END_OF_MSG, MAX_HEADER_CHARS, OPEN, SEP, Delta, Markers, Reply, ReplyParser,
+                           default_call_id)
 from serve.xtml import build_chat_segments
 
 MARKERS = Markers(open=1, sep=2, close=3, end_of_msg=4)
@@ -390,6 +391,30 @@ def test_reply_cut_mid_typed_argument(value_type, body, expected):
     reply = parse(CLOSE, "think", SEP, OPEN, "tools", SEP, OPEN, 'call tool="f"', SEP,
                   OPEN, f'argument key="k" type="{value_type}"', SEP, body)
     assert arguments(reply) == [{"k": expected}]
+
+
+def test_argument_nested_past_the_json_parsers_depth_is_kept_as_text():
+    # json.loads raises RecursionError here, which is not a ValueError.
+    body = "[" * 5000
+    reply = parse(CLOSE, "think", SEP, OPEN, "tools", SEP, OPEN, 'call tool="f"', SEP,
+                  OPEN, 'argument key="k" type="array"', SEP, body, CLOSE, "argument", SEP)
+    assert arguments(reply) == [{"k": body}]
+
+
+@pytest.mark.parametrize("stray", [OPEN, CLOSE])
+def test_stray_marker_before_a_long_answer_does_not_swallow_it(stray):
+    prose = "The markup uses angle brackets. " * 100   # far longer than any header
+    assert len(prose) > MAX_HEADER_CHARS
+    reply = parse(CLOSE, "think", SEP, OPEN, "response", SEP, "Sure. ", stray, prose,
+                  CLOSE, "response", SEP, END_OF_MSG)
+    assert reply.content == "Sure. " + prose and reply.ended
+
+
+def test_header_up_to_the_limit_still_counts():
+    key = "k" * (MAX_HEADER_CHARS - len('argument key="" type="string"'))
+    reply = parse(CLOSE, "think", SEP, OPEN, "tools", SEP, OPEN, 'call tool="f"', SEP,
+                  OPEN, f'argument key="{key}" type="string"', SEP, "v", CLOSE, "argument", SEP)
+    assert arguments(reply) == [{key: "v"}]
 
 
 def test_reply_cut_right_after_call_header_gives_empty_object():

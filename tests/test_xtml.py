@@ -78,9 +78,21 @@ def test_tool_results_are_resorted_to_call_order() -> None:
         {"role": "tool", "tool": "preferred", "name": "fallback", "content": "W"},
     ]
     assert _tool_results(build_chat_segments(messages)) == [
-        ("first", "1", "A"), ("third", "3", "C"),
-        ("stray", "2", "Z"), ("other", "4", "Y"), ("", "5", "N"), ("preferred", "6", "W"),
+        ("first", "1", "A"), ("third", "2", "C"),
+        ("stray", "3", "Z"), ("other", "4", "Y"), ("", "5", "N"), ("preferred", "6", "W"),
     ]
+
+
+def test_tool_results_are_numbered_by_place_after_the_resort() -> None:
+    # The release numbers results by position (its own tool messages carry no
+    # tool_call_id to number them by), so an unmatched result must not repeat
+    # the index of the call matched after it.
+    messages = [
+        {"role": "assistant", "tool_calls": [_call("a", "first", "{}"), _call("b", "second", "{}")]},
+        {"role": "tool", "tool_call_id": "elsewhere", "tool": "stray", "content": "Z"},
+        {"role": "tool", "tool_call_id": "b", "content": "B"},
+    ]
+    assert _tool_results(build_chat_segments(messages)) == [("second", "1", "B"), ("stray", "2", "Z")]
 
 
 def test_tool_results_after_a_plain_turn_match_nothing() -> None:
@@ -217,6 +229,65 @@ def test_other_unsupported_requests_raise(kwargs: dict) -> None:
     kwargs.setdefault("messages", [{"role": "user", "content": "go"}])
     with pytest.raises(ValueError):
         build_chat_segments(**kwargs)
+
+
+@pytest.mark.parametrize("messages, field", [
+    ("hello", "messages must be a list"),
+    (["hello"], "messages[0] must be an object, not str"),
+    ([{"role": "user", "content": 5}], "messages[0].content must be a string or a list"),
+    ([{"role": "user", "content": {"type": "text"}}], "messages[0].content must be"),
+    ([{"role": "user", "content": ["hi"]}], "messages[0].content[0] must be an object"),
+    ([{"role": "user", "content": [{"type": "text", "text": 5}]}], "messages[0].content[0].text"),
+    ([{"role": "assistant", "content": "x", "reasoning_content": 5}], "messages[0].reasoning_content"),
+    ([{"role": "assistant", "tool_calls": {"id": "a"}}], "messages[0].tool_calls must be a list"),
+    ([{"role": "assistant", "tool_calls": ["f"]}], "messages[0].tool_calls[0] must be an object"),
+    ([{"role": "assistant", "tool_calls": [{"function": "f"}]}], "messages[0].tool_calls[0].function"),
+    ([{"role": "assistant", "tool_calls": [{"function": {"name": 5}}]}],
+     "messages[0].tool_calls[0].function.name"),
+    ([{"role": "assistant", "tool_calls": [{"id": ["a"], "function": {"name": "f"}}]}],
+     "messages[0].tool_calls[0].id"),
+    ([{"role": "user", "content": "go"}, {"role": "tool", "tool": 5, "content": "r"}], "messages[1].tool "),
+    ([{"role": "tool", "name": 5, "content": "r"}], "messages[0].name"),
+    ([{"role": "tool", "tool_call_id": ["a"], "content": "r"}], "messages[0].tool_call_id"),
+    ([{"role": "assistant", "tool_calls": [_call("a", "f", {"k": [{1}]})]}], "tool argument is not JSON"),
+    ([{"role": "assistant", "tool_calls": [_call("a", "f", "[" * 100000 + "]" * 100000)]}],
+     "tool call arguments are nested too deeply"),
+])
+def test_malformed_messages_raise_value_error_naming_the_field(messages: object, field: str) -> None:
+    # These crashed with AttributeError/TypeError (a 500 over HTTP), or put a
+    # non-string segment in front of the tokenizer.
+    with pytest.raises(ValueError) as raised:
+        build_chat_segments(messages)
+    assert field in str(raised.value)
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"tool_choice": ["required"]}, "tool_choice"),
+    ({"response_format": "json_object"}, "response_format must be an object"),
+    ({"response_format": {"type": "json_schema", "json_schema": "s"}}, "response_format.json_schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"a": {1}}}}}, "schema is not JSON"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "x": {1}}}]}, "tools is not JSON"),
+    ({"image_prompts": [5]}, "image_prompts"),
+])
+def test_malformed_options_raise_value_error_naming_them(kwargs: dict, field: str) -> None:
+    with pytest.raises(ValueError) as raised:
+        build_chat_segments([{"role": "user", "content": "go"}], **kwargs)
+    assert field in str(raised.value)
+
+
+def test_argument_values_nested_too_deeply_raise_value_error() -> None:
+    value: list = []
+    for _ in range(100000):
+        value = [value]
+    messages = [{"role": "assistant", "tool_calls": [_call("a", "f", {"k": value})]}]
+    with pytest.raises(ValueError, match="tool argument is nested too deeply"):
+        build_chat_segments(messages)
+
+
+def test_fields_a_role_does_not_render_are_not_checked() -> None:
+    # OpenAI's participant `name` on a user turn is not part of K3's prompt.
+    messages = [{"role": "user", "content": "hi", "name": 5, "reasoning_content": 6}]
+    assert build_chat_segments(messages) == build_chat_segments([{"role": "user", "content": "hi"}])
 
 
 # --- properties ---------------------------------------------------------------
