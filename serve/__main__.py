@@ -41,6 +41,13 @@ def non_negative(text: str) -> int:
     return value
 
 
+def port(text: str) -> int:
+    value = non_negative(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"not a port: {text!r} (0 to 65535)")
+    return value
+
+
 def positive(text: str) -> int:
     value = non_negative(text)
     if value == 0:
@@ -59,7 +66,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                                 description="OpenAI-compatible server for a libwaste model.")
     p.add_argument("model", help="container directory (e.g. ~/models/k3.waste)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=non_negative, default=8000, help="port (default 8000; 0 = any free)")
+    p.add_argument("--port", type=port, default=8000, help="port (default 8000; 0 = any free)")
     p.add_argument("--model-id", help="id reported to clients (default: the directory name)")
     p.add_argument("--api-key", default=os.environ.get("WASTE_API_KEY"),
                    help="require Authorization: Bearer KEY (default $WASTE_API_KEY)")
@@ -78,7 +85,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--allow-local-images", action="store_true",
                    help="let clients name image files on this machine")
     p.add_argument("--plan", action="store_true", help="print the memory plan and exit")
-    p.add_argument("--lib", default=os.environ.get("WASTE_LIB"), help="libwaste path (default $WASTE_LIB)")
+    # No default here: load_library tries $WASTE_LIB itself, after --lib.
+    p.add_argument("--lib", help="libwaste path (default $WASTE_LIB, then ./libwaste.so)")
     p.add_argument("--exclusive-open", action="store_true", help="refuse a container another process owns")
     p.add_argument("--prefix-cache", type=parse_size, default=None, metavar="SIZE",
                    help="disk for prefix snapshots, e.g. 8G (default: a quarter of the free "
@@ -163,7 +171,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.plan:
         try:
             plan = lib.plan_memory(args.model, args.ctx)
-        except WasteError as e:
+        except (WasteError, ValueError) as e:
             return fail(str(e))
         print(f"memory plan for {args.model} (ctx {args.ctx or 'default'}):\n{describe_plan(plan)}")
         return 0

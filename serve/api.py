@@ -12,10 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 MAX_STOP_STRINGS = 4
+MAX_TOP_K = (1 << 31) - 1  # the engine's top_k is a C int; no vocabulary comes near it
 THINKING_ON_EFFORTS = ("low", "high", "max")
 THINKING_OFF_EFFORTS = ("none", "minimal", "off")
 MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool")
 IMAGE_PART = "image_url"
+# Per role, the message fields besides content that reach the prompt as text.
+STRING_FIELDS = {"assistant": ("reasoning_content",), "tool": ("tool_call_id", "name", "tool")}
 
 
 class ApiError(Exception):
@@ -81,7 +84,8 @@ def _is_int(value: Any) -> bool:
 
 
 def _is_number(value: Any) -> bool:
-    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
+    # An int is always finite; asking math.isfinite would overflow on a huge one.
+    return _is_int(value) or (isinstance(value, float) and math.isfinite(value))
 
 
 def _parse_sampling(body: dict) -> Sampling:
@@ -98,8 +102,8 @@ def _parse_sampling(body: dict) -> Sampling:
         s.top_p = float(p)
     if body.get("top_k") is not None:
         k = body["top_k"]
-        if not _is_int(k) or k < 0:
-            raise invalid("top_k", "top_k must be an integer >= 0")
+        if not _is_int(k) or not 0 <= k <= MAX_TOP_K:
+            raise invalid("top_k", f"top_k must be an integer from 0 to {MAX_TOP_K}")
         s.top_k = k
     if body.get("seed") is not None:
         seed = body["seed"]
@@ -223,8 +227,9 @@ def _parse_messages(messages: Any) -> list[dict]:
         if has_calls:
             _parse_tool_calls(message["tool_calls"], f"{where}.tool_calls")
         _parse_content(message.get("content"), f"{where}.content", allow_null=has_calls)
-        if role == "tool" and not isinstance(message.get("tool_call_id", ""), str):
-            raise invalid(f"{where}.tool_call_id", "tool_call_id must be a string")
+        for key in STRING_FIELDS.get(role, ()):
+            if message.get(key) is not None and not isinstance(message[key], str):
+                raise invalid(f"{where}.{key}", f"{key} must be a string")
         # developer is OpenAI's newer name for the system role.
         normalized.append(dict(message, role="system") if role == "developer" else message)
     return normalized

@@ -35,6 +35,10 @@ class WasteError(Exception):
         super().__init__(f"{call}: {name}: {message}" + (f" ({detail})" if detail else ""))
 
 
+class UnencodableText(ValueError):
+    """Text a `const char *` cannot carry: a NUL character, or a lone surrogate (not UTF-8)."""
+
+
 class LibraryNotFound(Exception):
     """No usable libwaste: names every path tried and why each failed."""
 
@@ -289,10 +293,20 @@ def _text(raw: Optional[bytes]) -> Optional[str]:
 
 def _c_text(text: str) -> bytes:
     """UTF-8 for a `const char *`; a NUL would silently cut the string short."""
-    data = text.encode("utf-8")
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError:  # JSON's "\ud800" decodes to a str no encoder accepts
+        raise UnencodableText("text contains a lone surrogate, which is not UTF-8") from None
     if b"\0" in data:
-        raise ValueError("text contains a NUL character, which a C string cannot carry")
+        raise UnencodableText("text contains a NUL character, which a C string cannot carry")
     return data
+
+
+def _c_int(value: int, ctype: type, name: str) -> int:
+    """`value`, checked to fit `ctype`: ctypes would silently wrap it (2**32 + 1 -> 1)."""
+    if ctype(value).value != value:
+        raise ValueError(f"{name} {value} does not fit the engine's {ctype.__name__}")
+    return value
 
 
 def _int_array(values: Sequence[int], size: Optional[int] = None) -> ctypes.Array:
@@ -425,7 +439,8 @@ class Library:
 
     def plan_memory(self, model_path: str | os.PathLike, ctx: int = 0) -> MemPlan:
         plan = MemPlanStruct()
-        self.check(self.dll.waste_plan_memory(os.fsencode(model_path), ctx, ctypes.byref(plan)),
+        self.check(self.dll.waste_plan_memory(os.fsencode(model_path), _c_int(ctx, _u32, "ctx"),
+                                              ctypes.byref(plan)),
                    "waste_plan_memory")
         return _from_struct(MemPlan, plan)
 
@@ -480,9 +495,9 @@ class Engine:
             raise ValueError(f"cache_policy must be one of {sorted(CACHE_POLICIES)}")
         c = CfgStruct()
         self._dll.waste_cfg_init(ctypes.byref(c))
-        c.ram_budget_bytes = cfg.budget
-        c.ctx_tokens = cfg.ctx
-        c.n_threads = cfg.threads
+        c.ram_budget_bytes = _c_int(cfg.budget, _u64, "budget")
+        c.ctx_tokens = _c_int(cfg.ctx, _u32, "ctx")
+        c.n_threads = _c_int(cfg.threads, _int, "threads")
         c.cpu_list = _c_text(cfg.cpus) if cfg.cpus is not None else None
         c.cache_policy = CACHE_POLICIES[cfg.cache_policy]
         c.use_direct_io = int(cfg.direct_io)
@@ -601,9 +616,9 @@ class Engine:
         self._dll.waste_gen_params_init(ctypes.byref(c_params))
         c_params.temperature = params.temperature
         c_params.top_p = params.top_p
-        c_params.top_k = params.top_k
-        c_params.seed = params.seed
-        c_params.max_tokens = params.max_tokens
+        c_params.top_k = _c_int(params.top_k, _int, "top_k")
+        c_params.seed = _c_int(params.seed, _u64, "seed")
+        c_params.max_tokens = _c_int(params.max_tokens, _u32, "max_tokens")
         stops = _int_array(params.stop_tokens)
         c_params.stop_tokens = stops
         c_params.n_stop = len(params.stop_tokens)

@@ -54,5 +54,8 @@ def prefill(engine, tokens: Sequence[int], upto: int, *, cache: Optional[PrefixC
             if progress is not None:
                 progress(pos, len(tokens))
         if cache is not None and target in marks:
-            cache.store(tokens[:pos], engine.save_state)
+            try:
+                cache.store(tokens[:pos], engine.save_state)
+            except (WasteError, OSError):
+                pass  # a snapshot only spares later requests work; this one goes on without it
     return cached

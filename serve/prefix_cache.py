@@ -83,8 +83,9 @@ class PrefixCache:
     def store(self, tokens: Sequence[int], save: Callable[[str], None]) -> Optional[Snapshot]:
         """Snapshot the engine's current state, which holds exactly `tokens`.
 
-        `save(path)` writes the state (Engine.save_state).  A snapshot larger
-        than the whole cache is not kept.  Returns the new entry, or None.
+        `save(path)` writes the state (Engine.save_state); what it raises is
+        raised here, with nothing left on disk.  A snapshot larger than the
+        whole cache is not kept.  Returns the new entry, or None.
         """
         key = _key(tokens)
         with self._lock:
@@ -92,8 +93,12 @@ class PrefixCache:
                 self._entries.move_to_end(key)
                 return self._entries[key]
         path = os.path.join(self.directory, key + ".state")
-        save(path)
-        size = os.path.getsize(path)
+        try:
+            save(path)
+            size = os.path.getsize(path)
+        except BaseException:
+            _unlink(path)  # a half-written snapshot is no entry, and would hold disk until exit
+            raise
         if size > self.capacity_bytes:
             _unlink(path)
             return None

@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 from . import api
 from .api import ApiError, ChatRequest, CompletionRequest, Sampling, Usage, invalid
 from .chatfmt import ChatFormatError, NoChatFormat
-from .engine import GenParams, GenResult, Stats, TokenInfo, WasteError
+from .engine import GenParams, GenResult, Stats, TokenInfo, UnencodableText, WasteError
 from .images import StagedImages, image_parts, image_prompt, measure
 from .prefill import DEFAULT_CHUNK, PrefillCancelled, prefill
 from .prefix_cache import PrefixCache
@@ -128,8 +128,7 @@ class Service:
         images = image_parts(req.messages)
         self._check_images(images)
         with self.engine.lock:
-            self.engine.reset()
-            self.engine.image_clear()  # nothing queued by an earlier, failed request may leak in
+            self._start_empty()
             with StagedImages(self.options.allow_local_images) as staged:
                 paths = [staged.stage(url, param) for param, url in images]
                 prompts = [image_prompt(*measure(self.library.image_dimensions, path, param))
@@ -137,7 +136,10 @@ class Service:
                 # The conversation and the generation prompt are tokenized apart (as
                 # segments always are) so that the end of the conversation, which the
                 # next turn's prompt will repeat, is a known position worth a snapshot.
-                history = self.engine.tokenize_segments(self._render(req, thinking, prompts))
+                try:
+                    history = self.engine.tokenize_segments(self._render(req, thinking, prompts))
+                except UnencodableText as e:
+                    raise invalid("messages", f"a message cannot be tokenized: {e}") from None
                 ids = history + self.engine.tokenize_segments(
                     self.chat_format.generation_prompt(thinking))
                 for path, (param, _) in zip(paths, images):
@@ -181,6 +183,8 @@ class Service:
             raise invalid(e.field or "messages", str(e), code="unsupported_by_chat_format") from None
         except ValueError as e:
             raise invalid("messages", str(e)) from None
+        except RecursionError:  # e.g. tool-call arguments nested deeper than json.loads goes
+            raise invalid("messages", "a message is nested too deeply to render") from None
 
     def _generate_chat(self, req: ChatRequest, prompt: "_Prompt", thinking: bool,
                        sink: ReplySink) -> ChatReply:
@@ -223,9 +227,12 @@ class Service:
 
     def complete(self, req: CompletionRequest, sink: ReplySink) -> CompletionReply:
         with self.engine.lock:
-            self.engine.reset()
+            self._start_empty()
             # The engine knows whether its container has a BOS to add.
-            ids = self.engine.tokenize(req.prompt, markup=False, add_bos=True)
+            try:
+                ids = self.engine.tokenize(req.prompt, markup=False, add_bos=True)
+            except UnencodableText as e:
+                raise invalid("prompt", f"the prompt cannot be tokenized: {e}") from None
             if not ids:
                 raise invalid("prompt", "prompt is empty")
             return self._generate_text(req, ids, sink)
@@ -255,6 +262,12 @@ class Service:
                                run.client_gone)
 
     # -- shared ---------------------------------------------------------------
+
+    def _start_empty(self) -> None:
+        """An empty conversation and image queue: nothing an earlier request left,
+        failed or not, may reach this one (the ABI does not say reset drops the queue)."""
+        self.engine.reset()
+        self.engine.image_clear()
 
     def _run(self, prompt: "_Prompt", sampling: Sampling, stop_tokens, sink: ReplySink,
              on_piece) -> tuple[_Run, GenResult, float]:

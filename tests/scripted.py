@@ -99,6 +99,10 @@ class ScriptedEngine:
         self.resets = 0
         self.state: list[int] = []        # prompt ids evaluated (or restored) since the last reset
         self.images_added: list[str] = []
+        # The image queue as the ABI describes it: consumed by the next eval or generate,
+        # and not (the ABI does not say so) dropped by reset.
+        self.queued: list[str] = []
+        self.images_consumed: list[list[str]] = []  # what each eval or generate took
         self.active = 0
         self.max_active = 0
         # Called before each token with its index; a test can block here to pace generation.
@@ -152,6 +156,7 @@ class ScriptedEngine:
         with open(path, "rb"):
             pass  # the file must still exist when the engine encodes it
         self.images_added.append(path)
+        self.queued.append(path)
         self.calls.append("image_add")
         return IMAGE_POSITIONS
 
@@ -160,7 +165,12 @@ class ScriptedEngine:
         return [x for i in ids for x in ([i] * IMAGE_POSITIONS if i == pad else [i])]
 
     def image_clear(self) -> None:
+        self.queued = []
         self.calls.append("image_clear")
+
+    def _consume_images(self) -> None:
+        self.images_consumed.append(self.queued)
+        self.queued = []
 
     # -- generation -----------------------------------------------------------
 
@@ -173,6 +183,7 @@ class ScriptedEngine:
             self.before_eval(len(self.evals))
         self.evals.append(len(tokens))
         self.calls.append("eval")
+        self._consume_images()
         self.state.extend(tokens)
         return []
 
@@ -188,6 +199,7 @@ class ScriptedEngine:
     def generate(self, prompt: Sequence[int], params: GenParams,
                  on_token: Callable[[TokenInfo, bytes], Optional[bool]]) -> GenResult:
         self.calls.append("generate")
+        self._consume_images()
         self.active += 1
         self.max_active = max(self.max_active, self.active)
         try:

@@ -127,6 +127,17 @@ def test_injection_is_tokenized_as_text(k3, k3_service):
     assert injected - base == len(as_text) - len(one_x)
 
 
+@pytest.mark.parametrize("text", ["a\u0000b", "a\ud800b"])  # a NUL; a lone surrogate, not UTF-8
+def test_text_a_c_string_cannot_carry_is_a_400(k3, text):
+    # JSON carries both; the engine's const char * tokenizer takes neither.
+    for stream in (False, True):
+        chat_body = {"messages": [{"role": "user", "content": text}], "stream": stream}
+        assert_error(call(k3.port, "POST", CHAT, chat_body), 400, param="messages")
+        assert_error(call(k3.port, "POST", "/v1/completions", {"prompt": text, "stream": stream}),
+                     400, param="prompt")
+    assert chat(k3.port)["choices"][0]["message"]
+
+
 def test_disconnect_mid_stream_then_next_request(lib_path, k3_container):
     long = {"messages": USER, "max_tokens": 3000, **GREEDY}
     with real_service(lib_path, k3_container) as service, serving(service) as srv:
@@ -214,7 +225,8 @@ def test_plan_prints_and_exits(lib_path, k3_container):
 
 
 @pytest.mark.parametrize("args", [["--bogus"], ["--budget", "lots"], ["--port", "x"],
-                                  ["--cache", "fifo"], ["--max-tokens", "0"]])
+                                  ["--cache", "fifo"], ["--max-tokens", "0"],
+                                  ["--port", "70000"], ["--ctx", str(2 ** 32 + 1)]])
 def test_bad_flags_are_one_line(lib_path, k3_container, args):
     done = run_cli(str(k3_container), *args, lib_path=lib_path)
     assert done.returncode != 0 and done.stdout == ""
@@ -234,6 +246,10 @@ def test_unopenable_model_and_library(lib_path, tmp_path):
     # A --lib that cannot be loaded is named in a warning before the one error line.
     warning, error = no_lib.stderr.strip().splitlines()
     assert "warning" in warning and "nolib.so" in warning and "cannot open" in error
+    # A $WASTE_LIB that cannot be loaded is named once, as what it is.
+    env_lib = run_cli(str(broken), lib_path=tmp_path / "envlib.so")
+    warning, error = env_lib.stderr.strip().splitlines()
+    assert "envlib.so ($WASTE_LIB)" in warning and "cannot open" in error
 
 
 @contextmanager

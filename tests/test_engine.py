@@ -206,6 +206,18 @@ def test_bad_cache_policy_is_a_value_error(lib, k3_container):
         Engine(lib, k3_container, EngineConfig(cache_policy="fifo"))
 
 
+def test_integers_that_do_not_fit_their_c_type_are_refused(lib, fresh, k3_container):
+    # ctypes would silently wrap them: ctx 2**32 + 1 would open a context of 1.
+    for cfg in (EngineConfig(ctx=2 ** 32 + 1), EngineConfig(threads=2 ** 31),
+                EngineConfig(budget=2 ** 64)):
+        with pytest.raises(ValueError, match="does not fit"):
+            Engine(lib, k3_container, cfg)
+    with pytest.raises(ValueError, match="does not fit"):
+        lib.plan_memory(k3_container, 2 ** 32 + 1)
+    with pytest.raises(ValueError, match="does not fit"):
+        greedy(fresh, fresh.tokenize(PROMPT_TEXT), top_k=2 ** 31)
+
+
 def test_model_info_and_specials_come_from_the_container(engine, k3_container):
     shape = manifest(k3_container)
     assert (engine.info.n_layers, engine.info.n_experts, engine.info.top_k, engine.info.hidden) == \
@@ -269,8 +281,9 @@ def test_unknown_ids_and_nul_characters_are_refused(engine):
     with pytest.raises(WasteError) as caught:
         engine.detokenize([10 ** 6])
     assert caught.value.name == "WASTE_E_ARG" and caught.value.call == "waste_detokenize"
-    with pytest.raises(ValueError):
-        engine.tokenize("a\0b")
+    for unencodable in ("a\0b", "a\ud800b"):  # a NUL, and a lone surrogate (not UTF-8)
+        with pytest.raises(eng.UnencodableText):
+            engine.tokenize(unencodable)
 
 
 def test_segments_are_encoded_separately(engine):

@@ -82,3 +82,13 @@ def test_storing_the_same_prefix_twice_saves_once(cache):
 def test_capacity_must_be_positive(tmp_path):
     with pytest.raises(ValueError):
         PrefixCache(0, parent_dir=str(tmp_path))
+
+
+def test_a_failed_save_leaves_no_file(cache):
+    def half_written(path: str) -> None:
+        writer(10)(path)
+        raise OSError("disk full")
+
+    with pytest.raises(OSError):
+        cache.store([6, 6], half_written)
+    assert len(cache) == 0 and cache.used_bytes == 0 and os.listdir(cache.directory) == []

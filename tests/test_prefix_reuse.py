@@ -15,6 +15,7 @@ import pytest
 from scripted import (ScriptedEngine, call, data_url, real_service, scripted_service, serving,
                       tiny_png, xtml_answer)
 from serve import xtml
+from serve.engine import WasteError
 from serve.prefix_cache import PrefixCache
 
 CHAT = "/v1/chat/completions"
@@ -211,6 +212,27 @@ def test_an_image_after_a_cached_prefix_still_reaches_the_model(lib_path, k3_vis
         got = ask(srv.port, later)
     assert got["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
     assert got["choices"] == expected["choices"]
+
+
+def test_a_snapshot_that_cannot_be_saved_does_not_fail_the_request(tmp_path):
+    # Snapshots only spare later requests work: a full disk must not cost this answer.
+    engine = ScriptedEngine([xtml_answer("still answered")])
+
+    def save_fails(path: str) -> None:
+        with open(path, "w") as f:
+            f.write("half a snapshot")
+        raise WasteError(-1, "WASTE_E_IO", "I/O error", "no space left on device", "waste_state_save")
+
+    engine.save_state = save_fails
+    cache = PrefixCache(1 << 20, parent_dir=str(tmp_path))
+    try:
+        with serving(scripted_service(engine, thinking=False, prefix_cache=cache)) as srv:
+            resp = call(srv.port, "POST", CHAT, {"messages": [{"role": "user", "content": "hi"}]})
+        assert resp.status == 200, resp.body
+        assert answer(resp.json())["content"] == "still answered"
+        assert len(cache) == 0 and os.listdir(cache.directory) == []
+    finally:
+        cache.close()
 
 
 def test_images_are_queued_after_the_last_prefill_eval(tmp_path):

@@ -162,7 +162,16 @@ def test_unknown_fields_are_ignored(server):
      "messages[0].tool_calls[0]"),
     ({"messages": [{"role": "assistant", "content": None, "tool_calls": "x"}]},
      "messages[0].tool_calls"),
+    ({"messages": [*USER, {"role": "assistant", "content": "x", "reasoning_content": 5}]},
+     "messages[1].reasoning_content"),
+    ({"messages": [{"role": "tool", "tool_call_id": "c", "name": 5, "content": "r"}]},
+     "messages[0].name"),
+    ({"messages": [{"role": "tool", "tool_call_id": "c", "tool": ["f"], "content": "r"}]},
+     "messages[0].tool"),
     ({"temperature": 2.5}, "temperature"),
+    ({"temperature": 10 ** 400}, "temperature"),   # too big for a float: not an overflow
+    ({"top_p": 10 ** 400}, "top_p"),
+    ({"top_k": 2 ** 31}, "top_k"),                 # the engine's top_k is a C int
     ({"temperature": "hot"}, "temperature"),
     ({"top_p": 0}, "top_p"),
     ({"top_p": 1.5}, "top_p"),
@@ -188,6 +197,14 @@ def test_invalid_fields_are_named(server, engine, fields, param):
     body = {"messages": USER, **fields}
     assert_error(call(server.port, "POST", CHAT, body), 400, param=param)
     assert engine.prompts == []  # refused before anything ran
+
+
+def test_tool_call_arguments_nested_too_deeply_are_a_400(server, engine):
+    call_ = {"id": "c1", "type": "function",
+             "function": {"name": "f", "arguments": "[" * 100000 + "]" * 100000}}
+    body = {"messages": [*USER, {"role": "assistant", "content": None, "tool_calls": [call_]}]}
+    assert_error(call(server.port, "POST", CHAT, body), 400, param="messages")
+    assert engine.prompts == []
 
 
 def test_developer_role_is_system(server, engine):
@@ -437,6 +454,29 @@ def test_body_shorter_than_declared(engine):
     assert engine.prompts == []
 
 
+@pytest.mark.parametrize("lengths", [["+14"], ["1_4"], ["14", "14"], ["14", "99"]])
+def test_content_length_is_one_plain_number(server, engine, lengths):
+    # int() would read "+14" and "1_4" as 14; a proxy in front may not, and would
+    # then see the request end somewhere else than this server does.
+    head = "".join(f"Content-Length: {n}\r\n" for n in lengths)
+    body = b'{"prompt":"y"}'
+    assert len(body) == 14
+    raw = raw_exchange(server.port, f"POST /v1/completions HTTP/1.1\r\nHost: x\r\n{head}\r\n"
+                       .encode() + body)
+    assert status_of(raw) == 400 and b"Content-Length" in raw
+    assert engine.prompts == []
+    assert call(server.port, "GET", "/health").status == 200
+
+
+@pytest.mark.parametrize("version,header", [("HTTP/1.0", ""), ("HTTP/1.1", "Connection: close\r\n")])
+def test_a_client_that_asks_for_close_gets_it_after_a_body(server, version, header):
+    # Such a client may read the reply until the connection ends.
+    body = json.dumps({"messages": USER}).encode()
+    raw = raw_exchange(server.port, f"POST {CHAT} {version}\r\n{header}Content-Length: {len(body)}\r\n\r\n"
+                       .encode() + body)
+    assert status_of(raw) == 200 and raw.endswith(b"}")
+
+
 def test_missing_length_and_chunked_bodies(server):
     no_length = raw_exchange(server.port, f"POST {CHAT} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
     assert status_of(no_length) == 411
@@ -547,6 +587,32 @@ def test_disconnect_during_blocking_request_cancels(engine):
     assert engine.results[0].cancelled and engine.results[0].n_tokens == 2
 
 
+@pytest.fixture
+def many_open_files():
+    """Occupy descriptors up to 1100, so the server's next socket is numbered above 1023."""
+    import resource
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[0] < 1200:
+        pytest.skip("needs a descriptor limit of at least 1200")
+    held = []
+    with open(os.devnull) as devnull:
+        while not held or held[-1] < 1100:
+            held.append(os.dup(devnull.fileno()))
+    yield
+    for fd in held:
+        os.close(fd)
+
+
+def test_connections_numbered_above_1023_are_served(engine, many_open_files):
+    # select() cannot watch such a descriptor; the disconnect check must not take
+    # that for a client that has gone away.
+    engine.replies = [xtml_answer("still", " here")]
+    with serving(scripted_service(engine, thinking=False)) as srv:
+        body = call(srv.port, "POST", CHAT, {"messages": USER}).json()
+        events = call(srv.port, "POST", CHAT, {"messages": USER, "stream": True}).events()
+    assert body["choices"][0]["message"]["content"] == "still here"
+    assert events[-2]["choices"][0]["finish_reason"] == "stop"
+
+
 def test_requests_queue_while_health_answers(engine):
     gate, holding = threading.Event(), threading.Event()
 
@@ -626,6 +692,18 @@ def test_local_images_with_the_flag(engine, tmp_path):
         assert call(srv.port, "POST", CHAT, {"messages": image_message(f"file://{local}")}).status == 200
     assert engine.images_added == [str(local), str(local)]
     assert local.exists()  # the client's own file is never removed
+
+
+def test_images_of_a_failed_request_never_reach_the_next(engine):
+    # The ABI does not say that reset drops the image queue: an image queued by a
+    # request that then failed must not be consumed by the next request, of any kind.
+    small = ScriptedEngine([xtml_answer("ok")], ctx_max=60)
+    with serving(scripted_service(small, vision=True)) as srv:
+        assert_error(call(srv.port, "POST", CHAT, {"messages": image_message(data_url(tiny_png()))}),
+                     400, code="context_length_exceeded")
+        assert small.images_added  # it was queued before the prompt was found too long
+        assert call(srv.port, "POST", "/v1/completions", {"prompt": "y"}).status == 200
+    assert small.images_consumed and not any(small.images_consumed)
 
 
 def test_images_need_vision(server):
