@@ -119,7 +119,9 @@ typedef struct {
  * max_tokens 256, no grammar, no stop tokens. */
 WASTE_API void waste_gen_params_init(waste_gen_params *p);
 
-/* Handed to the token callback for every generated token. */
+/* Handed to the token callback for every generated token.  The counters and
+ * times are that token's; the first token's also include evaluating the
+ * prompt passed to this waste_generate (its time to first token). */
 typedef struct {
     uint32_t token_index;    /* 0 for the first generated token */
     int32_t token;

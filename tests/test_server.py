@@ -341,7 +341,7 @@ def test_max_tokens_is_capped_by_the_room_left(engine):
         body = call(srv.port, "POST", CHAT, {"messages": USER, "max_tokens": 1000}).json()
     room = 80 - len(small.prompts[0])
     assert 0 < room < 1000 and small.params[0].max_tokens == room
-    assert body["choices"][0]["finish_reason"] in ("stop", "length")
+    assert body["choices"][0]["finish_reason"] == "stop"   # the two-token answer fits
 
 
 def test_length_when_the_context_fills(engine):
