@@ -17,6 +17,11 @@ import statistics
 from common import DEMO, decode_rate, machine, rate, server, split_cpus, stream_chat
 
 
+def pin(cpus) -> None:
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("container", nargs="?", default=str(DEMO))
@@ -32,11 +37,13 @@ def main() -> None:
     server_cpus, client_cpus = split_cpus()
     with server(args.container, "--ctx", "4096", "--no-prefix-cache", "--threads", str(args.threads),
                 lib=args.lib, cpus=server_cpus) as port:
-        if client_cpus:
-            os.sched_setaffinity(0, client_cpus)   # the bare loop runs here too, on equal cores
         for _ in range(args.runs):
+            # The bare loop runs on the server's cores (virtual cores differ in
+            # speed: the first often takes the interrupts), the client on the others.
+            pin(server_cpus)
             bare.append(decode_rate(args.lib, args.container, body["messages"],
                                     threads=args.threads, max_tokens=args.tokens, ctx=4096)[0])
+            pin(client_cpus)
             streamed.append(rate(stream_chat(port, body, keep_text=False).token_stamps))
     # Each streamed run is paired with the bare run just before it, so that
     # drift in the machine's speed cancels out of the ratio.
@@ -44,7 +51,7 @@ def main() -> None:
     print(f"streaming overhead, {args.tokens} tokens, {args.threads} engine thread(s), "
           f"{args.runs} paired runs — {where}")
     if server_cpus:
-        print(f"server on cpus {sorted(server_cpus)}, client and bare loop on {sorted(client_cpus)}")
+        print(f"server and bare loop on cpus {sorted(server_cpus)}, client on {sorted(client_cpus)}")
     print(f"{'path':<28} {'tok/s (median)':>14}")
     print(f"{'bare waste_generate (ctypes)':<28} {statistics.median(bare):>14.1f}")
     print(f"{'SSE /v1/chat/completions':<28} {statistics.median(streamed):>14.1f}")
