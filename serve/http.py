@@ -135,6 +135,9 @@ class Handler(BaseHTTPRequestHandler):
     def do_PATCH(self) -> None:
         self._dispatch("PATCH")
 
+    def do_OPTIONS(self) -> None:
+        self._dispatch("OPTIONS")
+
     def _dispatch(self, method: str) -> None:
         # For the request's log line; the sinks update them as the reply goes out.
         self._started = time.monotonic()

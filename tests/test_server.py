@@ -56,6 +56,7 @@ def test_unknown_model_path_and_method(server):
     assert_error(call(server.port, "GET", CHAT), 405)
     assert_error(call(server.port, "POST", "/health", b"{}"), 405)
     assert_error(call(server.port, "DELETE", "/v1/models"), 405)
+    assert_error(call(server.port, "OPTIONS", CHAT), 405)
 
 
 def test_each_request_logs_one_line(engine):
