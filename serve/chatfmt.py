@@ -55,9 +55,10 @@ class XtmlFormat:
     supports_tools = True
     supports_reasoning = True
 
-    def __init__(self, markers: Markers, special_ids: frozenset[int]) -> None:
+    def __init__(self, markers: Markers, special_ids: frozenset[int], media_pad: Optional[int]) -> None:
         self.markers = markers
         self.stop_tokens = [markers.end_of_msg]
+        self.media_pad = media_pad  # where an image's positions go; None without one
         self._special_ids = special_ids
 
     @classmethod
@@ -68,7 +69,7 @@ class XtmlFormat:
             raise _Refused(f"no XTML markers: {', '.join(absent)} "
                            f"{'is not a single token' if len(absent) == 1 else 'are not single tokens'}")
         markers = Markers(*(ids[text] for text in XTML_MARKERS))
-        return cls(markers, frozenset(engine.specials.values()))
+        return cls(markers, frozenset(engine.specials.values()), engine.token_id(xtml.MEDIA_PAD))
 
     def render(self, messages: Sequence[Mapping[str, Any]], *, tools=None, tool_choice=None,
                response_format=None, thinking: bool, thinking_effort: Optional[str] = None,

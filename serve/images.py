@@ -19,9 +19,6 @@ from .engine import WasteError
 
 MAX_IMAGE_BYTES = 32 * 1024 * 1024
 DATA_URL = re.compile(r"data:image/(png|jpeg|jpg|gif|webp);base64,(.*)", re.DOTALL | re.IGNORECASE)
-IMAGE_PROMPT = "<|media_begin|>image {w}x{h}<|media_content|><|media_pad|><|media_end|>"
-
-
 def image_parts(messages: list[dict]) -> list[tuple[str, str]]:
     """(param, url) of every image part, in prompt order."""
     found = []
@@ -35,10 +32,6 @@ def image_parts(messages: list[dict]) -> list[tuple[str, str]]:
                 found.append((f"messages[{i}].content[{j}]",
                               image["url"] if isinstance(image, dict) else image))
     return found
-
-
-def image_prompt(width: int, height: int) -> str:
-    return IMAGE_PROMPT.format(w=width, h=height)
 
 
 class StagedImages:

@@ -76,10 +76,6 @@ class PrefixCache:
                 self._entries.move_to_end(best.key)
             return best
 
-    def contains(self, tokens: Sequence[int]) -> bool:
-        with self._lock:
-            return _key(tokens) in self._entries
-
     def store(self, tokens: Sequence[int], save: Callable[[str], None]) -> Optional[Snapshot]:
         """Snapshot the engine's current state, which holds exactly `tokens`.
 

@@ -18,11 +18,11 @@ from . import api
 from .api import ApiError, ChatRequest, CompletionRequest, Sampling, Usage, invalid
 from .chatfmt import ChatFormatError, NoChatFormat
 from .engine import GenParams, GenResult, Stats, TokenInfo, UnencodableText, WasteError
-from .images import StagedImages, image_parts, image_prompt, measure
+from .images import StagedImages, image_parts, measure
 from .prefill import DEFAULT_CHUNK, PrefillCancelled, prefill
 from .prefix_cache import PrefixCache
 from .stops import StopFilter
-from .xtml import MEDIA_PAD
+from .xtml import image_prompt
 
 
 class ReplySink(Protocol):
@@ -151,7 +151,7 @@ class Service:
                 prompt = _Prompt(ids, snapshot_at=[len(history)])
                 if paths:
                     prompt = _Prompt(self.engine.image_expand(ids), snapshot_at=prompt.snapshot_at,
-                                     text_ids=ids, image_start=ids.index(self.engine.token_id(MEDIA_PAD)),
+                                     text_ids=ids, image_start=ids.index(self.chat_format.media_pad),
                                      image_paths=paths)
                 return self._generate_chat(req, prompt, thinking, sink)
 

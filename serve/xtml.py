@@ -68,6 +68,11 @@ def unescape_attr(value: str) -> str:
             .replace("&quot;", '"').replace("&amp;", "&"))
 
 
+def image_prompt(width: int, height: int) -> str:
+    """The media block for one image of the original size width x height."""
+    return f"<|media_begin|>image {width}x{height}<|media_content|>{MEDIA_PAD}<|media_end|>"
+
+
 def render_text(segments: Iterable[Segment]) -> str:
     """The prompt as one string, for logs and tests. Never tokenize this."""
     return "".join(segment.text for segment in segments)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from serve.xtml import (IMAGE_PLACEHOLDER, MARKUP_TOKENS, Segment, build_chat_segments,
-                        escape_attr, render_text, unescape_attr)
+                        escape_attr, image_prompt, render_text, unescape_attr)
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "xtml_vectors.json"
@@ -388,3 +388,9 @@ def test_rendering_composes_per_message(messages: list[dict]) -> None:
     parts = "".join(render_text(build_chat_segments([m], add_generation_prompt=False))
                     for m in messages)
     assert whole == parts
+
+
+def test_image_prompt_is_the_release_media_block():
+    case = VECTORS["image_part"]["input"]
+    assert image_prompt(640, 480) == case["image_prompts"][0]
+
