@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -73,8 +74,12 @@ def split_cpus() -> tuple[Optional[set[int]], Optional[set[int]]]:
 @contextmanager
 def server(container: Path, *flags: str, lib: Optional[str] = None,
            cpus: Optional[set[int]] = None) -> Iterator[int]:
-    """`python3 -m serve` in its own process on an ephemeral port; yields the port."""
-    args = [sys.executable, "-m", "serve", str(container), "--port", "0", "--quiet", *flags]
+    """`python3 -m serve` in its own process on an ephemeral port; yields the port.
+
+    Each server learns its own expert hotlist, so one run never warms the next."""
+    hotlist = tempfile.TemporaryDirectory(prefix="bench-usage-")
+    args = [sys.executable, "-m", "serve", str(container), "--port", "0", "--quiet",
+            "--usage", os.path.join(hotlist.name, "usage.waste"), *flags]
     if lib:
         args += ["--lib", lib]
     pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
@@ -93,6 +98,7 @@ def server(container: Path, *flags: str, lib: Optional[str] = None,
         proc.terminate()
         proc.wait(timeout=30)
         proc.stdout.close()
+        hotlist.cleanup()
 
 
 @dataclass

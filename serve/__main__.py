@@ -226,6 +226,10 @@ def run_server(lib, engine: Engine, fmt, options: ServiceOptions, args: argparse
         server.serve_forever()
     finally:
         server.server_close()
+    try:
+        engine.save_usage()  # what this run learned warms the expert cache of the next
+    except WasteError as e:
+        print(f"serve: warning: the expert hotlist was not saved: {e}", file=sys.stderr)
     print("serve: stopped", file=sys.stderr)
     return 0
 

@@ -291,9 +291,11 @@ def two_turns(port: int, headers: Optional[dict] = None) -> dict:
                                      "max_tokens": 3, **GREEDY}, headers=headers).json()
 
 
-def test_cli_serves_and_stops_on_sigterm(lib_path, k3_container):
+def test_cli_serves_and_stops_on_sigterm(lib_path, k3_container, tmp_path):
     env = {**os.environ, "WASTE_API_KEY": "from-env"}
-    with cli_server(str(k3_container), "--model-id", "demo", "--lib", str(lib_path), env=env) as (
+    usage = tmp_path / "usage.waste"
+    with cli_server(str(k3_container), "--model-id", "demo", "--lib", str(lib_path),
+                    "--usage", str(usage), env=env) as (
             proc, port, banner):
         text = "\n".join(banner)
         assert "libwaste" in text and "xtml" in text and "thinking on" in text
@@ -307,22 +309,35 @@ def test_cli_serves_and_stops_on_sigterm(lib_path, k3_container):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
         assert not os.path.exists(snapshots)   # the private snapshot directory leaves with the server
+        assert usage.stat().st_size > 0         # and the learned expert hotlist is kept for next time
 
 
-def test_no_prefix_cache_prefills_every_turn(lib_path, k3_container):
-    with cli_server(str(k3_container), "--lib", str(lib_path), "--no-prefix-cache") as (_, port, banner):
+def test_no_prefix_cache_prefills_every_turn(lib_path, k3_container, tmp_path):
+    with cli_server(str(k3_container), "--lib", str(lib_path), "--no-prefix-cache",
+                    "--usage", str(tmp_path / "usage.waste")) as (_, port, banner):
         assert "prefix   off" in banner
         assert two_turns(port)["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     done = run_cli(str(k3_container), "--prefix-cache", "lots", lib_path=lib_path)
     assert done.returncode == 2 and "not a size" in done.stderr
 
 
-def test_default_model_id_and_exposed_warning(lib_path, k3_container):
+def test_default_model_id_and_exposed_warning(lib_path, k3_container, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "WASTE_API_KEY"}
-    with cli_server(str(k3_container), "--lib", str(lib_path), host="0.0.0.0", env=env) as (
+    with cli_server(str(k3_container), "--lib", str(lib_path), "--usage", str(tmp_path / "u.waste"),
+                    host="0.0.0.0", env=env) as (
             proc, port, banner):
         warning = proc.stdout.readline()
         assert "WARNING" in warning and "api-key" in warning
         assert call(port, "GET", "/v1/models").json()["data"][0]["id"] == "k3"
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=20) == 0
+
+
+def test_an_unsavable_hotlist_is_a_warning_not_a_failure(lib_path, k3_container, tmp_path):
+    usage = tmp_path / "occupied"
+    (usage / "inside").mkdir(parents=True)   # a directory: the hotlist cannot replace it
+    with cli_server(str(k3_container), "--lib", str(lib_path), "--usage", str(usage)) as (proc, _, _):
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+        assert "hotlist was not saved" in proc.stderr.read()
+
