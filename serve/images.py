@@ -19,6 +19,8 @@ from .engine import WasteError
 
 MAX_IMAGE_BYTES = 32 * 1024 * 1024
 DATA_URL = re.compile(r"data:image/(png|jpeg|jpg|gif|webp);base64,(.*)", re.DOTALL | re.IGNORECASE)
+
+
 def image_parts(messages: list[dict]) -> list[tuple[str, str]]:
     """(param, url) of every image part, in prompt order."""
     found = []
