@@ -69,8 +69,8 @@ def test_each_request_logs_one_line(engine):
         while len(lines) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
     # Each handler thread logs after replying, so the two lines may land in either order.
-    health, chat = sorted(lines, key=lambda line: "POST" in line)
     assert len(lines) == 2
+    health, chat = sorted(lines, key=lambda line: "POST" in line)
     assert "GET /health 200" in health
     assert "POST /v1/chat/completions 200" in chat and "tokens=" in chat
 
