@@ -154,8 +154,11 @@ def _parse_stream(body: dict) -> tuple[bool, bool]:
     return stream, include_usage
 
 
-def parse_reasoning_effort(value: Any) -> tuple[Optional[bool], Optional[str]]:
-    """Maps reasoning_effort to (thinking, thinking_effort); (None, None) when absent."""
+def parse_reasoning_effort(value: Any, param: str = "reasoning_effort"
+                           ) -> tuple[Optional[bool], Optional[str]]:
+    """Maps reasoning_effort to (thinking, thinking_effort); (None, None) when absent.
+
+    `param` names the field in the dialect the value came from."""
     if value is None:
         return None, None
     if value in THINKING_ON_EFFORTS:
@@ -163,11 +166,10 @@ def parse_reasoning_effort(value: Any) -> tuple[Optional[bool], Optional[str]]:
     if value in THINKING_OFF_EFFORTS:
         return False, None
     if value == "medium":
-        raise invalid("reasoning_effort",
-                      "reasoning_effort 'medium' is not supported: K3's prompt encoder accepts only "
+        raise invalid(param,
+                      f"{param} 'medium' is not supported: K3's prompt encoder accepts only "
                       "low, high or max (or none/minimal/off to turn thinking off)")
-    raise invalid("reasoning_effort",
-                  "reasoning_effort must be one of low, high, max, none, minimal, off")
+    raise invalid(param, f"{param} must be one of low, high, max, none, minimal, off")
 
 
 def _parse_content(content: Any, param: str, allow_null: bool) -> None:

@@ -17,7 +17,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Optional
 
-from . import api
+from . import anthropic, api, responses
 from .api import ApiError
 from .service import Service
 
@@ -25,8 +25,12 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 MAX_JSON_DEPTH = 64
 SEND_GAP = 0.01  # seconds between two sends of one stream, at most (see _SocketWriter)
 MODELS_PREFIX = "/v1/models/"
+RESPONSES_PREFIX = "/v1/responses/"
+MESSAGES = "/v1/messages"
 ROUTES = {"/health": "GET", "/v1/models": "GET",
-          "/v1/chat/completions": "POST", "/v1/completions": "POST"}
+          "/v1/chat/completions": "POST", "/v1/completions": "POST",
+          MESSAGES: "POST", MESSAGES + "/count_tokens": "POST", "/v1/responses": "POST"}
+PREFIX_ROUTES = {MODELS_PREFIX: "GET", RESPONSES_PREFIX: "GET, DELETE"}
 
 
 class Server(ThreadingHTTPServer):
@@ -39,6 +43,7 @@ class Server(ThreadingHTTPServer):
         self.api_key = api_key
         self.log = log
         self.socket_timeout = socket_timeout  # bounds a client that declares more body than it sends
+        self.responses = responses.ResponseStore()
         super().__init__(address, Handler)
 
     @property
@@ -89,6 +94,11 @@ def sse_event(payload: Any) -> bytes:
 
 
 SSE_DONE = b"data: [DONE]\n\n"
+
+
+def sse_named_event(payload: dict) -> bytes:
+    """An event of the Anthropic and Responses streams: its `type` is the SSE event name."""
+    return b"event: " + payload["type"].encode() + b"\n" + sse_event(payload)
 _HOLE = {"\u0000hole": 0}
 
 
@@ -144,22 +154,25 @@ class Handler(BaseHTTPRequestHandler):
         self.status = 0
         self.tokens = 0
         path = self.path.split("?", 1)[0]
+        # Anthropic's clients read errors in Anthropic's shape; every other path is OpenAI's.
+        shape = anthropic.error_body if path.startswith(MESSAGES) else ApiError.body
         try:
             self._route(method, path)
         except ApiError as e:
-            self._send_json(e.status, e.body())
+            self._send_json(e.status, shape(e))
         except Exception as e:  # anything unexpected is the server's fault, and must not kill it
-            self._send_json(500, api.error_body(f"internal error: {e}", "server_error"))
+            self._send_json(500, shape(ApiError(500, f"internal error: {e}", kind="server_error")))
         finally:
             self._log(method, path)
 
     def _route(self, method: str, path: str) -> None:
-        allowed = "GET" if path.startswith(MODELS_PREFIX) else ROUTES.get(path)
+        allowed = ROUTES.get(path) or next(
+            (methods for prefix, methods in PREFIX_ROUTES.items() if path.startswith(prefix)), None)
         if allowed is None:
             raise ApiError(404, f"no such endpoint: {path}", code="not_found")
         if path != "/health":
             self._check_auth()
-        if method != allowed:
+        if method not in allowed.split(", "):
             raise ApiError(405, f"{path} accepts {allowed} only", code="method_not_allowed")
         if path == "/health":
             self._send_json(200, {"status": "ok"})
@@ -169,6 +182,16 @@ class Handler(BaseHTTPRequestHandler):
             self._get_model(path[len(MODELS_PREFIX):])
         elif path == "/v1/chat/completions":
             self._chat(api.parse_chat_request(self._read_json()))
+        elif path == MESSAGES:
+            self._dialect(anthropic.Exchange(anthropic.parse_request(self._read_json()),
+                                             self.server.service.options.model_id))
+        elif path == MESSAGES + "/count_tokens":
+            self._count_tokens(anthropic.parse_request(self._read_json(), counting=True))
+        elif path == "/v1/responses":
+            self._dialect(responses.Exchange(self._read_json(), self.server.responses,
+                                             self.server.service.options.model_id))
+        elif path.startswith(RESPONSES_PREFIX):
+            self._stored_response(method, path[len(RESPONSES_PREFIX):])
         else:
             self._complete(api.parse_completion_request(self._read_json()))
 
@@ -177,7 +200,10 @@ class Handler(BaseHTTPRequestHandler):
         if not key:
             return
         given = self.headers.get("Authorization", "").encode()
-        if not hmac.compare_digest(given, f"Bearer {key}".encode()):
+        # Anthropic's clients send the key as x-api-key.
+        anthropic_key = self.headers.get("x-api-key", "").encode()
+        if not (hmac.compare_digest(given, f"Bearer {key}".encode())
+                or hmac.compare_digest(anthropic_key, key.encode())):
             self.close_connection = True  # the body, if any, is left unread
             raise ApiError(401, "missing or wrong API key (send Authorization: Bearer <key>)",
                            code="invalid_api_key")
@@ -267,6 +293,30 @@ class Handler(BaseHTTPRequestHandler):
             stream["usage"] = None
         sink = _StreamSink(self, **stream)
         sink.run(lambda: run(req, sink))
+
+    def _dialect(self, exchange: Any) -> None:
+        """Anthropic Messages and OpenAI Responses: a chat generation, translated by `exchange`."""
+        if exchange.translation.left_out and self.server.log is not None:
+            self.server.log(f"{self.path.split('?', 1)[0]}: tools left out (the server cannot "
+                            f"run them): {', '.join(exchange.translation.left_out)}")
+        _DialectSink(self, exchange).run(
+            lambda sink: self.server.service.chat(exchange.request, sink))
+
+    def _count_tokens(self, translation: Any) -> None:
+        try:
+            count = self.server.service.count_chat(translation.request)
+        except ApiError as e:
+            raise translation.error(e) from None
+        self._send_json(200, {"input_tokens": count})
+
+    def _stored_response(self, method: str, response_id: str) -> None:
+        store = self.server.responses
+        stored = store.get(response_id)
+        if stored is None or (method == "DELETE" and not store.delete(response_id)):
+            raise ApiError(404, f"no stored response with id {response_id!r}",
+                           param="response_id", code="not_found")
+        self._send_json(200, stored.response if method == "GET" else
+                        {"id": response_id, "object": "response.deleted", "deleted": True})
 
     # -- output -------------------------------------------------------------------------
 
@@ -424,3 +474,68 @@ class _StreamSink:
             self._writer.put(sse_event(event))
         self._writer.put(SSE_DONE)
         self._writer.close()
+
+
+class _DialectSink:
+    """Runs one Anthropic or Responses generation: named SSE events, or one body at the end.
+
+    The exchange turns the service's deltas into its dialect's events; a
+    blocking reply feeds it too, so both modes build the same blocks.
+    """
+
+    def __init__(self, handler: Handler, exchange: Any):
+        self._handler = handler
+        self._exchange = exchange
+        self._stream = exchange.request.stream
+        self._writer: Optional[_SocketWriter] = None
+
+    def start(self) -> None:
+        if not self._stream:
+            return
+        h = self._handler
+        h.status = 200
+        h.close_connection = True  # the stream ends when the connection does
+        h.send_response(200)
+        h.send_header("Content-Type", "text/event-stream")
+        h.send_header("Cache-Control", "no-cache")
+        h.send_header("Connection", "close")
+        h.end_headers()
+        self._writer = _SocketWriter(h.wfile)
+        self._writer.start()
+        self._send(self._exchange.opening())
+
+    def emit(self, delta: dict) -> None:
+        self._send(self._exchange.delta(delta))
+
+    def progress(self, done: int, total: int) -> None:
+        if self._writer is not None:
+            self._writer.put(f": prefill {done}/{total}\n\n".encode())
+            self._send(self._exchange.progress())
+
+    def gone(self) -> bool:
+        return (self._writer is not None and self._writer.failed) or self._handler.client_gone()
+
+    def _send(self, events: list[dict]) -> None:
+        if self._writer is not None:
+            self._writer.put(b"".join(sse_named_event(event) for event in events))
+
+    def run(self, generate: Callable[["_DialectSink"], Any]) -> None:
+        """Errors before the stream starts are ordinary HTTP errors, in the dialect's names."""
+        try:
+            reply = generate(self)
+        except Exception as e:
+            error = e if isinstance(e, ApiError) else ApiError(500, f"internal error: {e}",
+                                                                    kind="server_error")
+            error = self._exchange.error(error)
+            if self._writer is None:
+                raise error from None
+            self._send(self._exchange.failed(error))
+            self._writer.close()
+            return
+        self._handler.tokens = reply.usage.completion_tokens
+        if self._writer is not None:
+            if not reply.client_gone:
+                self._send(self._exchange.closing(reply))
+            self._writer.close()
+        elif not reply.client_gone:
+            self._handler._send_json(200, self._exchange.body(reply))

@@ -59,6 +59,7 @@ class ChatReply:
     finish_reason: str
     usage: Usage
     client_gone: bool
+    stop_sequence: str = ""   # the stop string that ended the reply, if one did
 
 
 @dataclass
@@ -117,6 +118,25 @@ class Service:
     # -- chat -----------------------------------------------------------------
 
     def chat(self, req: ChatRequest, sink: ReplySink) -> ChatReply:
+        thinking, images = self._check_chat(req)
+        with self.engine.lock:
+            self._start_empty()
+            with StagedImages(self.options.allow_local_images) as staged:
+                prompt = self._chat_prompt(req, thinking, images, staged)
+                return self._generate_chat(req, prompt, thinking, sink)
+
+    def count_chat(self, req: ChatRequest) -> int:
+        """The positions a chat request's prompt would take, without generating anything."""
+        thinking, images = self._check_chat(req)
+        with self.engine.lock:
+            self._start_empty()
+            with StagedImages(self.options.allow_local_images) as staged:
+                prompt = self._chat_prompt(req, thinking, images, staged)
+            self.engine.image_clear()
+            return len(prompt.ids)
+
+    def _check_chat(self, req: ChatRequest) -> tuple[bool, list[tuple[str, str]]]:
+        """What the chat format must be able to express: (thinking, the image parts)."""
         fmt = self.chat_format
         if isinstance(fmt, NoChatFormat):
             raise ApiError(400, "this model has no usable chat format (" + "; ".join(fmt.reasons)
@@ -127,33 +147,35 @@ class Service:
             raise invalid("tools", f"the {fmt.name} chat format cannot declare tools")
         images = image_parts(req.messages)
         self._check_images(images)
-        with self.engine.lock:
-            self._start_empty()
-            with StagedImages(self.options.allow_local_images) as staged:
-                paths = [staged.stage(url, param) for param, url in images]
-                prompts = [image_prompt(*measure(self.library.image_dimensions, path, param))
-                           for path, (param, _) in zip(paths, images)]
-                # The conversation and the generation prompt are tokenized apart (as
-                # segments always are) so that the end of the conversation, which the
-                # next turn's prompt will repeat, is a known position worth a snapshot.
-                try:
-                    history = self.engine.tokenize_segments(self._render(req, thinking, prompts))
-                except UnencodableText as e:
-                    raise invalid("messages", f"a message cannot be tokenized: {e}") from None
-                ids = history + self.engine.tokenize_segments(
-                    self.chat_format.generation_prompt(thinking))
-                for path, (param, _) in zip(paths, images):
-                    try:
-                        self.engine.image_add(path)  # validates the image, and counts its positions
-                    except WasteError as e:
-                        self.engine.image_clear()
-                        raise invalid(param, f"image could not be encoded: {e}") from None
-                prompt = _Prompt(ids, snapshot_at=[len(history)])
-                if paths:
-                    prompt = _Prompt(self.engine.image_expand(ids), snapshot_at=prompt.snapshot_at,
-                                     text_ids=ids, image_start=ids.index(self.chat_format.media_pad),
-                                     image_paths=paths)
-                return self._generate_chat(req, prompt, thinking, sink)
+        return thinking, images
+
+    def _chat_prompt(self, req: ChatRequest, thinking: bool, images: list[tuple[str, str]],
+                     staged: StagedImages) -> "_Prompt":
+        """Render and tokenize under the engine lock; images are queued on the engine."""
+        paths = [staged.stage(url, param) for param, url in images]
+        prompts = [image_prompt(*measure(self.library.image_dimensions, path, param))
+                   for path, (param, _) in zip(paths, images)]
+        # The conversation and the generation prompt are tokenized apart (as
+        # segments always are) so that the end of the conversation, which the
+        # next turn's prompt will repeat, is a known position worth a snapshot.
+        try:
+            history = self.engine.tokenize_segments(self._render(req, thinking, prompts))
+        except UnencodableText as e:
+            raise invalid("messages", f"a message cannot be tokenized: {e}") from None
+        ids = history + self.engine.tokenize_segments(
+            self.chat_format.generation_prompt(thinking))
+        for path, (param, _) in zip(paths, images):
+            try:
+                self.engine.image_add(path)  # validates the image, and counts its positions
+            except WasteError as e:
+                self.engine.image_clear()
+                raise invalid(param, f"image could not be encoded: {e}") from None
+        prompt = _Prompt(ids, snapshot_at=[len(history)])
+        if paths:
+            prompt = _Prompt(self.engine.image_expand(ids), snapshot_at=prompt.snapshot_at,
+                             text_ids=ids, image_start=ids.index(self.chat_format.media_pad),
+                             image_paths=paths)
+        return prompt
 
     def _thinking(self, req: ChatRequest) -> bool:
         if not self.chat_format.supports_reasoning:
@@ -221,7 +243,7 @@ class Service:
         finish = self._finish_reason(run, result, stops.hit or parser.ended, bool(tool_calls))
         message = api.chat_message("".join(content), "".join(reasoning), tool_calls)
         return ChatReply(message, finish, self._usage(len(prompt.ids), run, result, ms),
-                         run.client_gone)
+                         run.client_gone, stops.matched)
 
     # -- completions ----------------------------------------------------------
 

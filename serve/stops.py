@@ -15,6 +15,7 @@ class StopFilter:
         self._stops = [s for s in stops if s]
         self._pending = ""
         self.hit = False
+        self.matched = ""   # the stop string that ended the text, once `hit`
 
     def feed(self, text: str) -> str:
         """Returns the text that is now safe to emit; sets `hit` when a stop string completes."""
@@ -26,6 +27,7 @@ class StopFilter:
         cut = self._first_match(buffer)
         if cut is not None:
             self.hit = True
+            self.matched = min((s for s in self._stops if buffer.find(s) == cut), key=len)
             self._pending = ""
             return buffer[:cut]
         keep = self._longest_partial_suffix(buffer)

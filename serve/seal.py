@@ -1,0 +1,61 @@
+"""Reasoning handed to a client and trusted when it comes back.
+
+Anthropic thinking blocks carry a `signature` and Responses reasoning items an
+`encrypted_content`: opaque values the client returns with the history so the
+next prompt can hold the reasoning the model actually produced. Both are an
+HMAC-SHA256 under a random key made when the process starts, so a value the
+client made up (or one from another process, or from before a restart) does
+not verify, and its reasoning is never put in a prompt. The blob is
+authenticated, not secret: the client has already seen the text it holds.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import secrets
+from typing import Optional
+
+_KEY = secrets.token_bytes(32)
+_BLOB_PREFIX = "k3r1."   # names the blob's format, so a later one can be told apart
+
+
+def _mac(purpose: str, text: str) -> bytes:
+    # The purpose keeps a signature from being replayed as a blob, or the other way round.
+    return hmac.new(_KEY, purpose.encode() + b"\0" + text.encode(), hashlib.sha256).digest()
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode().rstrip("=")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def sign(text: str) -> str:
+    """The signature of a thinking block's text (which travels beside it)."""
+    return _b64(_mac("signature", text))
+
+
+def verify(text: str, signature: str) -> bool:
+    return isinstance(signature, str) and hmac.compare_digest(signature, sign(text))
+
+
+def seal(text: str) -> str:
+    """A blob that carries the text itself, for clients that keep nothing else."""
+    return _BLOB_PREFIX + _b64(text.encode()) + "." + _b64(_mac("blob", text))
+
+
+def unseal(blob: str) -> Optional[str]:
+    """The text sealed in `blob`, or None when the blob is not one this process made."""
+    if not isinstance(blob, str) or not blob.startswith(_BLOB_PREFIX):
+        return None
+    body, _, mac = blob[len(_BLOB_PREFIX):].partition(".")
+    try:
+        text = _unb64(body).decode()
+        given = _unb64(mac)
+    except (binascii.Error, ValueError):
+        return None
+    return text if hmac.compare_digest(given, _mac("blob", text)) else None
