@@ -324,6 +324,16 @@ class Response:
                 out.append(data if data == "[DONE]" else json.loads(data))
         return out
 
+    def named_events(self) -> list[tuple[str, Any]]:
+        """(event name, payload) of a stream whose events have `event:` lines (Anthropic, Responses)."""
+        out = []
+        for block in self.body.decode().split("\n\n"):
+            if block and not block.startswith(":"):
+                name, data = block.split("\n")
+                assert name.startswith("event: ") and data.startswith("data: "), block
+                out.append((name[len("event: "):], json.loads(data[len("data: "):])))
+        return out
+
 
 def call(port: int, method: str, path: str, body: Any = None,
          headers: Optional[dict[str, str]] = None, timeout: float = 30) -> Response:
