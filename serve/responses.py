@@ -310,7 +310,7 @@ def _tools(tools: Any, left_out: list[str]
                     left_out.append(f"{namespace}.{(member or {}).get('name')} "
                                     f"({(member or {}).get('type')})")
         elif isinstance(tool, dict):
-            left_out.append(f"{tool.get('name') or kind} ({kind})")
+            left_out.append(f"{tool['name']} ({kind})" if tool.get("name") else str(kind))
         else:
             raise invalid(at, "each tool must be an object")
     return out, fields, namespaced

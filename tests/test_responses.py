@@ -1,0 +1,319 @@
+"""The OpenAI Responses API, through the official `openai` client and raw sockets."""
+from __future__ import annotations
+
+import json
+
+import openai
+import pydantic
+import pytest
+
+from agents import CODEX_HEADERS, codex_first_input, codex_request
+from scripted import (ScriptedEngine, assert_error, call, data_url, real_service, scripted_service,
+                      serving, tiny_png, xtml_answer, xtml_tool_call)
+from serve import seal, xtml
+from serve.prefix_cache import PrefixCache
+from serve.responses import ResponseStore
+
+RESPONSES = "/v1/responses"
+TOOLS = [{"type": "function", "name": "get_weather", "description": "Current weather for a city",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                         "required": ["city"], "additionalProperties": False}, "strict": True}]
+OFF = {"effort": "none"}
+
+
+def client_for(port: int, key: str = "unused") -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0, timeout=60)
+
+
+@pytest.fixture
+def cache(tmp_path):
+    c = PrefixCache(256 << 20, parent_dir=str(tmp_path))
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def real(lib_path, k3_container, tmp_path_factory):
+    cache = PrefixCache(256 << 20, parent_dir=str(tmp_path_factory.mktemp("cache")))
+    with real_service(lib_path, k3_container, thinking=False, prefix_cache=cache) as service, \
+            serving(service) as srv:
+        client = client_for(srv.port)
+        yield client, service
+        client.close()
+    cache.close()
+
+
+def prompt_text(engine: ScriptedEngine, n: int = -1) -> str:
+    return engine.detokenize(engine.prompts[n]).decode()
+
+
+def opening(service, thinking: bool) -> int:
+    return len(service.engine.tokenize_segments(xtml.generation_prompt(thinking)))
+
+
+# ---- the official client on the reference engine ------------------------------------
+
+
+def test_create_and_stream_give_the_same_response(real):
+    client, _ = real
+    done = client.responses.create(model="gpt-5", input="Weather in Paris?", max_output_tokens=8,
+                                   temperature=0, reasoning=OFF)
+    assert done.id.startswith("resp_") and done.object == "response" and done.model == "real"
+    assert done.status == "incomplete" and done.incomplete_details.reason == "max_output_tokens"
+    (message,) = done.output
+    assert message.type == "message" and message.status == "incomplete" and done.output_text
+    assert done.usage.output_tokens == 8 and done.usage.total_tokens == done.usage.input_tokens + 8
+    with client.responses.stream(model="gpt-5", input="Weather in Paris?", max_output_tokens=8,
+                                 temperature=0, reasoning=OFF) as stream:
+        events = list(stream)
+    # The client's get_final_response() wants response.completed; a cut-off reply ends
+    # with response.incomplete, as OpenAI's does.
+    assert [e.type for e in events[:2]] == ["response.created", "response.in_progress"]
+    assert events[-1].type == "response.incomplete"
+    streamed = events[-1].response
+    assert streamed.output_text == done.output_text and streamed.status == "incomplete"
+    assert streamed.usage.input_tokens == done.usage.input_tokens
+
+
+def test_reasoning_items_carry_their_text_and_a_sealed_copy(real):
+    client, _ = real
+    done = client.responses.create(model="m", input="Why the tides?", max_output_tokens=6, temperature=0,
+                                   reasoning={"effort": "low"}, include=["reasoning.encrypted_content"])
+    reasoning = done.output[0]
+    assert reasoning.type == "reasoning" and reasoning.summary == []
+    (part,) = reasoning.content
+    assert part.type == "reasoning_text" and part.text
+    assert seal.unseal(reasoning.encrypted_content) == part.text
+    assert done.usage.output_tokens_details.reasoning_tokens > 0
+    plain = client.responses.create(model="m", input="Why the tides?", max_output_tokens=6,
+                                    temperature=0, reasoning={"effort": "low"})
+    assert plain.output[0].encrypted_content is None
+
+
+def test_stateless_multi_turn_reuses_the_prefix_and_brings_back_sealed_reasoning(real):
+    client, service = real
+    fields = dict(model="m", max_output_tokens=5, temperature=0, store=False,
+                  reasoning={"effort": "low"}, include=["reasoning.encrypted_content"],
+                  instructions="You explain the sea.")
+    items: list = [{"role": "user", "content": "Why the tides?"}]
+    history = None
+    for turn in range(3):
+        done = client.responses.create(input=items, **fields)
+        if history is not None:
+            assert done.usage.input_tokens_details.cached_tokens == history
+        history = done.usage.input_tokens - opening(service, True)
+        items = items + [item.model_dump(exclude_none=True) for item in done.output] + [
+            {"role": "user", "content": f"And part {turn + 2}?"}]
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(done.id)   # store: false keeps nothing
+    # Sealed reasoning is in the prompt; a forged seal and an unknown id are left out.
+    reasoning = items[-2 - (len(done.output) - 1)]
+    assert reasoning["type"] == "reasoning"
+    short = dict(fields, max_output_tokens=1)
+    kept = client.responses.create(input=items, **short).usage.input_tokens
+    reasoning["encrypted_content"] = reasoning["encrypted_content"][:-4] + "AAAA"
+    forged = client.responses.create(input=items, **short).usage.input_tokens
+    assert kept - forged == len(service.engine.tokenize(reasoning["content"][0]["text"]))
+
+
+def test_stored_responses_continue_and_can_be_read_and_deleted(real):
+    client, service = real
+    first = client.responses.create(model="m", input="Name a colour.", max_output_tokens=4,
+                                    temperature=0, reasoning=OFF)
+    assert client.responses.retrieve(first.id).output_text == first.output_text
+    second = client.responses.create(model="m", input="Another one.", previous_response_id=first.id,
+                                     max_output_tokens=4, temperature=0, reasoning=OFF)
+    assert second.previous_response_id == first.id
+    assert second.usage.input_tokens_details.cached_tokens == \
+        first.usage.input_tokens - opening(service, False)
+    client.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(first.id)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model="m", input="more", previous_response_id=first.id)
+    assert caught.value.body["param"] == "previous_response_id"
+
+
+# ---- tools and structured output, on scripted replies ----------------------------------
+
+
+class Weather(pydantic.BaseModel):
+    city: str
+    degrees: int
+
+
+def test_parse_with_a_schema_and_a_strict_tool():
+    engine = ScriptedEngine([xtml_answer('{"city": "Paris", "degrees": 18}'),
+                             xtml_tool_call("get_weather", {"city": "Paris"})])
+    with serving(scripted_service(engine, thinking=False)) as srv, client_for(srv.port) as client:
+        parsed = client.responses.parse(model="m", input="Weather in Paris as JSON", text_format=Weather)
+        assert parsed.output_parsed == Weather(city="Paris", degrees=18)
+        assert "`response_format=json_schema`" in prompt_text(engine)
+        called = client.responses.parse(model="m", input="Weather?", tools=TOOLS)
+        (call_item,) = called.output
+        assert call_item.type == "function_call" and call_item.parsed_arguments == {"city": "Paris"}
+
+
+def test_function_call_round_trip_with_namespaces():
+    namespace = {"type": "namespace", "name": "agents", "description": "Sub-agents.",
+                 "tools": [{"type": "function", "name": "spawn", "parameters": {"type": "object"}}]}
+    spawn = xtml_tool_call("agents.spawn", {"task": "lint"})
+    engine = ScriptedEngine([spawn, xtml_answer("All clean."), spawn])
+    with serving(scripted_service(engine, thinking=False)) as srv, client_for(srv.port) as client:
+        first = client.responses.create(model="m", input="Lint it.", tools=[*TOOLS, namespace])
+        (item,) = first.output
+        assert item.type == "function_call" and item.name == "spawn" and item.namespace == "agents"
+        assert json.loads(item.arguments) == {"task": "lint"} and item.call_id.startswith("call_")
+        assert '"name":"agents.spawn"' in prompt_text(engine)
+        second = client.responses.create(model="m", tools=[*TOOLS, namespace], input=[
+            {"role": "user", "content": "Lint it."}, item.model_dump(exclude_none=True),
+            {"type": "function_call_output", "call_id": item.call_id, "output": "0 problems"}])
+        assert second.output_text == "All clean." and second.status == "completed"
+        with client.responses.stream(model="m", input="Lint it.", tools=[*TOOLS, namespace]) as stream:
+            streamed = stream.get_final_response()
+        assert streamed.output[0].namespace == "agents" and streamed.output[0].name == "spawn"
+    rendered = prompt_text(engine, 1)
+    assert '<|open|>call tool="agents.spawn" index="1"<|sep|>' in rendered
+    assert '<|open|>message role="tool" tool="agents.spawn" index="1"<|sep|>0 problems' in rendered
+
+
+# ---- the stream's grammar -------------------------------------------------------------
+
+
+def test_stream_event_order_and_sequence_numbers():
+    reply = ["mull", "ing", "<|close|>", "think", "<|sep|>", "<|open|>", "response", "<|sep|>",
+             "Let me look."] + xtml_tool_call("get_weather", {"city": "Oslo"})
+    engine = ScriptedEngine([reply])
+    with serving(scripted_service(engine, thinking=True)) as srv:
+        resp = call(srv.port, "POST", RESPONSES, {"model": "m", "input": "Weather?", "stream": True,
+                                                  "tools": TOOLS})
+    assert resp.status == 200 and resp.headers["content-type"] == "text/event-stream"
+    events = resp.named_events()
+    assert all(name == data["type"] for name, data in events)
+    assert [data["sequence_number"] for _, data in events] == list(range(len(events)))
+    names = [name.removeprefix("response.") for name, _ in events]
+    n_args = names.count("function_call_arguments.delta")
+    assert names == ["created", "in_progress",
+                     "output_item.added", "content_part.added", "reasoning_text.delta",
+                     "reasoning_text.delta", "reasoning_text.done", "content_part.done", "output_item.done",
+                     "output_item.added", "content_part.added", "output_text.delta", "output_text.done",
+                     "content_part.done", "output_item.done",
+                     "output_item.added"] + ["function_call_arguments.delta"] * n_args + [
+                     "function_call_arguments.done", "output_item.done", "completed"]
+    data = [d for _, d in events]
+    assert data[0]["response"]["status"] == "in_progress" and data[0]["response"]["output"] == []
+    assert [d.get("output_index") for d in data[2:9]] == [0] * 7
+    assert data[6]["text"] == "mulling" and data[12]["text"] == "Let me look."
+    assert data[9]["item"]["status"] == "in_progress" and data[9]["item"]["content"] == []
+    call_item = data[-2]["item"]
+    assert call_item["type"] == "function_call" and json.loads(call_item["arguments"]) == {"city": "Oslo"}
+    assert data[-3]["name"] == "get_weather" and data[-3]["arguments"] == call_item["arguments"]
+    final = data[-1]["response"]
+    assert [item["type"] for item in final["output"]] == ["reasoning", "message", "function_call"]
+    assert final["usage"]["input_tokens"] == len(engine.prompts[0])
+    assert final["output"][2]["id"] == call_item["id"] == data[-3]["item_id"]
+
+
+# ---- what Codex sends --------------------------------------------------------------------
+
+
+def test_a_codex_session_is_accepted_and_reuses_its_prefix(cache):
+    thought = ["check", "ing", "<|close|>", "think", "<|sep|>"]
+    answer = thought + ["<|open|>", "response", "<|sep|>"]
+    engine = ScriptedEngine([answer + xtml_tool_call("shell", {"option_0": "ls"}),
+                             answer + xtml_tool_call("agents.spawn", {"option_0": "x"}),
+                             answer + xtml_answer("Done.")],
+                            ctx_max=100_000)
+    lines: list[str] = []
+    service = scripted_service(engine, prefix_cache=cache)
+    items = codex_first_input("List the files.")
+    previous = None
+    with serving(service, log=lines.append) as srv:
+        for turn in range(3):
+            resp = call(srv.port, "POST", RESPONSES, codex_request(items), headers=CODEX_HEADERS)
+            assert resp.status == 200, resp.body
+            final = resp.named_events()[-1][1]["response"]
+            usage = final["usage"]
+            if previous is not None:
+                assert usage["input_tokens_details"]["cached_tokens"] == previous
+            previous = usage["input_tokens"] - opening(service, True)
+            output = final["output"]
+            assert output[0]["type"] == "reasoning" and seal.unseal(output[0]["encrypted_content"]) == "checking"
+            items = items + [{**item, "content": None} if item["type"] == "reasoning" else item
+                             for item in output] + [
+                {"type": "function_call_output", "call_id": item["call_id"], "output": "README.md"}
+                for item in output if item["type"] == "function_call"]
+    assert output[-1]["type"] == "message" and output[-1]["content"][0]["text"] == "Done."
+    assert [item.get("namespace") for item in items if item["type"] == "function_call"] == [None, "agents"]
+    rendered = prompt_text(engine)
+    assert rendered.count("<|open|>think<|sep|>checking<|close|>think<|sep|>") == 2
+    assert '<|open|>message role="system"<|sep|>You are Codex.' in rendered
+    assert "web_search" not in rendered
+    assert [line for line in lines if "left out" in line] == [
+        "/v1/responses: tools left out (the server cannot run them): web_search"] * 3
+
+
+# ---- errors ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("change, param", [
+    ({"input": None}, "input"),
+    ({"input": [{"type": "computer_call_output"}]}, "input[0].type"),
+    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
+     "input[0].content[0].type"),
+    ({"input": [{"role": "user", "content": [
+        {"type": "input_text", "text": "see"},
+        {"type": "input_image", "image_url": data_url(tiny_png())}]}]}, "input[0].content[1]"),
+    ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input[0].call_id"),
+    ({"reasoning": {"effort": "medium"}}, "reasoning.effort"),
+    ({"text": {"format": {"type": "xml"}}}, "text.format.type"),
+    ({"max_output_tokens": 0}, "max_output_tokens"),
+    ({"temperature": 3}, "temperature"),
+    ({"tool_choice": {"type": "web_search_preview"}}, "tool_choice"),
+    ({"background": True}, "background"),
+    ({"include": "reasoning.encrypted_content"}, "include"),
+    ({"previous_response_id": "resp_nope"}, "previous_response_id"),
+])
+def test_bad_fields_are_named(change, param):
+    body = {"model": "m", "input": "hi", **change}
+    with serving(scripted_service()) as srv:
+        assert_error(call(srv.port, "POST", RESPONSES, {k: v for k, v in body.items() if v is not None}),
+                     400, param=param)
+        assert call(srv.port, "POST", RESPONSES, {"model": "m", "input": "hi"}).status == 200
+
+
+def test_unknown_stored_responses_are_404_and_failures_mid_stream_are_response_failed():
+    engine = ScriptedEngine([xtml_answer("a", "b", "c")])
+
+    def fail(n: int) -> None:
+        if n == 1:
+            raise RuntimeError("the disk went away")
+
+    with serving(scripted_service(engine, thinking=False)) as srv:
+        assert_error(call(srv.port, "GET", RESPONSES + "/resp_nope"), 404, param="response_id")
+        assert_error(call(srv.port, "DELETE", RESPONSES + "/resp_nope"), 404, param="response_id")
+        assert_error(call(srv.port, "PUT", RESPONSES + "/resp_nope"), 405)
+        engine.before_token = fail
+        assert_error(call(srv.port, "POST", RESPONSES, {"model": "m", "input": "hi"}), 500)
+        events = call(srv.port, "POST", RESPONSES, {"model": "m", "input": "hi", "stream": True}).named_events()
+        assert [name for name, _ in events][-1] == "response.failed"
+        failed = events[-1][1]["response"]
+        assert failed["status"] == "failed" and "the disk went away" in failed["error"]["message"]
+        engine.before_token = None
+        assert call(srv.port, "POST", RESPONSES, {"model": "m", "input": "hi"}).status == 200
+
+
+def test_the_store_is_bounded_and_forgets_reasoning_with_its_response():
+    store = ResponseStore(max_responses=2, max_bytes=10_000)
+
+    def response(n: int, text: str = "r") -> dict:
+        return {"id": f"resp_{n}", "output": [{"id": f"rs_{n}", "type": "reasoning",
+                                               "content": [{"type": "reasoning_text", "text": text}]}]}
+
+    for n in range(3):
+        store.put(response(n), [{"role": "user", "content": "hi"}])
+    assert len(store) == 2 and store.get("resp_0") is None and store.get("resp_2") is not None
+    assert store.reasoning("rs_0") is None and store.reasoning("rs_1") == "r"
+    store.put(response(3, "x" * 20_000), [])   # larger than the whole store: not kept
+    assert len(store) == 0 and store.reasoning("rs_3") is None
+    assert store.delete("resp_1") is False
