@@ -27,7 +27,8 @@ from typing import Any, Optional
 
 from . import seal
 from .api import ApiError, invalid, parse_reasoning_effort
-from .dialect import Block, Blocks, Conversation, Parts, Translation, chat_request, tool_call
+from .dialect import (Block, Blocks, Conversation, Parts, Translation, chat_request,
+                      string_field, tool_call)
 from .service import ChatReply
 
 BUDGET_EFFORTS = ((8192, "low"), (24576, "high"))   # budget_tokens below the bound -> effort
@@ -87,12 +88,6 @@ def _blocks(value: Any, where: str) -> list[dict]:
     return value
 
 
-def _string(block: dict, key: str, where: str) -> str:
-    value = block.get(key)
-    if not isinstance(value, str):
-        raise invalid(f"{where}.{key}", f"{key} must be a string")
-    return value
-
 
 def _text_blocks(value: Any, where: str) -> str:
     """`system` content: a string, or text blocks (cache_control is ignored)."""
@@ -102,7 +97,7 @@ def _text_blocks(value: Any, where: str) -> str:
     for b, block in enumerate(_blocks(value, where)):
         if block.get("type") != "text":
             raise invalid(f"{where}[{b}].type", "system content blocks must be of type text")
-        parts.text(_string(block, "text", f"{where}[{b}]"), f"{where}[{b}]")
+        parts.text(string_field(block, "text", f"{where}[{b}]"), f"{where}[{b}]")
     return parts.content()  # type: ignore[return-value]  # text alone is a string
 
 
@@ -140,7 +135,7 @@ def _user(conversation: Conversation, content: Any, where: str) -> None:
                 conversation.add({"role": "user", "content": parts.content()}, where, parts)
                 parts = Parts()
             result = _tool_result(block, at)
-            conversation.add({"role": "tool", "tool_call_id": _string(block, "tool_use_id", at),
+            conversation.add({"role": "tool", "tool_call_id": string_field(block, "tool_use_id", at),
                               "content": result.content()}, at, result)
         else:
             _part(parts, block, at)
@@ -152,7 +147,7 @@ def _part(parts: Parts, block: dict, at: str) -> None:
     """A text or image block; an image's source becomes the data URL chat requests carry."""
     kind = block.get("type")
     if kind == "text":
-        parts.text(_string(block, "text", at), at)
+        parts.text(string_field(block, "text", at), at)
         return
     if kind != "image":
         raise invalid(f"{at}.type", f"unsupported content block type {kind!r}")
@@ -160,10 +155,10 @@ def _part(parts: Parts, block: dict, at: str) -> None:
     if not isinstance(source, dict) or source.get("type") not in ("base64", "url"):
         raise invalid(f"{at}.source", "an image source must be of type base64 or url")
     if source["type"] == "url":   # refused when staged, as remote image URLs are on chat
-        parts.image(_string(source, "url", f"{at}.source"), f"{at}.source")
+        parts.image(string_field(source, "url", f"{at}.source"), f"{at}.source")
         return
-    media = _string(source, "media_type", f"{at}.source")
-    parts.image(f"data:{media};base64,{_string(source, 'data', f'{at}.source')}", f"{at}.source")
+    media = string_field(source, "media_type", f"{at}.source")
+    parts.image(f"data:{media};base64,{string_field(source, 'data', f'{at}.source')}", f"{at}.source")
 
 
 def _tool_result(block: dict, at: str) -> Parts:
@@ -187,16 +182,16 @@ def _assistant(content: Any, where: str) -> dict:
     for b, block in enumerate(_blocks(content, f"{where}.content")):
         at, kind = f"{where}.content[{b}]", block.get("type")
         if kind == "text":
-            texts.append(_string(block, "text", at))
+            texts.append(string_field(block, "text", at))
         elif kind == "thinking":
-            text = _string(block, "thinking", at)
+            text = string_field(block, "thinking", at)
             if seal.verify(text, block.get("signature")):   # else not ours: left out
                 reasoning.append(text)
         elif kind == "tool_use":
             arguments = block.get("input")
             if not isinstance(arguments, dict):
                 raise invalid(f"{at}.input", "tool_use input must be an object")
-            calls.append(tool_call(_string(block, "id", at), _string(block, "name", at), arguments))
+            calls.append(tool_call(string_field(block, "id", at), string_field(block, "name", at), arguments))
         elif kind != "redacted_thinking":   # never made here, so never ours to render
             raise invalid(f"{at}.type", f"unsupported content block type {kind!r} in an "
                                         "assistant message")
@@ -222,7 +217,7 @@ def _tools(tools: Any, left_out: list[str]) -> tuple[Optional[list[dict]], dict[
         if tool.get("type") not in (None, "custom"):
             left_out.append(f"{tool.get('name')} ({tool['type']})")
             continue
-        function: dict[str, Any] = {"name": _string(tool, "name", at)}
+        function: dict[str, Any] = {"name": string_field(tool, "name", at)}
         if isinstance(tool.get("description"), str):
             function["description"] = tool["description"]
         if not isinstance(tool.get("input_schema"), dict):
@@ -242,7 +237,7 @@ def _tool_choice(choice: Any) -> Any:
     if kind == "any":
         return "required"
     if kind == "tool":
-        return {"type": "function", "function": {"name": _string(choice, "name", "tool_choice")}}
+        return {"type": "function", "function": {"name": string_field(choice, "name", "tool_choice")}}
     raise invalid("tool_choice", "tool_choice.type must be auto, any, tool or none")
 
 

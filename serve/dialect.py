@@ -56,6 +56,14 @@ def chat_request(body: dict, fields: dict[str, str], left_out: list[str]) -> Tra
         raise renamed(e, fields) from None
 
 
+def string_field(obj: dict, key: str, where: str) -> str:
+    """obj[key], which must be a string; a 400 naming `where.key` otherwise."""
+    value = obj.get(key)
+    if not isinstance(value, str):
+        raise api.invalid(f"{where}.{key}", f"{key} must be a string")
+    return value
+
+
 def tool_call(call_id: str, name: str, arguments: Any) -> dict:
     """An assistant tool call in OpenAI chat shape (what the renderer reads)."""
     text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)

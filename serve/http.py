@@ -412,6 +412,20 @@ class _SocketWriter(threading.Thread):
                 last_send = time.monotonic()
 
 
+def open_event_stream(h: Handler) -> _SocketWriter:
+    """Send the headers of an SSE reply; its bytes then go through the returned writer."""
+    h.status = 200
+    h.close_connection = True  # the stream ends when the connection does
+    h.send_response(200)
+    h.send_header("Content-Type", "text/event-stream")
+    h.send_header("Cache-Control", "no-cache")
+    h.send_header("Connection", "close")
+    h.end_headers()
+    writer = _SocketWriter(h.wfile)
+    writer.start()
+    return writer
+
+
 class _StreamSink:
     """Server-sent events: headers and the first chunk once generation starts, a chunk per delta."""
 
@@ -427,16 +441,7 @@ class _StreamSink:
         self._writer: Optional[_SocketWriter] = None
 
     def start(self) -> None:
-        h = self._handler
-        h.status = 200
-        h.close_connection = True  # the stream ends when the connection does
-        h.send_response(200)
-        h.send_header("Content-Type", "text/event-stream")
-        h.send_header("Cache-Control", "no-cache")
-        h.send_header("Connection", "close")
-        h.end_headers()
-        self._writer = _SocketWriter(h.wfile)
-        self._writer.start()
+        self._writer = open_event_stream(self._handler)
         if self._first is not None:
             self.emit(self._first)
 
@@ -492,16 +497,7 @@ class _DialectSink:
     def start(self) -> None:
         if not self._stream:
             return
-        h = self._handler
-        h.status = 200
-        h.close_connection = True  # the stream ends when the connection does
-        h.send_response(200)
-        h.send_header("Content-Type", "text/event-stream")
-        h.send_header("Cache-Control", "no-cache")
-        h.send_header("Connection", "close")
-        h.end_headers()
-        self._writer = _SocketWriter(h.wfile)
-        self._writer.start()
+        self._writer = open_event_stream(self._handler)
         self._send(self._exchange.opening())
 
     def emit(self, delta: dict) -> None:

@@ -29,7 +29,8 @@ from typing import Any, Optional
 
 from . import seal
 from .api import ApiError, invalid, parse_reasoning_effort
-from .dialect import Block, Blocks, Conversation, Parts, Translation, chat_request, tool_call
+from .dialect import (Block, Blocks, Conversation, Parts, Translation, chat_request,
+                      string_field, tool_call)
 from .service import ChatReply
 
 INCLUDE_REASONING = "reasoning.encrypted_content"
@@ -122,12 +123,6 @@ class _Request:
     namespaced: dict[str, tuple[str, str]]  # model-facing name -> (namespace, name)
 
 
-def _string(item: dict, key: str, where: str) -> str:
-    value = item.get(key)
-    if not isinstance(value, str):
-        raise invalid(f"{where}.{key}", f"{key} must be a string")
-    return value
-
 
 def _parse(body: dict, store: ResponseStore) -> _Request:
     for name, reason in UNSUPPORTED.items():
@@ -191,10 +186,10 @@ def _input(conversation: Conversation, value: Any, store: ResponseStore,
             current = assistant(where, bool(turn and (turn["content"] or turn.get("tool_calls"))))
             current["content"] += _assistant_text(item.get("content"), where)
         elif kind == "function_call":
-            name = _string(item, "name", where)
+            name = string_field(item, "name", where)
             if item.get("namespace") is not None:
-                name = qualified.get((_string(item, "namespace", where), name), name)
-            call = tool_call(_string(item, "call_id", where), name, _string(item, "arguments", where))
+                name = qualified.get((string_field(item, "namespace", where), name), name)
+            call = tool_call(string_field(item, "call_id", where), name, string_field(item, "arguments", where))
             assistant(where, False).setdefault("tool_calls", []).append(call)
         elif kind == "reasoning":
             # Reasoning opens a turn; text the server cannot vouch for is left out.
@@ -223,7 +218,7 @@ def _assistant_text(content: Any, where: str) -> str:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind not in ("output_text", "refusal"):
             raise invalid(f"{at}.type", "an assistant message holds output_text or refusal parts")
-        texts.append(_string(part, "text" if kind == "output_text" else "refusal", at))
+        texts.append(string_field(part, "text" if kind == "output_text" else "refusal", at))
     return "".join(texts)
 
 
@@ -238,7 +233,7 @@ def _parts(content: Any, where: str, images: bool) -> Parts:
         at = f"{where}[{j}]"
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "input_text":
-            parts.text(_string(part, "text", at), at)
+            parts.text(string_field(part, "text", at), at)
         elif kind == "input_image" and images:
             if not isinstance(part.get("image_url"), str):
                 raise invalid(f"{at}.image_url", "images are sent as image_url (a data: URL); "
@@ -261,7 +256,7 @@ def _message(conversation: Conversation, item: dict, where: str) -> None:
 
 def _function_output(conversation: Conversation, item: dict, where: str) -> None:
     parts = _parts(item.get("output"), f"{where}.output", images=True)
-    conversation.add({"role": "tool", "tool_call_id": _string(item, "call_id", where),
+    conversation.add({"role": "tool", "tool_call_id": string_field(item, "call_id", where),
                       "content": parts.content()}, where, parts)
 
 
@@ -286,7 +281,7 @@ def _tools(tools: Any, left_out: list[str]
     namespaced: dict[str, tuple[str, str]] = {}
 
     def add(tool: dict, at: str, namespace: Optional[str]) -> None:
-        name = _string(tool, "name", at)
+        name = string_field(tool, "name", at)
         shown = f"{namespace}.{name}" if namespace else name
         if namespace:
             namespaced[shown] = (namespace, name)
@@ -299,7 +294,7 @@ def _tools(tools: Any, left_out: list[str]
         if kind == "function":
             add(tool, at, None)
         elif kind == "namespace":
-            namespace = _string(tool, "name", at)
+            namespace = string_field(tool, "name", at)
             inner = tool.get("tools")
             if not isinstance(inner, list):
                 raise invalid(f"{at}.tools", "a namespace holds a list of tools")
@@ -321,7 +316,7 @@ def _tool_choice(choice: Any) -> Any:
         return choice
     kind = choice.get("type") if isinstance(choice, dict) else None
     if kind == "function":
-        return {"type": "function", "function": {"name": _string(choice, "name", "tool_choice")}}
+        return {"type": "function", "function": {"name": string_field(choice, "name", "tool_choice")}}
     if kind == "allowed_tools" and choice.get("mode") in ("auto", "required"):
         return choice["mode"]
     raise invalid("tool_choice", "tool_choice must be none, auto, required, a function "

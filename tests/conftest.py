@@ -69,3 +69,12 @@ def k3_engine(lib, k3_container):
     from serve.engine import Engine, EngineConfig
     with Engine(lib, k3_container, EngineConfig()) as opened:
         yield opened
+
+
+@pytest.fixture
+def snapshot_cache(tmp_path):
+    """A prefix cache of 256 MB in the test's own directory, closed afterwards."""
+    from serve.prefix_cache import PrefixCache
+    cache = PrefixCache(256 << 20, parent_dir=str(tmp_path))
+    yield cache
+    cache.close()

@@ -22,6 +22,7 @@ from serve.chatfmt import resolve_chat_format
 from serve.engine import (Engine, EngineConfig, GenParams, GenResult, MemPlan, ModelInfo, Stats,
                           TokenInfo, WasteError, load_library)
 from serve.http import Server
+from serve.prefix_cache import PrefixCache
 from serve.service import Service, ServiceOptions
 
 K3_SPECIALS = ["[BOS]", "[EOS]", "<|end_of_msg|>", "<|open|>", "<|close|>", "<|sep|>",
@@ -275,6 +276,18 @@ def real_service(lib_path, container, *, vision: bool = False, **options: Any) -
                       ServiceOptions(vision=vision, **options))
     finally:
         engine.close()
+
+
+@contextmanager
+def real_server_with_cache(lib_path, container, cache_dir) -> Iterator[tuple[Service, Server]]:
+    """The real engine served with a prefix cache in cache_dir, thinking off by default."""
+    cache = PrefixCache(256 << 20, parent_dir=str(cache_dir))
+    try:
+        with real_service(lib_path, container, thinking=False, prefix_cache=cache) as service, \
+                serving(service) as srv:
+            yield service, srv
+    finally:
+        cache.close()
 
 
 def tiny_png(width: int = 2, height: int = 2) -> bytes:

@@ -7,10 +7,9 @@ import anthropic
 import pytest
 
 from agents import CLAUDE_CODE_HEADERS, claude_code_first_message, claude_code_request
-from scripted import (ScriptedEngine, call, data_url, raw_exchange, real_service, scripted_service,
-                      serving, status_of, tiny_png, xtml_answer, xtml_tool_call)
+from scripted import (ScriptedEngine, call, data_url, raw_exchange, real_server_with_cache,
+                      scripted_service, serving, status_of, tiny_png, xtml_answer, xtml_tool_call)
 from serve import seal, xtml
-from serve.prefix_cache import PrefixCache
 
 MESSAGES = "/v1/messages"
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
@@ -25,22 +24,11 @@ def client_for(port: int, key: str = "unused") -> anthropic.Anthropic:
                                timeout=60)
 
 
-@pytest.fixture
-def cache(tmp_path):
-    c = PrefixCache(256 << 20, parent_dir=str(tmp_path))
-    yield c
-    c.close()
-
-
 @pytest.fixture(scope="module")
 def real(lib_path, k3_container, tmp_path_factory):
-    cache = PrefixCache(256 << 20, parent_dir=str(tmp_path_factory.mktemp("cache")))
-    with real_service(lib_path, k3_container, thinking=False, prefix_cache=cache) as service, \
-            serving(service) as srv:
-        client = client_for(srv.port)
+    with real_server_with_cache(lib_path, k3_container, tmp_path_factory.mktemp("cache")) as (
+            service, srv), client_for(srv.port) as client:
         yield client, service, srv
-        client.close()
-    cache.close()
 
 
 def text_of(message) -> str:
@@ -221,12 +209,12 @@ def test_stop_sequence_is_reported():
 # ---- what Claude Code sends -----------------------------------------------------------
 
 
-def test_a_claude_code_session_is_accepted_and_reuses_its_prefix(cache):
+def test_a_claude_code_session_is_accepted_and_reuses_its_prefix(snapshot_cache):
     engine = ScriptedEngine([xtml_tool_call("Tool3", {"option_0": "src"}),
                              xtml_tool_call("Tool5", {"option_0": "README"}), xtml_answer("Done.")],
                             ctx_max=200_000)
     lines: list[str] = []
-    service = scripted_service(engine, prefix_cache=cache, log=lines.append)
+    service = scripted_service(engine, prefix_cache=snapshot_cache, log=lines.append)
     messages = [claude_code_first_message("Tidy up the README.")]
     opening = len(engine.tokenize(xtml.render_text(xtml.generation_prompt(True)), markup=True))
     previous = None

@@ -8,10 +8,9 @@ import pydantic
 import pytest
 
 from agents import CODEX_HEADERS, codex_first_input, codex_request
-from scripted import (ScriptedEngine, assert_error, call, data_url, real_service, scripted_service,
-                      serving, tiny_png, xtml_answer, xtml_tool_call)
+from scripted import (ScriptedEngine, assert_error, call, data_url, real_server_with_cache,
+                      scripted_service, serving, tiny_png, xtml_answer, xtml_tool_call)
 from serve import seal, xtml
-from serve.prefix_cache import PrefixCache
 from serve.responses import ResponseStore
 
 RESPONSES = "/v1/responses"
@@ -25,22 +24,11 @@ def client_for(port: int, key: str = "unused") -> openai.OpenAI:
     return openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0, timeout=60)
 
 
-@pytest.fixture
-def cache(tmp_path):
-    c = PrefixCache(256 << 20, parent_dir=str(tmp_path))
-    yield c
-    c.close()
-
-
 @pytest.fixture(scope="module")
 def real(lib_path, k3_container, tmp_path_factory):
-    cache = PrefixCache(256 << 20, parent_dir=str(tmp_path_factory.mktemp("cache")))
-    with real_service(lib_path, k3_container, thinking=False, prefix_cache=cache) as service, \
-            serving(service) as srv:
-        client = client_for(srv.port)
+    with real_server_with_cache(lib_path, k3_container, tmp_path_factory.mktemp("cache")) as (
+            service, srv), client_for(srv.port) as client:
         yield client, service
-        client.close()
-    cache.close()
 
 
 def prompt_text(engine: ScriptedEngine, n: int = -1) -> str:
@@ -217,7 +205,7 @@ def test_stream_event_order_and_sequence_numbers():
 # ---- what Codex sends --------------------------------------------------------------------
 
 
-def test_a_codex_session_is_accepted_and_reuses_its_prefix(cache):
+def test_a_codex_session_is_accepted_and_reuses_its_prefix(snapshot_cache):
     thought = ["check", "ing", "<|close|>", "think", "<|sep|>"]
     answer = thought + ["<|open|>", "response", "<|sep|>"]
     engine = ScriptedEngine([answer + xtml_tool_call("shell", {"option_0": "ls"}),
@@ -225,7 +213,7 @@ def test_a_codex_session_is_accepted_and_reuses_its_prefix(cache):
                              answer + xtml_answer("Done.")],
                             ctx_max=100_000)
     lines: list[str] = []
-    service = scripted_service(engine, prefix_cache=cache)
+    service = scripted_service(engine, prefix_cache=snapshot_cache)
     items = codex_first_input("List the files.")
     previous = None
     with serving(service, log=lines.append) as srv:
