@@ -61,6 +61,9 @@ def test_create_and_stream_give_the_same_response(real):
     streamed = events[-1].response
     assert streamed.output_text == done.output_text and streamed.status == "incomplete"
     assert streamed.usage.input_tokens == done.usage.input_tokens
+    parsed = client.responses.parse(model="gpt-5", input="Weather in Paris?", max_output_tokens=8,
+                                    temperature=0, reasoning=OFF)
+    assert parsed.output_text == done.output_text and parsed.output_parsed is None
 
 
 def test_reasoning_items_carry_their_text_and_a_sealed_copy(real):
