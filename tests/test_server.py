@@ -171,6 +171,13 @@ def test_unknown_fields_are_ignored(server):
      "messages[0].name"),
     ({"messages": [{"role": "tool", "tool_call_id": "c", "tool": ["f"], "content": "r"}]},
      "messages[0].tool"),
+    ({"messages": [{"role": "user", "content": "x", "name": 5}]}, "messages[0].name"),
+    ({"messages": [{"role": "developer", "content": "x", "name": ["n"]}]}, "messages[0].name"),
+    ({"messages": [*USER, {"role": "assistant", "content": "x", "reasoning": {"r": 1}}]},
+     "messages[1].reasoning"),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "image": 5}]}]},
+     "messages[0].content[0]"),
+    ({"messages": [{"role": "user", "content": [{"type": "image"}]}]}, "messages[0].content[0]"),
     ({"temperature": 2.5}, "temperature"),
     ({"temperature": 10 ** 400}, "temperature"),   # too big for a float: not an overflow
     ({"top_p": 10 ** 400}, "top_p"),
@@ -192,6 +199,7 @@ def test_unknown_fields_are_ignored(server):
     ({"tools": {"type": "function"}}, "tools"),
     ({"tools": [{"type": "function", "function": {}}]}, "tools[0].function"),
     ({"tool_choice": "sometimes"}, "tool_choice"),
+    ({"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "tool_choice"),
     ({"response_format": {"type": "yaml"}}, "response_format"),
     ({"reasoning_effort": "extreme"}, "reasoning_effort"),
     ({"reasoning_effort": 3}, "reasoning_effort"),
@@ -409,6 +417,60 @@ def test_tool_results_are_rendered(server, engine):
         {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
     assert call(server.port, "POST", CHAT, {"messages": messages, "tools": TOOLS}).status == 200
     assert any(s.text == "sunny" and not s.markup for s in engine.segments)
+
+
+def test_named_tool_choice_must_be_a_declared_tool(server, engine):
+    choice = {"type": "function", "function": {"name": "get_time"}}
+    err = assert_error(call(server.port, "POST", CHAT, {"messages": USER, "tools": TOOLS,
+                                                        "tool_choice": choice}), 400, param="tool_choice")
+    assert "get_time" in err["message"]
+    choice["function"]["name"] = "get_weather"
+    assert call(server.port, "POST", CHAT, {"messages": USER, "tools": TOOLS,
+                                            "tool_choice": choice}).status == 200
+    # Rendered as `required`, plus a note naming the tool.
+    texts = [s.text for s in engine.segments if not s.markup]
+    assert any("tool_choice=required" in t for t in texts)
+    assert any("`get_weather`" in t and "no other tool" in t for t in texts)
+    assert len(engine.prompts) == 1
+
+
+def _call_turn(arguments: str, call_id: str = "c1") -> dict:
+    return {"role": "assistant", "content": None, "tool_calls": [
+        {"id": call_id, "type": "function", "function": {"name": "get_weather", "arguments": arguments}}]}
+
+
+@pytest.mark.parametrize("arguments", ["[]", "3", '"Paris"', "null"])
+def test_tool_call_arguments_that_are_json_but_not_an_object_are_a_400(server, engine, arguments):
+    body = {"messages": [*USER, _call_turn(arguments)], "tools": TOOLS}
+    err = assert_error(call(server.port, "POST", CHAT, body), 400,
+                       param="messages[1].tool_calls[0].function.arguments")
+    assert "JSON object" in err["message"]
+    assert engine.prompts == []
+
+
+@pytest.mark.parametrize("messages, param", [
+    ([*USER, {"role": "tool", "content": "sunny"}], "messages[1]"),
+    ([*USER, _call_turn("{}"), {"role": "tool", "tool_call_id": "c1", "content": "a"},
+      {"role": "tool", "tool_call_id": "c9", "content": "b"}], "messages[3]"),
+])
+def test_tool_results_without_a_name_to_find_are_a_400(server, engine, messages, param):
+    err = assert_error(call(server.port, "POST", CHAT, {"messages": messages, "tools": TOOLS}), 400,
+                       param=param)
+    assert "tool name" in err["message"]
+    assert engine.prompts == []
+
+
+def test_names_reasoning_and_positional_tool_results_reach_the_prompt(server, engine):
+    messages = [{"role": "system", "content": "s", "name": "policy"},
+                {"role": "user", "content": "q", "name": "ann"},
+                {**_call_turn('{"city": "Paris"}'), "name": "bot", "reasoning": "look it up"},
+                {"role": "tool", "content": "sunny"}]   # no id: the call at its position
+    assert call(server.port, "POST", CHAT, {"messages": messages, "tools": TOOLS}).status == 200
+    prompt = "".join(s.text for s in engine.segments)
+    for role, name in (("system", "policy"), ("user", "ann"), ("assistant", "bot")):
+        assert f'<|open|>message role="{role}" name="{name}"<|sep|>' in prompt
+    assert "<|open|>think<|sep|>look it up<|close|>think" in prompt
+    assert '<|open|>message role="tool" tool="get_weather" index="1"<|sep|>sunny' in prompt
 
 
 # ---- security: injection, auth, body limits -----------------------------------
@@ -667,6 +729,25 @@ def test_data_url_image_is_staged_and_removed(engine, private_tmp):
     assert "<|media_begin|>image 640x480<|media_content|><|media_pad|><|media_end|>" in markup
     pad = engine.specials["<|media_pad|>"]
     assert engine.prompts[0].count(pad) == 4  # expanded by image_expand
+
+
+@pytest.mark.parametrize("form", ["string", "url object"])
+def test_the_release_image_part_is_staged_like_image_url(engine, private_tmp, form):
+    library = ScriptedLibrary(image_size=(640, 480))
+    url = data_url(tiny_png())
+    image = url if form == "string" else {"url": url}
+    parts = [{"type": "image", "image": image}, {"type": "text", "text": "and"},
+             {"type": "image_url", "image_url": {"url": url}}]
+    with serving(scripted_service(engine, library, vision=True)) as srv:
+        resp = call(srv.port, "POST", CHAT, {"messages": [{"role": "user", "content": parts}]})
+        assert resp.status == 200, resp.body
+        assert len(engine.images_added) == 2 and list(private_tmp.iterdir()) == []
+        block = "<|media_begin|>image 640x480<|media_content|><|media_pad|><|media_end|>"
+        assert [s.text for s in engine.segments if s.markup].count(block) == 2
+        parts[0]["image"] = "https://example.com/cat.png" if form == "string" else {"url": 5}
+        assert_error(call(srv.port, "POST", CHAT, {"messages": [{"role": "user", "content": parts}]}),
+                     400, param="messages[0].content[0]")
+    assert len(engine.prompts) == 1
 
 
 def test_bad_images_are_refused_and_cleaned(engine, private_tmp, tmp_path_factory):
