@@ -1,12 +1,14 @@
 """HTTP over real sockets against the scripted engine: every endpoint, field, error and limit."""
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import socket
 import tempfile
 import threading
 import time
+from typing import Optional
 
 import pytest
 
@@ -569,6 +571,105 @@ def test_bad_bodies(server, body):
 def test_nesting_at_the_limit_is_fine(server):
     deep = {"messages": USER, "extra": json.loads("[" * 62 + "]" * 62)}
     assert call(server.port, "POST", CHAT, deep).status == 200
+
+
+# ---- one connection survives its errors -------------------------------------------
+
+RESPONSES_BODY = b'{"model":"demo","input":"hi"}'
+HEALTH = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+def _request(method: str, path: str, body: bytes, *headers: str) -> bytes:
+    head = "".join(f"{h}\r\n" for h in headers)
+    return f"{method} {path} HTTP/1.1\r\nHost: x\r\n{head}\r\n".encode() + body
+
+
+def _with_length(method: str, path: str, body: bytes, *headers: str) -> bytes:
+    return _request(method, path, body, f"Content-Length: {len(body)}", *headers)
+
+
+def _read_response(sock: socket.socket) -> tuple[int, dict, bytes]:
+    resp = http.client.HTTPResponse(sock)
+    resp.begin()
+    return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+
+
+def _then_health(port: int, failing: bytes) -> tuple[int, dict, Optional[bytes]]:
+    """Send `failing`, read its reply, then GET /health on the same socket: the first
+    status and headers, and the health reply's body, or None when the server closed."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(failing)
+        status, headers, _ = _read_response(sock)
+        try:
+            sock.sendall(HEALTH)
+            health_status, _, health = _read_response(sock)
+        except (http.client.RemoteDisconnected, ConnectionError):
+            return status, headers, None
+        assert health_status == 200
+        return status, headers, health
+
+
+EARLY_ERRORS = {
+    # Answered without reading the body: it is read and dropped, and the connection goes on.
+    "404 Responses API": (_with_length("POST", "/v1/responses", RESPONSES_BODY), 404, True),
+    "404 unknown model": (_with_length("GET", "/v1/models/other", b"{}"), 404, True),
+    "405 POST models": (_with_length("POST", "/v1/models", RESPONSES_BODY), 405, True),
+    "405 POST health": (_with_length("POST", "/health", b'{"a": 1}'), 405, True),
+    "405 PUT chat": (_with_length("PUT", CHAT, b'{"messages": []}'), 405, True),
+    "200 GET with a body": (_with_length("GET", "/health", b"ignored"), 200, True),
+    # The body is read: the request fails on what it says.
+    "400 not JSON": (_with_length("POST", CHAT, b"not json"), 400, True),
+    "400 bad field": (_with_length("POST", CHAT, json.dumps({"messages": USER, "n": 3}).encode()), 400,
+                      True),
+    # Where the body ends cannot be known, or is too far to read: the connection closes.
+    "411 chunked": (_request("POST", CHAT, b"5\r\nhello\r\n0\r\n\r\n", "Transfer-Encoding: chunked"),
+                    411, False),
+    "413": (_request("POST", CHAT, b'{"messages": [', f"Content-Length: {MAX_BODY_BYTES + 1}"), 413, False),
+    "404 with a body too large": (_request("POST", "/v1/responses", b"{",
+                                           f"Content-Length: {MAX_BODY_BYTES + 1}"), 404, False),
+    "400 bad Content-Length": (_request("POST", CHAT, RESPONSES_BODY, "Content-Length: +30"), 400, False),
+    "404 bad Content-Length": (_request("POST", "/v1/nothing", RESPONSES_BODY, "Content-Length: 1_0"),
+                               404, False),
+    "501 unknown method": (_with_length("BREW", "/health", RESPONSES_BODY), 501, False),
+}
+
+
+@pytest.mark.parametrize("failing, status, kept", EARLY_ERRORS.values(), ids=EARLY_ERRORS.keys())
+def test_the_next_request_on_the_connection_is_served(server, engine, failing, status, kept):
+    got, headers, health = _then_health(server.port, failing)
+    assert got == status
+    if kept:
+        assert health == b'{"status": "ok"}' and headers.get("connection") != "close"
+    else:
+        # Closed, and said so: never a reply parsed from the middle of a body.
+        assert headers.get("connection") == "close" and health is None
+    assert engine.prompts == []
+
+
+def test_a_refused_api_key_closes_the_connection(engine):
+    with serving(scripted_service(engine), api_key="s3cret") as srv:
+        for failing in (_with_length("POST", CHAT, json.dumps({"messages": USER}).encode()),
+                        _with_length("POST", "/v1/models", RESPONSES_BODY)):
+            got, headers, health = _then_health(srv.port, failing)
+            assert (got, headers.get("connection"), health) == (401, "close", None)
+        # The key-free /health keeps the connection like any other request.
+        assert _then_health(srv.port, _with_length("POST", "/health", b"{}"))[0::2] == \
+            (405, b'{"status": "ok"}')
+    assert engine.prompts == []
+
+
+def test_pipelined_requests_after_an_early_error_are_all_served(server):
+    # What a client that does not wait between requests sends, in one write.
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(_with_length("POST", "/v1/responses", RESPONSES_BODY)
+                     + _with_length("POST", CHAT, json.dumps({"messages": USER}).encode()) + HEALTH)
+        reader = sock.makefile("rb")   # one buffered reader for the three replies
+        statuses = []
+        for _ in range(3):
+            statuses.append(int(reader.readline().split()[1]))
+            headers = dict(line.decode().lower().split(": ", 1) for line in iter(reader.readline, b"\r\n"))
+            reader.read(int(headers["content-length"]))
+    assert statuses == [404, 200, 200]
 
 
 # ---- disconnects and queueing -------------------------------------------------
