@@ -92,7 +92,7 @@ class Parts:
             self.fields.append(where)
 
     def image(self, url: str, where: str) -> None:
-        self.parts.append({"type": api.IMAGE_PART, api.IMAGE_PART: {"url": url}})
+        self.parts.append({"type": "image_url", "image_url": {"url": url}})
         self.fields.append(where)
 
     def content(self) -> str | list[dict]:
