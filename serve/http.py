@@ -94,11 +94,6 @@ def sse_event(payload: Any) -> bytes:
 
 
 SSE_DONE = b"data: [DONE]\n\n"
-
-
-def sse_named_event(payload: dict) -> bytes:
-    """An event of the Anthropic and Responses streams: its `type` is the SSE event name."""
-    return b"event: " + payload["type"].encode() + b"\n" + sse_event(payload)
 _HOLE = {"\u0000hole": 0}
 
 
@@ -110,6 +105,11 @@ def sse_encoder(chunk: Callable[[Any], dict]) -> Callable[[Any], bytes]:
     """
     head, tail = sse_event(chunk(_HOLE)).split(_JSON.encode(_HOLE).encode())
     return lambda part: head + _JSON.encode(part).encode() + tail
+
+
+def sse_named_event(payload: dict) -> bytes:
+    """An event of the Anthropic and Responses streams: its `type` is the SSE event name."""
+    return b"event: " + payload["type"].encode() + b"\n" + sse_event(payload)
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -510,17 +510,25 @@ class _DialectSink:
         self._writer: Optional[_SocketWriter] = None
 
     def start(self) -> None:
-        if not self._stream:
-            return
-        self._writer = open_event_stream(self._handler)
-        self._send(self._exchange.opening())
+        if self._stream and self._writer is None:
+            self._writer = open_event_stream(self._handler)
+            self._send(self._exchange.opening())
 
     def emit(self, delta: dict) -> None:
         self._send(self._exchange.delta(delta))
 
     def progress(self, done: int, total: int) -> None:
+        self._keepalive(f": prefill {done}/{total}\n\n")
+
+    def queued(self, ahead: int) -> None:
+        # While the request waits for the engine, the stream is already open and says so.
+        self.start()
+        self._keepalive(f": queue {ahead}\n\n")
+
+    def _keepalive(self, comment: str) -> None:
+        """A comment for people and proxies, and the dialect's own keepalive (Anthropic's ping)."""
         if self._writer is not None:
-            self._writer.put(f": prefill {done}/{total}\n\n".encode())
+            self._writer.put(comment.encode())
             self._send(self._exchange.progress())
 
     def gone(self) -> bool:

@@ -355,3 +355,23 @@ def test_engine_failures_are_api_errors_before_and_after_the_stream_starts():
         assert events[-1][1]["error"]["type"] == "api_error"
         engine.before_token = None
         assert call(srv.port, "POST", MESSAGES, body).status == 200
+
+
+def test_a_queued_request_opens_its_stream_and_says_where_it_waits():
+    # Interface 2: the service calls sink.queued(ahead) while a request waits for the engine.
+    service = scripted_service(ScriptedEngine([xtml_answer("ok")]), thinking=False)
+    chat = service.chat
+
+    def waits_then_runs(req, sink):
+        sink.queued(2)
+        sink.queued(1)
+        return chat(req, sink)
+
+    service.chat = waits_then_runs
+    with serving(service) as srv:
+        resp = call(srv.port, "POST", MESSAGES, {"model": "m", "max_tokens": 10, "messages": ASK,
+                                                 "stream": True})
+    assert resp.comments() == ["queue 2", "queue 1"]
+    names = [name for name, _ in resp.named_events()]
+    assert names[:3] == ["message_start", "ping", "ping"] and names.count("message_start") == 1
+    assert names[-1] == "message_stop"
