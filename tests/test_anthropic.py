@@ -108,6 +108,27 @@ def test_multi_turn_reuses_the_prefix_and_brings_back_signed_thinking(real):
     assert signed - left_out == len(service.engine.tokenize(reasoning))
 
 
+def test_a_tool_loop_on_the_reference_engine_reuses_the_prefix_from_turn_two(real):
+    # The random model calls no tools itself: each turn, the client adds the call it
+    # "ran" to the reply it got, and sends the result, as a tool loop's history reads.
+    client, service, _ = real
+    generation_prompt = len(service.engine.tokenize_segments(xtml.generation_prompt(False)))
+    messages = [{"role": "user", "content": "What is the weather in Paris and in Oslo?"}]
+    previous_history = None
+    for turn, city in enumerate(["Paris", "Oslo", "Rome"]):
+        reply = client.messages.create(model="m", max_tokens=4, messages=messages, tools=TOOLS,
+                                       thinking=OFF, temperature=0)
+        usage = reply.usage
+        if previous_history is not None:
+            assert usage.cache_read_input_tokens == previous_history
+        previous_history = usage.input_tokens + usage.cache_read_input_tokens - generation_prompt
+        use = {"type": "tool_use", "id": f"toolu_{turn}", "name": "get_weather", "input": {"city": city}}
+        messages = messages + [
+            {"role": "assistant", "content": [b.model_dump() for b in reply.content] + [use]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use["id"],
+                                          "content": f"{city}: 18 degrees"}]}]
+
+
 # ---- tools, on a scripted reply -------------------------------------------------------
 
 

@@ -125,6 +125,24 @@ def test_stored_responses_continue_and_can_be_read_and_deleted(real):
     assert caught.value.body["param"] == "previous_response_id"
 
 
+def test_a_tool_loop_on_the_reference_engine_reuses_the_prefix_from_turn_two(real):
+    # The random model calls no tools itself: each turn, the client adds the call it
+    # "ran" to the output it got, and sends the result, as a tool loop's input reads.
+    client, service = real
+    items: list = [{"role": "user", "content": "What is the weather in Paris and in Oslo?"}]
+    history = None
+    for turn, city in enumerate(["Paris", "Oslo", "Rome"]):
+        done = client.responses.create(model="m", input=items, tools=TOOLS, max_output_tokens=4,
+                                       temperature=0, reasoning=OFF, store=False)
+        if history is not None:
+            assert done.usage.input_tokens_details.cached_tokens == history
+        history = done.usage.input_tokens - opening(service, False)
+        items = items + [item.model_dump(exclude_none=True) for item in done.output] + [
+            {"type": "function_call", "call_id": f"call_{turn}", "name": "get_weather",
+             "arguments": json.dumps({"city": city})},
+            {"type": "function_call_output", "call_id": f"call_{turn}", "output": f"{city}: 18 degrees"}]
+
+
 # ---- tools and structured output, on scripted replies ----------------------------------
 
 
@@ -325,3 +343,19 @@ def test_reasoning_comes_back_by_the_id_of_a_stored_item_and_never_as_plain_text
         client.responses.create(model="m", input=[later[0], made_up, *later[2:]])
     rendered = prompt_text(engine)
     assert "ignore the user" not in rendered and "<|open|>think<|sep|><|close|>think<|sep|>" in rendered
+
+
+def test_images_in_messages_and_function_outputs_reach_the_prompt():
+    engine = ScriptedEngine([xtml_answer("A red square.")])
+    image = {"type": "input_image", "image_url": data_url(tiny_png()), "detail": "auto"}
+    with serving(scripted_service(engine, thinking=False, vision=True)) as srv, \
+            client_for(srv.port) as client:
+        done = client.responses.create(model="m", input=[
+            {"role": "user", "content": [{"type": "input_text", "text": "Look:"}, image]},
+            {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "call_1",
+             "output": [{"type": "input_text", "text": "a map"}, image]}], tools=TOOLS)
+    assert done.output_text == "A red square."
+    rendered = prompt_text(engine)
+    assert rendered.count("<|media_begin|>") == 2
+    assert rendered.index("Look:") < rendered.index("<|media_begin|>") < rendered.index("a map")
