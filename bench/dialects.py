@@ -17,6 +17,7 @@ from typing import Callable
 
 from common import DEMO, ROOT, machine
 from serve import anthropic, responses
+from serve.response_store import ResponseStore
 from serve.api import ChatRequest
 from serve.engine import Engine, EngineConfig, load_library
 from serve.xtml import build_chat_segments
@@ -49,7 +50,7 @@ def codex_session(turns: int) -> dict:
 
 
 def translations() -> dict[str, Callable[[], ChatRequest]]:
-    store = responses.ResponseStore()
+    store = ResponseStore()
     claude_code, codex = claude_code_session(5), codex_session(5)   # built once, outside the timing
     return {"claude code": lambda: anthropic.parse_request(claude_code).request,
             "codex": lambda: responses.Exchange(codex, store, "k3").request}

@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional
 
 from . import anthropic, api, responses
 from .api import ApiError
+from .response_store import ResponseStore
 from .service import Service
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -43,7 +44,7 @@ class Server(ThreadingHTTPServer):
         self.api_key = api_key
         self.log = log
         self.socket_timeout = socket_timeout  # bounds a client that declares more body than it sends
-        self.responses = responses.ResponseStore()
+        self.responses = ResponseStore()
         super().__init__(address, Handler)
 
     @property
