@@ -1,6 +1,7 @@
 """Shared pieces of the benchmarks: the engine through the binding, a server subprocess, SSE."""
 from __future__ import annotations
 
+import argparse
 import http.client
 import json
 import os
@@ -20,6 +21,15 @@ from serve.engine import Engine, EngineConfig, GenParams, load_library  # noqa: 
 from serve.xtml import build_chat_segments  # noqa: E402
 
 DEMO = ROOT / "build" / "demo.waste"
+
+
+def container_args(doc: str) -> argparse.Namespace:
+    """`[CONTAINER] [--repeat N] [--lib PATH]`, the arguments of a benchmark on one container."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("container", nargs="?", default=str(DEMO))
+    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--lib", default=None)
+    return ap.parse_args()
 
 
 def machine() -> str:

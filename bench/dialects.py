@@ -9,13 +9,12 @@ the render and tokenize every chat request pays.  Prints a small table.
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
 from typing import Callable
 
-from common import DEMO, ROOT, machine
+from common import ROOT, container_args, machine
 from serve import anthropic, responses
 from serve.response_store import ResponseStore
 from serve.api import ChatRequest
@@ -57,11 +56,7 @@ def translations() -> dict[str, Callable[[], ChatRequest]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("container", nargs="?", default=str(DEMO))
-    ap.add_argument("--repeat", type=int, default=20)
-    ap.add_argument("--lib", default=None)
-    args = ap.parse_args()
+    args = container_args(__doc__)
 
     engine = Engine(load_library(args.lib), args.container, EngineConfig())
     print(f"agent requests, five turns deep, median of {args.repeat} — {machine()}")

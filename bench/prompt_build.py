@@ -8,12 +8,11 @@ engine, as the server does for every request.  Prints a small table.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
 
-from common import DEMO, machine
+from common import container_args, machine
 from serve.engine import Engine, EngineConfig, load_library
 from serve.xtml import build_chat_segments
 
@@ -46,11 +45,7 @@ def agent_messages(n: int) -> list[dict]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("container", nargs="?", default=str(DEMO))
-    ap.add_argument("--repeat", type=int, default=20)
-    ap.add_argument("--lib", default=None)
-    args = ap.parse_args()
+    args = container_args(__doc__)
 
     engine = Engine(load_library(args.lib), args.container, EngineConfig())
     tools, messages = agent_tools(50), agent_messages(200)
