@@ -1,0 +1,198 @@
+"""Decoding in serve, token by token over `waste_eval`: sample, mask, logprobs.
+
+Used instead of the engine's own `waste_generate` when a reply must follow a
+grammar or report logprobs; both need the logits, which only `waste_eval`
+hands out. Each step evaluates the last token, samples from its logits with
+the request's temperature, top_k, top_p and seed (the engine's order: scale,
+keep the top k, keep the top p of that mass), and reports the token exactly
+as the engine's callback would.
+
+The grammar costs little when the model already agrees with it: the model's
+own pick is drawn first, and only when the grammar refuses it is the mask
+computed and the pick drawn again among the allowed candidates (or, when none
+of them is allowed, among the allowed tokens). With no top_k/top_p this is
+exactly sampling from the masked distribution; greedy stays greedy.
+
+numpy is optional: without it `missing()` says why and nothing here is used.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Protocol, Sequence
+
+try:
+    import numpy as np
+except ImportError as _e:  # the server runs without it: logprobs and structure are then off
+    np = None
+    _IMPORT_ERROR: Optional[str] = f"numpy is not installed ({_e})"
+else:
+    _IMPORT_ERROR = None
+
+from .engine import GenParams, GenResult, TokenInfo
+
+
+def missing() -> Optional[str]:
+    """Why decoding in serve is off, or None when it is on."""
+    return _IMPORT_ERROR
+
+
+class Grammar(Protocol):
+    """What the loop needs from a grammar matcher (llguidance's LLMatcher)."""
+
+    def validate_tokens(self, tokens: list[int]) -> int: ...
+    def consume_token(self, token: int) -> bool: ...
+    def compute_bitmask(self) -> bytes: ...
+    def get_error(self) -> str: ...
+
+
+@dataclass
+class Report:
+    """What the `waste` object says about decoding."""
+    constrained: bool
+    mask_ms: float = 0.0          # computing masks (only when the model's pick was refused)
+    mask_changed: int = 0         # tokens where the grammar overruled the model's pick
+    mask_times: list[float] = field(default_factory=list)   # each mask, ms (for benchmarks)
+
+    def waste(self) -> dict:
+        return {"constrained": self.constrained, "mask_ms": round(self.mask_ms, 3),
+                "mask_changed": self.mask_changed}
+
+
+class LogprobListener(Protocol):
+    def token(self, token: int, entry: Optional[dict]) -> None:
+        """Called for each token before it is reported, with its logprob entry (or None)."""
+
+
+class Decoder:
+    """One reply's loop; `generate` has engine.generate's signature and contract."""
+
+    def __init__(self, engine: Any, *, temperature: float, top_k: int, top_p: float,
+                 grammar: Optional[Callable[[int], Grammar]] = None,
+                 top_logprobs: Optional[int] = None,
+                 listener: Optional[LogprobListener] = None,
+                 piece: Optional[Callable[[int], bytes]] = None):
+        self.engine = engine
+        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+        self._make_grammar = grammar   # vocabulary size -> a fresh matcher
+        self.grammar: Optional[Grammar] = None
+        self.top_logprobs = top_logprobs   # None: no logprobs
+        self.listener = listener
+        self._piece = piece or (lambda token: engine.detokenize([token]))
+        self.report = Report(constrained=grammar is not None)
+
+    def generate(self, prompt: Sequence[int], params: GenParams,
+                 on_token: Callable[[TokenInfo, bytes], Optional[bool]]) -> GenResult:
+        rng = np.random.Generator(np.random.PCG64(params.seed))
+        stops = frozenset(params.stop_tokens)
+        count = 0
+        try:
+            started = time.monotonic()
+            logits = np.frombuffer(self.engine.eval(prompt), dtype=np.float32)
+            if self._make_grammar is not None:   # the vocabulary's size is the logits'
+                self.grammar = self._make_grammar(logits.shape[0])
+            for index in range(params.max_tokens):
+                token, allowed = self._choose(logits, rng)
+                entry = self._logprobs(logits, allowed, token) if self.top_logprobs is not None else None
+                if self.grammar is not None and not self.grammar.consume_token(token):
+                    raise RuntimeError(f"grammar refused its own token: {self.grammar.get_error()}")
+                if self.listener is not None:
+                    self.listener.token(token, entry)
+                now = time.monotonic()
+                info = TokenInfo(index, token, entry["logprob"] if entry else 0.0, 0, 0, 0,
+                                 (now - started) * 1000.0, 0.0)
+                started = now
+                count += 1
+                if on_token(info, self._piece(token)):
+                    self.engine.reset()  # as after a cancelled waste_generate
+                    return GenResult(n_tokens=count, cancelled=True, context_full=False, detail=None)
+                if token in stops or index + 1 == params.max_tokens:
+                    break
+                logits = np.frombuffer(self.engine.eval([token]), dtype=np.float32)
+        except BaseException:
+            self.engine.reset()
+            raise
+        return GenResult(n_tokens=count, cancelled=False, context_full=False, detail=None)
+
+    # -- sampling ---------------------------------------------------------------------------
+
+    def _choose(self, logits: "np.ndarray", rng: "np.random.Generator") -> tuple[int, Any]:
+        """(token, allowed-mask or None when no mask was computed)."""
+        u = rng.random()   # one draw per token on every path: same seed, same answer
+        candidates, weights = self._candidates(logits)
+        token = int(candidates[_draw(weights, u)])
+        if self.grammar is None:
+            return token, None
+        needs_mask = self.top_logprobs is not None
+        if self.grammar.validate_tokens([token]) == 1 and not needs_mask:
+            return token, None   # the fast path: the model's own pick is allowed
+        allowed = self._mask(logits.shape[0])
+        if allowed[token]:
+            return token, allowed
+        self.report.mask_changed += 1
+        ok = allowed[candidates]
+        if ok.any():   # the model's candidates that the grammar allows
+            return int(candidates[ok][_draw(weights[ok], rng.random())]), allowed
+        masked = np.where(allowed, logits, -np.inf).astype(np.float32)
+        candidates, weights = self._candidates(masked)
+        return int(candidates[_draw(weights, rng.random())]), allowed
+
+    def _candidates(self, logits: "np.ndarray") -> tuple["np.ndarray", "np.ndarray"]:
+        """Token ids the sampler may pick and their unnormalized weights (the engine's order)."""
+        if self.temperature == 0:
+            return np.array([int(np.argmax(logits))]), np.ones(1)
+        n = logits.shape[0]
+        if 0 < self.top_k < n:
+            ids = np.argpartition(logits, n - self.top_k)[n - self.top_k:]
+            scaled = logits[ids]
+        else:
+            ids, scaled = None, logits
+        weights = np.exp((scaled - scaled.max()) / self.temperature, dtype=np.float64)
+        if self.top_p < 1.0:
+            order = np.argsort(-weights, kind="stable")
+            mass = np.cumsum(weights[order])
+            keep = int(np.searchsorted(mass, self.top_p * mass[-1])) + 1
+            order = order[:keep]
+            weights = weights[order]
+            ids = order if ids is None else ids[order]
+        if ids is None:
+            ids = np.arange(n)
+        return ids, weights
+
+    def _mask(self, n_vocab: int) -> "np.ndarray":
+        started = time.perf_counter()
+        bits = np.frombuffer(self.grammar.compute_bitmask(), dtype=np.uint8)
+        allowed = np.unpackbits(bits, bitorder="little")[:n_vocab].view(bool)
+        ms = (time.perf_counter() - started) * 1000.0
+        self.report.mask_ms += ms
+        self.report.mask_times.append(ms)
+        return allowed
+
+    # -- logprobs ---------------------------------------------------------------------------
+
+    def _logprobs(self, logits: "np.ndarray", allowed: Any, token: int) -> dict:
+        """The chosen token's entry: the log-softmax of the logits the sampler drew from
+        (masked by the grammar, divided by the temperature; greedy divides by 1)."""
+        scaled = logits.astype(np.float64) / (self.temperature or 1.0)
+        if allowed is not None:
+            scaled = np.where(allowed, scaled, -np.inf)
+        top = scaled.max()
+        logprobs = scaled - (top + np.log(np.exp(scaled - top).sum()))
+        entry = self._entry(token, float(logprobs[token]))
+        n = min(self.top_logprobs, logprobs.shape[0])
+        best = np.argpartition(-logprobs, n - 1)[:n] if n else np.array([], dtype=np.int64)
+        best = best[np.argsort(-logprobs[best], kind="stable")]
+        entry["top_logprobs"] = [self._entry(int(t), float(logprobs[t])) for t in best
+                                 if logprobs[t] > -np.inf]
+        return entry
+
+    def _entry(self, token: int, logprob: float) -> dict:
+        piece = self._piece(token)
+        return {"token": piece.decode("utf-8", "replace"), "logprob": max(logprob, -9999.0),
+                "bytes": list(piece)}
+
+
+def _draw(weights: "np.ndarray", u: float) -> int:
+    """Index of the weight whose cumulative span holds u (0 <= u < 1) of the total."""
+    cumulative = np.cumsum(weights)
+    return min(int(np.searchsorted(cumulative, u * cumulative[-1], side="right")), len(weights) - 1)
