@@ -188,8 +188,15 @@ class Decoder:
 
     def _entry(self, token: int, logprob: float) -> dict:
         piece = self._piece(token)
-        return {"token": piece.decode("utf-8", "replace"), "logprob": max(logprob, -9999.0),
-                "bytes": list(piece)}
+        return {"token": token_text(piece), "logprob": max(logprob, -9999.0), "bytes": list(piece)}
+
+
+def token_text(piece: bytes) -> str:
+    """A token as logprobs name it: its text, or (part of a character) `bytes:\\xNN...`."""
+    try:
+        return piece.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in piece)
 
 
 def _draw(weights: "np.ndarray", u: float) -> int:

@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 
 from . import api
 from .api import ApiError
-from .logprobs import chat_logprobs, completion_logprobs
+from .logprobs import chat_logprobs, completion_logprobs, text_length
 from .service import Service
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -251,7 +251,7 @@ class Handler(BaseHTTPRequestHandler):
 
         def with_logprobs(delta: dict, entries: list) -> dict:
             logprobs = completion_logprobs(entries, offset[0])
-            offset[0] += sum(len(e["token"]) for e in entries)
+            offset[0] += sum(text_length(e) for e in entries)
             return api.text_completion(rid, created, model, delta["text"], None, logprobs=logprobs)
         self._generate(
             req, self.server.service.complete,

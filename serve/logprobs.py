@@ -50,6 +50,11 @@ class LogprobTrail:
         self._sink.emit(delta)
 
 
+def text_length(entry: dict) -> int:
+    """How many characters of text a token adds (a partial character counts as its bytes do)."""
+    return len(bytes(entry["bytes"]).decode("utf-8", "replace"))
+
+
 def chat_logprobs(entries: list[dict]) -> dict:
     return {"content": entries, "refusal": None}
 
@@ -60,7 +65,7 @@ def completion_logprobs(entries: list[dict], offset: int = 0) -> dict:
     for entry in entries:
         tokens.append(entry["token"])
         offsets.append(offset)
-        offset += len(entry["token"])
+        offset += text_length(entry)
     return {"tokens": tokens, "token_logprobs": [e["logprob"] for e in entries],
             # The sampled token is always listed, so a dict may hold logprobs + 1 entries.
             "top_logprobs": [{**{t["token"]: t["logprob"] for t in e["top_logprobs"]},
