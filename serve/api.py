@@ -17,9 +17,9 @@ THINKING_ON_EFFORTS = ("low", "high", "max")
 THINKING_OFF_EFFORTS = ("none", "minimal", "off")
 MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool")
 IMAGE_PARTS = ("image_url", "image")  # OpenAI's part, and the K3 release's own
-# Per role, the message fields besides content that reach the prompt as text.
 MAX_CHAT_TOP_LOGPROBS = 20
 MAX_COMPLETION_LOGPROBS = 5
+# Per role, the message fields besides content that reach the prompt as text.
 STRING_FIELDS = {"system": ("name",), "developer": ("name",), "user": ("name",),
                  "assistant": ("name", "reasoning_content", "reasoning"),
                  "tool": ("tool_call_id", "name", "tool")}
