@@ -221,18 +221,18 @@ def run_server(lib, engine: Engine, fmt, options: ServiceOptions, args: argparse
                         api_key=args.api_key or None, log=log)
     except OSError as e:
         return fail(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}")
+    def stop(signum, frame) -> None:
+        # shutdown() waits for serve_forever to return, so it cannot run on this (the serving) thread.
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    # Before the banner: whoever reads it may signal at once.
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     host = f"[{args.host}]" if ":" in args.host else args.host
     print(banner(lib, engine, fmt, args, f"http://{host}:{server.port}/v1", options.prefix_cache),
           flush=True)
     if isinstance(fmt, NoChatFormat):
         print("note     /v1/chat/completions is unavailable; /v1/completions works", flush=True)
-
-    def stop(signum, frame) -> None:
-        # shutdown() waits for serve_forever to return, so it cannot run on this (the serving) thread.
-        threading.Thread(target=server.shutdown, daemon=True).start()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
     try:
         server.serve_forever()
     finally:
