@@ -5,7 +5,10 @@ grammar or report logprobs; both need the logits, which only `waste_eval`
 hands out. Each step evaluates the last token, samples from its logits with
 the request's temperature, top_k, top_p and seed (the engine's order: scale,
 keep the top k, keep the top p of that mass), and reports the token exactly
-as the engine's callback would.
+as the engine's callback would. One difference: a token is evaluated after
+its report, not before, so the reply's last token is never evaluated: nothing
+reads the state after a reply, and on an expert-streaming model an
+evaluation takes about a second.
 
 The grammar costs little when the model already agrees with it: the model's
 own pick is drawn first, and only when the grammar refuses it is the mask
