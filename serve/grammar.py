@@ -14,6 +14,7 @@ is used.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
@@ -39,6 +40,7 @@ JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separat
 ARGUMENT_TYPES = {"string": ("string",), "number": ("integer", "number"), "boolean": ("boolean",),
                   "null": ("null",), "object": ("object",), "array": ("array",)}
 MAX_REF_DEPTH = 32
+_UNESCAPED_SLASH = re.compile(r"(?<!\\)/")   # ends a Lark regex literal
 # Tool calls are numbered in the grammar (index="1", "2", ...) up to this many per reply.
 MAX_CALLS = 16
 
@@ -175,7 +177,7 @@ def _resolve(schema: Any, root: Mapping[str, Any]) -> dict:
 def _raw_string(g: _Lark, schema: Mapping[str, Any]) -> str:
     """An argument body of type string: the text itself, unquoted, as history writes it."""
     if isinstance(schema.get("pattern"), str):
-        return g.add("/" + schema["pattern"].replace("/", "\\/") + "/")
+        return g.add("/" + _UNESCAPED_SLASH.sub(r"\\/", schema["pattern"]) + "/")
     low, high = schema.get("minLength", 0), schema.get("maxLength")
     return g.add(f"/(?s:.{{{int(low)},{'' if high is None else int(high)}}})/")
 
@@ -185,6 +187,7 @@ class _ToolGrammar:
 
     def __init__(self, g: _Lark, markup: Markup):
         self.g, self.m = g, markup
+        self.lenient = True   # unknown schema keywords ignored, unless the tool is strict
 
     def argument_bodies(self, schema: Any, root: Mapping[str, Any]) -> list[tuple[str, str]]:
         """(type attribute, body rule) pairs a value of `schema` can be written as."""
@@ -209,7 +212,7 @@ class _ToolGrammar:
                 pairs.append((attr, _raw_string(self.g, schema)))
             else:
                 typed = {**schema, "type": "number" if "number" in allowed else allowed[0]}
-                pairs.append((attr, self.g.add(_json_rule(typed, _defs(root), lenient=True))))
+                pairs.append((attr, self.g.add(_json_rule(typed, _defs(root), self.lenient))))
         return pairs
 
     def _enum_bodies(self, values: Sequence[Any]) -> list[tuple[str, str]]:
@@ -245,6 +248,7 @@ class _ToolGrammar:
         args = {}
         for tool in tools:
             fn = tool["function"]
+            self.lenient = fn.get("strict") is not True
             args[fn["name"]] = self.g.add(self.arguments(fn.get("parameters")) or '""')
         more = ""
         for index in range(at_most, 0, -1):

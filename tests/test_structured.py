@@ -286,3 +286,23 @@ def test_the_grammar_accepts_exactly_the_calls_history_writes(matcher_for):
     assert accepts(matcher, history_reply(engine, good[1:]))
     matcher, engine = matcher_for({**auto, "tool_choice": {"type": "function", "function": {"name": "get_time"}}})
     assert not accepts(matcher, history_reply(engine, good[:1]))
+
+
+def test_string_patterns_and_strict_tools(k3):
+    code = {"type": "function", "function": {"name": "lookup", "strict": True, "parameters": {
+        "type": "object", "additionalProperties": False, "required": ["code", "path"],
+        "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}$"},
+                       "path": {"type": "string", "pattern": "[a-z]{1,4}/[a-z]{1,4}"}}}}}
+    named = {"type": "function", "function": {"name": "lookup"}}
+    for seed in range(3):
+        (only,) = chat(k3.port, tools=[code], tool_choice=named, seed=seed)["choices"][0]["message"]["tool_calls"]
+        jsonschema.validate(json.loads(only["function"]["arguments"]), code["function"]["parameters"])
+    # A strict tool whose schema uses what cannot be enforced is refused, not loosened.
+    unique = {"type": "function", "function": {"name": "odd", "strict": True, "parameters": {
+        "type": "object", "required": ["n"], "additionalProperties": False,
+        "properties": {"n": {"type": "array", "items": {"type": "boolean"}, "uniqueItems": True,
+                             "maxItems": 2}}}}}
+    assert_error(call(k3.port, "POST", CHAT, {"messages": USER, "tools": [unique], "tool_choice": "required"}),
+                 400, param="tools", code="unsupported_schema")
+    unique["function"]["strict"] = False
+    assert chat(k3.port, tools=[unique], tool_choice="required", seed=1)["choices"][0]["message"]["tool_calls"]
