@@ -67,10 +67,14 @@ def _schema_of(req: ChatRequest) -> Optional[dict]:
     return schema if isinstance(schema, dict) else {}
 
 
+def _format_strict(req: ChatRequest) -> bool:
+    fmt = req.response_format
+    return fmt is not None and fmt["type"] == "json_schema" and fmt["json_schema"].get("strict") is True
+
+
 def _strict(req: ChatRequest) -> Optional[str]:
     """The field of a request that demands enforced structure, if any."""
-    fmt = req.response_format
-    if fmt is not None and fmt["type"] == "json_schema" and fmt["json_schema"].get("strict") is True:
+    if _format_strict(req):
         return "response_format.json_schema.strict"
     for j, tool in enumerate(req.tools or ()):
         if (tool.get("function") or {}).get("strict") is True:
@@ -291,8 +295,7 @@ def xtml_grammar(req: ChatRequest, markup: Markup, thinking: bool) -> str:
     schema = _schema_of(req)
     tools, at_least, at_most = _chosen_tools(req)
     if schema is not None:
-        strict = _strict(req) is not None
-        response = g.add(_json_rule(schema, _defs(schema), lenient=not strict))
+        response = g.add(_json_rule(schema, _defs(schema), lenient=not _format_strict(req)))
     elif at_least:
         response = '""'  # a forced call is the whole answer
     else:
@@ -311,11 +314,9 @@ def xtml_grammar(req: ChatRequest, markup: Markup, thinking: bool) -> str:
 
 
 def json_grammar(req: ChatRequest) -> str:
-    """A chat.json reply: the JSON document and nothing else."""
+    """A chat.json reply: the JSON document and nothing else (that format refuses tools)."""
     schema = _schema_of(req)
-    if schema is None:
-        raise invalid("tools", "tools need the XTML chat format")
-    return f"start: {_json_rule(schema, _defs(schema), lenient=_strict(req) is None)}\n"
+    return f"start: {_json_rule(schema, _defs(schema), lenient=not _format_strict(req))}\n"
 
 
 def compile_grammar(lark: str, field: str) -> str:
