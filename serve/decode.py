@@ -36,6 +36,7 @@ else:
 from .engine import GenParams, GenResult, TokenInfo
 
 DRAW_BLOCK = 1024     # weights summed per block when drawing
+NUCLEUS_GUESS = 1024  # top_p: candidates sorted first, before sorting the whole vocabulary
 BEST_WINDOW = 8.0     # top_logprobs: look first among tokens this close to the best (in log units)
 
 
@@ -158,9 +159,7 @@ class Decoder:
         weights *= np.float32(1.0 / self.temperature)
         np.exp(weights, out=weights)
         if self.top_p < 1.0:
-            order = np.argsort(-weights, kind="stable")
-            mass = np.cumsum(weights[order], dtype=np.float64)
-            order = order[:int(np.searchsorted(mass, self.top_p * mass[-1])) + 1]
+            order = _nucleus(weights, self.top_p)
             weights = weights[order]
             ids = order if ids is None else ids[order]
         return (np.arange(n) if ids is None else ids), weights
@@ -222,6 +221,24 @@ def _draw(weights: "np.ndarray", u: float) -> int:
     inside = np.cumsum(weights[start:start + block], dtype=np.float64)
     at = int(np.searchsorted(inside, target - (spans[b - 1] if b else 0.0), side="right"))
     return min(start + at, n - 1)
+
+
+def _nucleus(weights: "np.ndarray", top_p: float) -> "np.ndarray":
+    """Indices of the heaviest weights holding top_p of the mass, heaviest first.
+
+    The nucleus is usually a small part of a large vocabulary: sort the
+    heaviest NUCLEUS_GUESS first, and the whole only when they fall short.
+    """
+    target = top_p * float(weights.sum(dtype=np.float64))
+    order = None
+    if len(weights) > NUCLEUS_GUESS:
+        guess = np.argpartition(weights, len(weights) - NUCLEUS_GUESS)[-NUCLEUS_GUESS:]
+        if float(weights[guess].sum(dtype=np.float64)) >= target:
+            order = guess[np.argsort(-weights[guess], kind="stable")]
+    if order is None:
+        order = np.argsort(-weights, kind="stable")
+    mass = np.cumsum(weights[order], dtype=np.float64)
+    return order[:int(np.searchsorted(mass, target)) + 1]
 
 
 def _best(scaled: "np.ndarray", n: int) -> list[int]:
