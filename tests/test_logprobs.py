@@ -161,3 +161,14 @@ def test_the_eval_loop_stops_when_the_client_is_gone(service, extra):
     reply = service.chat(req, sink)
     assert reply.client_gone and len(sink.deltas) == 3
     assert reply.usage.completion_tokens < 50
+
+
+def test_the_eval_loop_decodes_what_waste_generate_decodes(k3):
+    """Greedy (or top_k 1 at any temperature) in serve's loop gives the engine's own answer."""
+    ask = {"messages": USER, "max_tokens": 24, "seed": 3}
+    engine_greedy = call(k3.port, "POST", CHAT, {**ask, "temperature": 0}).json()
+    assert engine_greedy["waste"]["constrained"] is False
+    for sampling in ({"temperature": 0}, {"temperature": 1.3, "top_k": 1}):
+        ours = call(k3.port, "POST", CHAT, {**ask, **sampling, "logprobs": True}).json()
+        assert ours["choices"][0]["message"] == engine_greedy["choices"][0]["message"]
+        assert ours["choices"][0]["finish_reason"] == engine_greedy["choices"][0]["finish_reason"]
