@@ -39,7 +39,8 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "
                500: "api_error", 503: "overloaded_error"}
 # Where an internal field comes from, beyond the messages (mapped as they are built).
 TOP_FIELDS = {"messages": "messages", "stop": "stop_sequences", "reasoning_effort": "thinking",
-              "response_format": "output_config.format"}
+              "response_format": "output_config.format",
+              "response_format.json_schema": "output_config.format"}
 
 
 def error_body(error: ApiError) -> dict:
@@ -223,7 +224,9 @@ def _tools(tools: Any, left_out: list[str]) -> tuple[Optional[list[dict]], dict[
         if not isinstance(tool.get("input_schema"), dict):
             raise invalid(f"{at}.input_schema", "input_schema must be a JSON Schema object")
         function["parameters"] = tool["input_schema"]
-        fields[f"tools[{len(out)}]"] = at
+        if tool.get("strict") is not None:   # enforced by constrained decoding when true
+            function["strict"] = tool["strict"]
+        fields[f"tools[{len(out)}]"] = fields[f"tools[{len(out)}].function"] = at
         out.append({"type": "function", "function": function})
     return out, fields
 

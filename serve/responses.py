@@ -33,7 +33,8 @@ from .service import ChatReply
 
 INCLUDE_REASONING = "reasoning.encrypted_content"
 TOP_FIELDS = {"messages": "input", "max_tokens": "max_output_tokens",
-              "response_format": "text.format", "reasoning_effort": "reasoning.effort"}
+              "response_format": "text.format", "response_format.json_schema": "text.format",
+              "reasoning_effort": "reasoning.effort"}
 UNSUPPORTED = {"background": "background responses are not supported",
                "conversation": "conversations are not supported; continue with previous_response_id",
                "prompt": "stored prompt templates are not supported"}
@@ -196,6 +197,8 @@ def _function(tool: dict, at: str, name: str) -> dict:
         function["description"] = tool["description"]
     if tool.get("parameters") is not None:
         function["parameters"] = tool["parameters"]
+    if tool.get("strict") is not None:   # enforced by constrained decoding when true
+        function["strict"] = tool["strict"]
     return {"type": "function", "function": function}
 
 
@@ -215,7 +218,7 @@ def _tools(tools: Any, left_out: list[str]
         shown = f"{namespace}.{name}" if namespace else name
         if namespace:
             namespaced[shown] = (namespace, name)
-        fields[f"tools[{len(out)}]"] = at
+        fields[f"tools[{len(out)}]"] = fields[f"tools[{len(out)}].function"] = at   # flat shape
         out.append(_function(tool, at, shown))
 
     for j, tool in enumerate(tools):

@@ -14,7 +14,7 @@ from serve import seal, xtml
 MESSAGES = "/v1/messages"
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
 TOOLS = [{"name": "get_weather", "description": "Current weather for a city",
-          "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
+          "input_schema": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
                            "required": ["city"]}}]
 OFF = {"type": "disabled"}
 
@@ -109,8 +109,9 @@ def test_multi_turn_reuses_the_prefix_and_brings_back_signed_thinking(real):
 
 
 def test_a_tool_loop_on_the_reference_engine_reuses_the_prefix_from_turn_two(real):
-    # The random model calls no tools itself: each turn, the client adds the call it
-    # "ran" to the reply it got, and sends the result, as a tool loop's history reads.
+    # With tool_choice auto the random model calls no tools: each turn, the client adds
+    # the call it "ran" to the reply it got, as a tool loop's history reads. (A forced
+    # tool_choice puts a note after the conversation, which no next turn repeats.)
     client, service, _ = real
     generation_prompt = len(service.engine.tokenize_segments(xtml.generation_prompt(False)))
     messages = [{"role": "user", "content": "What is the weather in Paris and in Oslo?"}]
@@ -127,6 +128,25 @@ def test_a_tool_loop_on_the_reference_engine_reuses_the_prefix_from_turn_two(rea
             {"role": "assistant", "content": [b.model_dump() for b in reply.content] + [use]},
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use["id"],
                                           "content": f"{city}: 18 degrees"}]}]
+
+
+def test_a_forced_call_on_the_reference_engine_goes_round_trip(real):
+    # A named tool_choice makes the random model make that one call (constrained decoding).
+    client, _, _ = real
+    with client.messages.stream(model="m", max_tokens=400, messages=ASK, tools=TOOLS, thinking=OFF,
+                                tool_choice={"type": "tool", "name": "get_weather"},
+                                temperature=1.5) as stream:
+        called = stream.get_final_message()
+    (use,) = called.content
+    assert use.type == "tool_use" and use.name == "get_weather" and set(use.input) == {"city"}
+    assert called.stop_reason == "tool_use"
+    answer = client.messages.create(model="m", max_tokens=8, tools=TOOLS, thinking=OFF,
+                                    tool_choice={"type": "none"}, messages=ASK + [
+                                        {"role": "assistant", "content": [use.model_dump()]},
+                                        {"role": "user", "content": [{"type": "tool_result",
+                                                                      "tool_use_id": use.id,
+                                                                      "content": "18 degrees"}]}])
+    assert [block.type for block in answer.content] == ["text"]
 
 
 # ---- tools, on a scripted reply -------------------------------------------------------

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from typing import Literal
 
 import openai
 import pydantic
@@ -15,8 +16,9 @@ from serve.response_store import ResponseStore
 
 RESPONSES = "/v1/responses"
 TOOLS = [{"type": "function", "name": "get_weather", "description": "Current weather for a city",
-          "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                         "required": ["city"], "additionalProperties": False}, "strict": True}]
+          "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+                         "required": ["city"], "additionalProperties": False}}]
+STRICT_TOOLS = [{**TOOLS[0], "strict": True}]
 OFF = {"effort": "none"}
 
 
@@ -126,8 +128,9 @@ def test_stored_responses_continue_and_can_be_read_and_deleted(real):
 
 
 def test_a_tool_loop_on_the_reference_engine_reuses_the_prefix_from_turn_two(real):
-    # The random model calls no tools itself: each turn, the client adds the call it
-    # "ran" to the output it got, and sends the result, as a tool loop's input reads.
+    # With tool_choice auto the random model calls no tools: each turn, the client adds
+    # the call it "ran" to the output it got, as a tool loop's input reads. (A forced
+    # tool_choice puts a note after the conversation, which no next turn repeats.)
     client, service = real
     items: list = [{"role": "user", "content": "What is the weather in Paris and in Oslo?"}]
     history = None
@@ -143,24 +146,50 @@ def test_a_tool_loop_on_the_reference_engine_reuses_the_prefix_from_turn_two(rea
             {"type": "function_call_output", "call_id": f"call_{turn}", "output": f"{city}: 18 degrees"}]
 
 
+def test_a_forced_call_on_the_reference_engine_goes_round_trip(real):
+    # A named tool_choice makes the random model make that one call (constrained decoding).
+    client, _ = real
+    items: list = [{"role": "user", "content": "What is the weather in Paris?"}]
+    done = client.responses.create(model="m", input=items, tools=TOOLS, max_output_tokens=400,
+                                   tool_choice={"type": "function", "name": "get_weather"},
+                                   temperature=1.5, reasoning=OFF)
+    (call_item,) = done.output
+    assert call_item.type == "function_call" and call_item.name == "get_weather"
+    assert set(json.loads(call_item.arguments)) == {"city"} and done.status == "completed"
+    answer = client.responses.create(model="m", previous_response_id=done.id, tools=TOOLS,
+                                     tool_choice="none", max_output_tokens=8, reasoning=OFF, input=[
+                                         {"type": "function_call_output", "call_id": call_item.call_id,
+                                          "output": "18 degrees"}])
+    assert [item.type for item in answer.output] == ["message"] and answer.output_text
+
+
+class Place(pydantic.BaseModel):
+    name: str = pydantic.Field(max_length=12)
+    kind: Literal["town", "city", "village"]
+
+
+def test_parse_gets_a_parsed_object_and_strict_arguments_on_the_reference_engine(real):
+    client, _ = real
+    parsed = client.responses.parse(model="m", input="Describe a city.", text_format=Place,
+                                    reasoning=OFF, temperature=1.5, max_output_tokens=300)
+    assert isinstance(parsed.output_parsed, Place) and parsed.status == "completed"
+    called = client.responses.parse(model="m", input="Weather?", tools=STRICT_TOOLS,
+                                    tool_choice={"type": "function", "name": "get_weather"},
+                                    reasoning=OFF, temperature=1.5, max_output_tokens=300)
+    (call_item,) = [item for item in called.output if item.type == "function_call"]
+    assert set(call_item.parsed_arguments) == {"city"}
+
+
 # ---- tools and structured output, on scripted replies ----------------------------------
 
 
-class Weather(pydantic.BaseModel):
-    city: str
-    degrees: int
-
-
-def test_parse_with_a_schema_and_a_strict_tool():
-    engine = ScriptedEngine([xtml_answer('{"city": "Paris", "degrees": 18}'),
-                             xtml_tool_call("get_weather", {"city": "Paris"})])
+def test_json_schema_reaches_the_prompt_and_the_reply_parses():
+    engine = ScriptedEngine([xtml_answer('{"name": "Paris", "kind": "city"}')])
+    schema = {"type": "json_schema", "name": "place", "schema": Place.model_json_schema()}
     with serving(scripted_service(engine, thinking=False)) as srv, client_for(srv.port) as client:
-        parsed = client.responses.parse(model="m", input="Weather in Paris as JSON", text_format=Weather)
-        assert parsed.output_parsed == Weather(city="Paris", degrees=18)
-        assert "`response_format=json_schema`" in prompt_text(engine)
-        called = client.responses.parse(model="m", input="Weather?", tools=TOOLS)
-        (call_item,) = called.output
-        assert call_item.type == "function_call" and call_item.parsed_arguments == {"city": "Paris"}
+        done = client.responses.create(model="m", input="Describe a city.", text={"format": schema})
+    assert Place.model_validate_json(done.output_text) == Place(name="Paris", kind="city")
+    assert "`response_format=json_schema`" in prompt_text(engine)
 
 
 def test_function_call_round_trip_with_namespaces():
