@@ -19,6 +19,7 @@ import pytest
 from conftest import ROOT
 from gguf_reference import Reference
 from gguf_writer import MISSING_BYTES, SPECIALS, tiny_llama, vocabulary
+from tokenizer_reference import hf_tokenizer, random_texts
 from serve.chatfmt import TemplateFormat, resolve_chat_format
 from serve.engine import Engine, EngineConfig
 
@@ -165,34 +166,6 @@ def test_a_small_budget_streams_ffns_through_the_expert_cache(lib, tiny, tiny_en
     assert stats.bytes_read == stats.experts_missed * plan.min_expert_cache
 
 # ------------------------------------------------------------------- tokenizer
-
-
-def hf_tokenizer(tokens: list[str], merges: list[str]):
-    tk = pytest.importorskip("tokenizers")
-    model = tk.models.BPE(vocab={t: i for i, t in enumerate(tokens)},
-                          merges=[tuple(m.split(" ")) for m in merges], unk_token="<|endoftext|>")
-    tokenizer = tk.Tokenizer(model)
-    tokenizer.pre_tokenizer = tk.pre_tokenizers.Sequence([
-        tk.pre_tokenizers.Digits(individual_digits=True),
-        tk.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
-    return tokenizer
-
-
-def random_texts(rng: random.Random, n: int) -> list[str]:
-    """Strings from a mix of scripts, digits, punctuation, emoji and whitespace runs."""
-    alphabet = ("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
-                " \t\n\r  \u00a0\u3000'\".,;:!?-_()[]{}<>/@#$%^&*+=~`|\\"
-                "éèêçñüößÆØÅ" "Привет" "Γειά" "مرحبا" "你好世界" "日本語カタカナ" "한국어" "नमस्ते"
-                "١٢٣" "½²Ⅻ" "🙂🚀🌍❤️✨" "\x04\U00040000")
-    out = []
-    for _ in range(n):
-        k = rng.randint(0, 40)
-        text = "".join(rng.choice(alphabet) for _ in range(k))
-        for word in ("'s", "'ll", " the", "don't", "  x", "\n\n", "12345"):
-            if rng.random() < 0.1:
-                text += word
-        out.append(text)
-    return out
 
 
 def test_tokenization_equals_hugging_face_tokenizers(tiny_engine):
