@@ -6,12 +6,14 @@ built from the same vocabulary and merges.
 """
 from __future__ import annotations
 
+import base64
 import json
 import random
 import struct
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -20,6 +22,7 @@ from conftest import ROOT
 from gguf_reference import Reference
 from gguf_writer import MISSING_BYTES, SPECIALS, tiny_llama, vocabulary
 from tokenizer_reference import hf_tokenizer, random_texts
+from test_container_fuzz import E_FORMAT, damaged_copy, drop_key, open_in_child, set_key
 from serve.chatfmt import TemplateFormat, resolve_chat_format
 from serve.engine import Engine, EngineConfig
 
@@ -181,3 +184,63 @@ def test_bytes_the_vocabulary_lacks_encode_as_the_unknown_token(tiny_engine):
     for byte in MISSING_BYTES:
         text = bytes([byte]).decode("latin-1") if byte < 0x80 else "\U00040000"
         assert 0 in tiny_engine.tokenize(text)
+
+# ------------------------------------------------------------- damaged llama
+
+
+def byte_id(container: Path, raw: bytes) -> int:
+    for line in (container / "tokenizer.model").read_text().splitlines():
+        text, rank = line.split()
+        if base64.b64decode(text) == raw:
+            return int(rank)
+    raise KeyError(raw)
+
+
+def edit_merges(change: Callable[[Path, list[str]], list[str]]) -> Callable[[Path], None]:
+    def mutate(root: Path) -> None:
+        lines = (root / "tokenizer.merges").read_text().splitlines()
+        (root / "tokenizer.merges").write_text("".join(f"{x}\n" for x in change(root, lines)))
+    return mutate
+
+
+def first_bank_quant_kind(kind: int) -> Callable[[Path], None]:
+    def mutate(root: Path) -> None:
+        bank = root / "experts" / "layer-000.bank"
+        data = bytearray(bank.read_bytes())
+        data[28:32] = struct.pack("<I", kind)
+        bank.write_bytes(bytes(data))
+    return mutate
+
+
+LLAMA_DAMAGE = {
+    "kv heads do not divide heads": (set_key("n_kv_heads", 3), "must divide n_heads"),
+    "more kv heads than heads": (set_key("n_kv_heads", 5), '"n_kv_heads" must be an integer'),
+    "rope style": (set_key("rope_style", "halves"), '"rope_style" must be "adjacent"'),
+    "pre-tokenizer": (set_key("pretokenizer", "qwen2"), '"pretokenizer" must be "default" or "smollm"'),
+    "weight quant": (set_key("weight_quant", "q4_0"), '"weight_quant" must be'),
+    "embed quant group": (set_key("embed_quant", "q8g7"), '"embed_quant" must be'),
+    "tied is a string": (set_key("tied_embeddings", "yes"), '"tied_embeddings" must be true or false'),
+    "two experts": (set_key("n_experts", 2), 'arch "llama" has one expert per layer'),
+    "shared expert": (set_key("shared_expert", True), 'arch "llama" has one expert per layer'),
+    "untied, no lm_head stored": (set_key("tied_embeddings", False), "trunk.bin"),
+    "f32 claimed for q4_1 banks": (set_key("expert_quant", "f32"), "layer-000.bank"),
+    "bank quant kind": (first_bank_quant_kind(0), "header quant_kind is 0"),
+    "unk names no special": (set_key("unk_token", "<|nope|>"), 'unk_token "<|nope|>"'),
+    "no unk for missing bytes": (drop_key("unk_token"), "no rank for the single byte 0x04"),
+    "merge line malformed": (edit_merges(lambda root, lines: ["1 2 3"] + lines),
+                             "tokenizer.merges line 1: expected"),
+    "merge of a special": (edit_merges(lambda root, lines: ["0 40"] + lines),
+                           "tokenizer.merges line 1: expected"),
+    "merge that makes no token": (
+        edit_merges(lambda root, lines: [f"{byte_id(root, b'Q')} {byte_id(root, b'Z')}"] + lines),
+        "do not merge into a token"),
+    "merge repeated": (edit_merges(lambda root, lines: lines + lines[:1]), "repeats a merge"),
+}
+
+
+@pytest.mark.parametrize("case", list(LLAMA_DAMAGE))
+def test_damaged_llama_container_is_refused_by_name(lib_path, tiny, tmp_path, case):
+    mutate, detail = LLAMA_DAMAGE[case]
+    result = open_in_child(lib_path, damaged_copy(tiny[1], tmp_path / "c.waste", mutate))
+    assert result["status"] == E_FORMAT, result
+    assert detail in result["detail"], result

@@ -4,6 +4,7 @@ Hugging Face's `tokenizers` built from a vocabulary and merge list
 from __future__ import annotations
 
 import random
+import unicodedata
 
 import pytest
 
@@ -19,6 +20,14 @@ def hf_tokenizer(tokens: list[str], merges: list[str]):
     return tokenizer
 
 
+def any_character(rng: random.Random) -> str:
+    """A random assigned code point but NUL (this Python's Unicode), from any plane in use."""
+    while True:
+        c = chr(rng.choice((rng.randrange(0x30000), rng.randrange(0x10000))))
+        if c != "\0" and unicodedata.category(c) not in ("Cn", "Cs"):  # C strings end at NUL
+            return c
+
+
 def random_texts(rng: random.Random, n: int) -> list[str]:
     """Strings from a mix of scripts, digits, punctuation, emoji and whitespace runs."""
     alphabet = ("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
@@ -32,5 +41,7 @@ def random_texts(rng: random.Random, n: int) -> list[str]:
         for word in ("'s", "'ll", " the", "don't", "  x", "\n\n", "12345"):
             if rng.random() < 0.1:
                 text += word
+        while rng.random() < 0.3:
+            text += any_character(rng)
         out.append(text)
     return out
