@@ -51,7 +51,7 @@ static void map_tensors(wweights *w, const wmanifest *m) {
 }
 
 void wmodel_embed(const wweights *w, int32_t token, float *out) {
-    wops_dequant_row(&w->tok_embed, (size_t)token, out);
+    wmat_dequant_row(&w->tok_embed, (size_t)token, out);
 }
 
 waste_status wweights_load(wweights *w, const char *dir, const wmanifest *m, char *err, size_t errcap) {
@@ -192,13 +192,13 @@ static void attention_block(const wmanifest *m, const wlayer *L, wstate *s, cons
     size_t plane = (size_t)layer * s->ctx * kv;
     float *k = s->keys + plane + (size_t)s->pos * kv, *v = s->values + plane + (size_t)s->pos * kv;
     wops_rmsnorm(s->xb, s->x, L->attn_norm, h, m->norm_eps);
-    wops_matmul(team, s->q, &L->wq, s->xb, &s->xq);
-    wops_matmul(team, k, &L->wk, s->xb, &s->xq);
-    wops_matmul(team, v, &L->wv, s->xb, &s->xq);
+    wmat_mul(team, s->q, &L->wq, s->xb, &s->xq);
+    wmat_mul(team, k, &L->wk, s->xb, &s->xq);
+    wmat_mul(team, v, &L->wv, s->xb, &s->xq);
     wops_rope(s->q, m->n_heads, m->head_dim, s->pos, m->rope_theta);
     wops_rope(k, m->n_kv_heads, m->head_dim, s->pos, m->rope_theta);
     attention(m, s, s->keys + plane, s->values + plane);
-    wops_matmul(team, s->xb2, &L->wo, s->xb, &s->xq);
+    wmat_mul(team, s->xb2, &L->wo, s->xb, &s->xq);
     for (size_t i = 0; i < h; i++) s->x[i] += s->xb2[i];
 }
 
@@ -218,10 +218,10 @@ static void expert_ffn(const wmanifest *m, const wpool_team *team, wstate *s, fl
     wmat w1 = wmat_view(m->expert_q, ffn, h, payload);
     wmat w3 = wmat_view(m->expert_q, ffn, h, payload + up);
     wmat w2 = wmat_view(m->expert_q, h, ffn, payload + 2 * up);
-    wops_matmul(team, s->hb, &w1, in, &s->xq);
-    wops_matmul(team, s->hb2, &w3, in, &s->xq);
+    wmat_mul(team, s->hb, &w1, in, &s->xq);
+    wmat_mul(team, s->hb2, &w3, in, &s->xq);
     wops_swiglu(s->hb, s->hb2, ffn);
-    wops_matmul(team, out, &w2, s->hb, &s->xq);
+    wmat_mul(team, out, &w2, s->hb, &s->xq);
 }
 
 /* Softmax over all experts, keep the top_k (ties: lower index), renormalise. */
@@ -290,7 +290,7 @@ waste_status wmodel_forward(const wmanifest *m, const wweights *w, wstate *s, co
     }
     if (want_logits) {
         wops_rmsnorm(s->xb, s->x, w->final_norm, h, m->norm_eps);
-        wops_matmul(team, s->logits, &w->lm_head, s->xb, &s->xq);
+        wmat_mul(team, s->logits, &w->lm_head, s->xb, &s->xq);
     }
     s->pos++;
     return WASTE_OK;

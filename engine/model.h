@@ -9,7 +9,7 @@
 #include <stdint.h>
 #include "experts.h"
 #include "manifest.h"
-#include "ops.h"
+#include "matmul.h"
 #include "pool.h"
 
 typedef struct {
