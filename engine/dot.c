@@ -50,6 +50,7 @@ static float q8_plain(const int8_t *codes, const float *scale, const wqvec *x, s
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
+#include <stdatomic.h>
 #define HAVE_AVX2_PATH 1
 
 /* 16-bit pairs multiply-add into 32-bit lanes (vpmaddwd): no overflow, as
@@ -96,12 +97,14 @@ __attribute__((target("avx2,fma"))) static float q8_avx2(const int8_t *codes, co
 }
 
 static int use_avx2(void) {
-    static int answer = -1; /* races only ever store the same value */
-    if (answer < 0) {
+    static atomic_int answer = -1; /* threads that race here all store the same value */
+    int known = atomic_load_explicit(&answer, memory_order_relaxed);
+    if (known < 0) {
         __builtin_cpu_init();
-        answer = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        known = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        atomic_store_explicit(&answer, known, memory_order_relaxed);
     }
-    return answer;
+    return known;
 }
 #endif
 
