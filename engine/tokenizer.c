@@ -633,7 +633,7 @@ static size_t run_of(const uint8_t *p, size_t n, int (*test)(uint32_t)) {
  * ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+  at p, within a piece of n bytes. */
 static size_t gpt2_match(const uint8_t *p, size_t n) {
     if (p[0] == '\'' && n >= 2) {
-        if (strchr("stmd", p[1])) return 2;
+        if (memchr("stmd", p[1], 4)) return 2;
         if (n >= 3 && (memcmp(p + 1, "re", 2) == 0 || memcmp(p + 1, "ve", 2) == 0 ||
                        memcmp(p + 1, "ll", 2) == 0))
             return 3;
