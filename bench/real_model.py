@@ -5,7 +5,9 @@
 CONTAINER defaults to build/smollm2.waste (`make demo` or tools/fetch_model.py
 writes it).  Two memory settings: the whole model in RAM, and a budget whose
 expert cache holds a third of the FFNs, so the rest stream from disk (hit
-rate and bytes read shown).  Rates are wall-clock; "per CPU-s" divides by the
+rate and bytes read shown), once with no expert hotlist and once with the
+hotlist the all-in-RAM run learned (each run gets its own, never the
+container's).  Rates are wall-clock; "per CPU-s" divides by the
 process's CPU time instead, which a loaded machine disturbs less.  Numbers
 are informative, never asserted.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import time
 from pathlib import Path
 
@@ -32,8 +35,10 @@ def timed(fn) -> tuple[float, float]:
     return time.perf_counter() - w, time.process_time() - c
 
 
-def measure(lib, container: Path, budget: int, tokens: int) -> dict:
-    with Engine(lib, container, EngineConfig(threads=1, ctx=1024, budget=budget)) as engine:
+def measure(lib, container: Path, budget: int, tokens: int, usage: Path) -> dict:
+    """Prefill and decode rates; the engine warms from, and saves, the hotlist at usage."""
+    config = EngineConfig(threads=1, ctx=1024, budget=budget, usage_path=str(usage))
+    with Engine(lib, container, config) as engine:
         prefill_ids = engine.tokenize(PREFILL_TEXT)
         wall, cpu = timed(lambda: engine.eval(prefill_ids))
         prefill = (len(prefill_ids) / wall, len(prefill_ids) / cpu)
@@ -48,6 +53,7 @@ def measure(lib, container: Path, budget: int, tokens: int) -> dict:
 
         # Timed from the first generated token to the last: decoding only.
         engine.generate(engine.tokenize(PROMPT, markup=True), GenParams(max_tokens=tokens), on_token)
+        engine.save_usage()
     (w0, c0, h0, m0, b0), (w1, c1, h1, m1, b1) = stamps[0], stamps[-1]
     n = len(stamps) - 1
     return {"prefill": prefill, "decode": (n / (w1 - w0), n / (c1 - c0)),
@@ -70,11 +76,16 @@ def main() -> None:
     print(f"{manifest['flavour']}, 1 thread, {args.tokens} decoded tokens — {machine()}")
     print(f"{'memory':<22} {'prefill tok/s':>14} {'per CPU-s':>10} {'decode tok/s':>13} "
           f"{'per CPU-s':>10} {'FFN hit rate':>13} {'MB read/token':>14}")
-    for name, budget in (("all in RAM", plan.recommended_bytes),
-                         (f"1/3 of FFNs ({ffns // 3}/{ffns})", third)):
-        r = measure(lib, container, budget, args.tokens)
-        print(f"{name:<22} {r['prefill'][0]:>14.1f} {r['prefill'][1]:>10.1f} {r['decode'][0]:>13.1f} "
-              f"{r['decode'][1]:>10.1f} {r['hit_rate']:>13.0%} {r['mb_per_token']:>14.2f}")
+    with tempfile.TemporaryDirectory(prefix="bench-usage-") as tmp:
+        learned, cold = Path(tmp) / "learned.waste", Path(tmp) / "cold.waste"
+        runs = (("all in RAM", plan.recommended_bytes, learned),
+                (f"{ffns // 3}/{ffns} FFNs, no hotlist", third, cold),
+                (f"{ffns // 3}/{ffns} FFNs, hotlist", third, learned))
+        for name, budget, usage in runs:
+            r = measure(lib, container, budget, args.tokens, usage)
+            print(f"{name:<22} {r['prefill'][0]:>14.1f} {r['prefill'][1]:>10.1f} "
+                  f"{r['decode'][0]:>13.1f} {r['decode'][1]:>10.1f} {r['hit_rate']:>13.0%} "
+                  f"{r['mb_per_token']:>14.2f}")
 
 
 if __name__ == "__main__":
