@@ -110,7 +110,7 @@ static uint64_t max_cols(const wmanifest *m) {
 }
 
 /* Activation floats, in the order wstate_init carves them (the quantised
- * activation's d and sum come last, its int8 codes after them). */
+ * activation's d and sum come last, its int16 codes after them). */
 static uint64_t activation_floats(const wmanifest *m, uint32_t ctx) {
     return 5ull * m->hidden + ctx + 2 * max_ffn(m) + m->n_experts + m->vocab_size +
            2 * (max_cols(m) / 32 + 1);
