@@ -25,13 +25,15 @@ class ApiError(Exception):
     """A request that ends in an OpenAI-shaped error response."""
 
     def __init__(self, status: int, message: str, param: Optional[str] = None,
-                 code: Optional[str] = None, kind: str = "invalid_request_error"):
+                 code: Optional[str] = None, kind: str = "invalid_request_error",
+                 headers: Optional[dict[str, str]] = None):
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
         self.kind = kind
+        self.headers = headers or {}  # extra response headers, e.g. Retry-After
 
     def body(self) -> dict:
         return error_body(self.message, self.kind, self.param, self.code)
@@ -69,6 +71,7 @@ class ChatRequest:
     response_format: Optional[dict] = None
     thinking: Optional[bool] = None   # None: the server's default
     thinking_effort: Optional[str] = None
+    request_id: str = ""              # the HTTP request's id, for log lines
 
 
 @dataclass
@@ -77,6 +80,7 @@ class CompletionRequest:
     sampling: Sampling
     stream: bool = False
     include_usage: bool = False
+    request_id: str = ""
 
 
 def _is_int(value: Any) -> bool:

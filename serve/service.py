@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import codecs
 import secrets
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Protocol, Sequence
+from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
 
 from . import api
 from .api import ApiError, ChatRequest, CompletionRequest, Sampling, Usage, invalid
 from .chatfmt import ChatFormatError, NoChatFormat
 from .engine import GenParams, GenResult, Stats, TokenInfo, UnencodableText, WasteError
-from .images import StagedImages, image_parts, measure
+from .engine_queue import EngineQueue, shutting_down
+from .images import StagedImages, image_parts
 from .prefill import DEFAULT_CHUNK, PrefillCancelled, prefill
 from .prefix_cache import PrefixCache
 from .stops import StopFilter
@@ -40,6 +43,40 @@ class ReplySink(Protocol):
     def gone(self) -> bool:
         """True once the client has disconnected: generation stops at the next token."""
 
+    def queued(self, ahead: int) -> None:
+        """The request waits for the engine behind `ahead` others; called again when that changes."""
+
+
+class _Watched:
+    """The sink as a running request sees it: also gone once the server is shutting down.
+
+    Every generation loop already stops when its sink is gone, so this is how
+    shutdown reaches all of them, at their next token or prefill chunk.
+    """
+
+    def __init__(self, sink: ReplySink, stopping: threading.Event):
+        self._sink = sink
+        self._stopping = stopping
+        self.cut = False  # gone() said yes because of shutdown
+
+    def start(self) -> None:
+        self._sink.start()
+
+    def progress(self, done: int, total: int) -> None:
+        self._sink.progress(done, total)
+
+    def emit(self, delta: dict) -> None:
+        self._sink.emit(delta)
+
+    def queued(self, ahead: int) -> None:
+        self._sink.queued(ahead)
+
+    def gone(self) -> bool:
+        if self._stopping.is_set():
+            self.cut = True
+            return True
+        return self._sink.gone()
+
 
 @dataclass
 class ServiceOptions:
@@ -47,10 +84,11 @@ class ServiceOptions:
     max_tokens: int = 4096
     thinking: bool = True          # the default when a request does not say
     vision: bool = False
-    allow_local_images: bool = False
+    allow_local_images: Optional[str] = None    # a directory clients may name image files in
     prefix_cache: Optional[PrefixCache] = None   # None: prefill every request from scratch
     prefill_chunk: int = DEFAULT_CHUNK
     log: Optional[Callable[[str], None]] = None  # prefill progress of long prompts
+    max_queue: int = 32            # requests that may wait for the engine; more get a 503
 
 
 @dataclass
@@ -100,6 +138,30 @@ class Service:
         self.chat_format = chat_format
         self.options = options
         self.created = api.now()
+        self.queue = EngineQueue(options.max_queue)
+        self._stopping = threading.Event()
+        self._request_id = ""  # of the request holding the engine, for its log lines
+
+    # -- shutdown -------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Refuse new and queued work; what runs stops at its next token or prefill chunk."""
+        self._stopping.set()
+        self.queue.close()
+
+    def wait_idle(self, timeout: Optional[float] = None) -> bool:
+        """After stop(): True once no request uses the engine (it may then be closed)."""
+        return self.queue.wait_idle(timeout)
+
+    @contextmanager
+    def _turn(self, request_id: str, sink: ReplySink) -> Iterator[_Watched]:
+        """Wait in line for the engine and hold it; a run cut by shutdown ends in its 503."""
+        watched = _Watched(sink, self._stopping)
+        with self.queue.turn(watched), self.engine.lock:
+            self._request_id = request_id
+            yield watched
+        if watched.cut:
+            raise shutting_down()
 
     # -- models ---------------------------------------------------------------
 
@@ -127,17 +189,19 @@ class Service:
             raise invalid("tools", f"the {fmt.name} chat format cannot declare tools")
         images = image_parts(req.messages)
         self._check_images(images)
-        with self.engine.lock:
+        with self._turn(req.request_id, sink) as sink:
             self._start_empty()
             with StagedImages(self.options.allow_local_images) as staged:
                 paths = [staged.stage(url, param) for param, url in images]
-                prompts = [image_prompt(*measure(self.library.image_dimensions, path, param))
+                prompts = [image_prompt(*staged.measure(self.library.image_dimensions, path, param))
                            for path, (param, _) in zip(paths, images)]
                 # The conversation and the generation prompt are tokenized apart (as
                 # segments always are) so that the end of the conversation, which the
                 # next turn's prompt will repeat, is a known position worth a snapshot.
+                segments = self._render(req, thinking, prompts)
+                self._check_fits(sum(len(segment.text) for segment in segments), "messages")
                 try:
-                    history = self.engine.tokenize_segments(self._render(req, thinking, prompts))
+                    history = self.engine.tokenize_segments(segments)
                 except UnencodableText as e:
                     raise invalid("messages", f"a message cannot be tokenized: {e}") from None
                 ids = history + self.engine.tokenize_segments(
@@ -226,7 +290,8 @@ class Service:
     # -- completions ----------------------------------------------------------
 
     def complete(self, req: CompletionRequest, sink: ReplySink) -> CompletionReply:
-        with self.engine.lock:
+        self._check_fits(len(req.prompt), "prompt")
+        with self._turn(req.request_id, sink) as sink:
             self._start_empty()
             # The engine knows whether its container has a BOS to add.
             try:
@@ -268,6 +333,19 @@ class Service:
         failed or not, may reach this one (the ABI does not say reset drops the queue)."""
         self.engine.reset()
         self.engine.image_clear()
+
+    def _check_fits(self, chars: int, param: str) -> None:
+        """Refuse text that cannot fit before tokenizing it (which costs memory in proportion).
+
+        No token is longer than the vocabulary's longest, and `chars` characters
+        are at least as many UTF-8 bytes, so they make at least chars / longest tokens.
+        """
+        longest, ctx = self.engine.longest_token, self.engine.info.ctx_max
+        least = -(-chars // longest) if longest else 0
+        if least > ctx - 1:
+            raise ApiError(400, f"the prompt is at least {least} tokens; the context holds {ctx} "
+                                "including at least one generated token",
+                           param=param, code="context_length_exceeded")
 
     def _run(self, prompt: "_Prompt", sampling: Sampling, stop_tokens, sink: ReplySink,
              on_piece) -> tuple[_Run, GenResult, float]:
@@ -323,7 +401,7 @@ class Service:
                 return  # one chunk is over before anyone could be waiting on it
             sink.progress(done, total)
             if log is not None:
-                log(f"prefill {done}/{total}")
+                log(f"{self._request_id} prefill {done}/{total}")
 
         def run_prefill(tokens: list[int], upto: int) -> None:
             run.cached_tokens = prefill(self.engine, tokens, upto, cache=cache,

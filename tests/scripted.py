@@ -89,6 +89,7 @@ class ScriptedEngine:
                               params_total=1000, params_active=300, arch="scripted",
                               quant_summary="experts q8g32")
         self.specials = {text: SPECIAL_BASE + i for i, text in enumerate(specials)}
+        self.longest_token = max(len(text.encode()) for text in specials)  # ordinary tokens are bytes
         self._by_id = {i: t.encode() for t, i in self.specials.items()}
         self._piece_ids: dict[bytes, int] = {}
         self.replies = [list(r) for r in replies] or [xtml_answer("hello")]
