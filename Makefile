@@ -20,7 +20,7 @@ DEMO     := build/demo.waste
 HOST     ?= 127.0.0.1
 PORT     ?= 8000
 
-.PHONY: all demo check test asan bench clean
+.PHONY: all demo check test asan bench soak clean
 
 all: $(LIB)
 
@@ -55,6 +55,10 @@ asan: build/libwaste-asan.so $(VENV)/.ok
 	$(VPY) -m pytest -q -p no:cacheprovider tests/test_abi.py
 
 check: test asan
+
+# The soak and fault tests at full scale (make check runs them short).
+soak: $(LIB) $(VENV)/.ok
+	$(VPY) -m pytest -q -m soak --soak tests
 
 bench: $(LIB) $(DEMO) $(VENV)/.ok
 	$(VPY) bench/run_all.py

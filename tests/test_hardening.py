@@ -5,7 +5,6 @@ scale, are in test_soak.py.
 """
 from __future__ import annotations
 
-import json
 import re
 import socket
 import struct
@@ -14,43 +13,14 @@ import time
 
 import pytest
 
-from scripted import (ScriptedEngine, assert_error, call, scripted_service, serving, status_of,
-                      xtml_answer)
+from scripted import (ScriptedEngine, assert_error, call, post_open, raw_exchange, read_all,
+                      read_until, scripted_service, serving, sse_data, status_of, xtml_answer)
 from serve.http import Server
 
 CHAT = "/v1/chat/completions"
 USER = [{"role": "user", "content": "hi"}]
+HEALTH = b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
 LONG = xtml_answer(*[f"w{i} " for i in range(40)])
-
-
-def post(port: int, body: dict, path: str = CHAT) -> socket.socket:
-    """A request sent on a raw socket, left open for the test to read."""
-    data = json.dumps(body).encode()
-    s = socket.create_connection(("127.0.0.1", port), timeout=20)
-    s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-              f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
-    return s
-
-
-def read_until(s: socket.socket, marker: bytes, got: bytes = b"") -> bytes:
-    while marker not in got:
-        data = s.recv(65536)
-        assert data, f"closed before {marker!r}: {got[-300:]!r}"
-        got += data
-    return got
-
-
-def read_all(s: socket.socket, got: bytes = b"") -> bytes:
-    with s:
-        while data := s.recv(65536):
-            got += data
-    return got
-
-
-def sse_events(raw: bytes) -> list:
-    body = raw.split(b"\r\n\r\n", 1)[1].decode()
-    return [json.loads(b[6:]) if b[6:] != "[DONE]" else "[DONE]"
-            for b in body.split("\n\n") if b.startswith("data: ")]
 
 
 class Gate:
@@ -84,11 +54,11 @@ def test_requests_are_served_first_come_first_served():
     engine = ScriptedEngine([LONG, xtml_answer("ok")])
     gate = Gate(engine)
     with serving(scripted_service(engine, max_queue=64)) as srv:
-        first = post(srv.port, {"messages": [{"role": "user", "content": "request 0"}], "stream": True})
+        first = post_open(srv.port, {"messages": [{"role": "user", "content": "request 0"}], "stream": True})
         assert gate.holding.wait(20)
         waiting = []
         for i in range(1, 51):
-            s = post(srv.port, {"messages": [{"role": "user", "content": f"request {i}"}],
+            s = post_open(srv.port, {"messages": [{"role": "user", "content": f"request {i}"}],
                                 "stream": True})
             # It is in line once it is told how many are ahead: the running one and i - 1.
             waiting.append((s, read_until(s, f": queue {i}\n\n".encode())))
@@ -96,7 +66,7 @@ def test_requests_are_served_first_come_first_served():
         bodies = [read_all(s, got) for s, got in [(first, b"")] + waiting]
     assert [prompt_number(engine, p) for p in engine.prompts] == list(range(51))
     for body in bodies[1:]:
-        assert sse_events(body)[-1] == "[DONE]"
+        assert sse_data(body)[-1] == "[DONE]"
         # Positions only count down (a fast line may skip some), and the role chunk comes after.
         positions = [int(n) for n in re.findall(rb": queue (\d+)", body)]
         assert positions == sorted(positions, reverse=True)
@@ -107,16 +77,16 @@ def test_a_full_queue_is_a_503_with_retry_after():
     engine = ScriptedEngine([LONG, xtml_answer("ok")])
     gate = Gate(engine)
     with serving(scripted_service(engine, max_queue=1)) as srv:
-        first = post(srv.port, {"messages": USER})
+        first = post_open(srv.port, {"messages": USER})
         assert gate.holding.wait(20)
-        second = post(srv.port, {"messages": USER, "stream": True})
+        second = post_open(srv.port, {"messages": USER, "stream": True})
         told = read_until(second, b": queue 1\n\n")
         refused = call(srv.port, "POST", CHAT, {"messages": USER})
         err = assert_error(refused, 503, code="server_overloaded")
         assert refused.headers["retry-after"].isdigit()
         assert refused.headers["x-request-id"] in err["message"]
         gate.open.set()
-        assert status_of(read_all(first)) == 200 and sse_events(read_all(second, told))[-1] == "[DONE]"
+        assert status_of(read_all(first)) == 200 and sse_data(read_all(second, told))[-1] == "[DONE]"
 
 
 def test_a_client_that_leaves_the_queue_gives_up_its_place():
@@ -125,9 +95,9 @@ def test_a_client_that_leaves_the_queue_gives_up_its_place():
     lines: list[str] = []
     service = scripted_service(engine, max_queue=1)
     with serving(service, log=lines.append) as srv:
-        first = post(srv.port, {"messages": USER})
+        first = post_open(srv.port, {"messages": USER})
         assert gate.holding.wait(20)
-        leaving = post(srv.port, {"messages": USER})
+        leaving = post_open(srv.port, {"messages": USER})
         wait_for(lambda: len(service.queue) == 1, "the second request never queued")
         leaving.close()
         wait_for(lambda: len(service.queue) == 0, "the departed client kept its place")
@@ -145,21 +115,21 @@ def test_stop_cuts_the_running_request_and_empties_the_queue():
     gate = Gate(engine)
     service = scripted_service(engine)
     with serving(service) as srv:
-        running = post(srv.port, {"messages": USER, "stream": True})
+        running = post_open(srv.port, {"messages": USER, "stream": True})
         assert gate.holding.wait(20)
-        blocking = post(srv.port, {"messages": USER})
-        streaming = post(srv.port, {"messages": USER, "stream": True})
+        blocking = post_open(srv.port, {"messages": USER})
+        streaming = post_open(srv.port, {"messages": USER, "stream": True})
         wait_for(lambda: len(service.queue) == 2, "two requests in line")
         service.stop()
         gate.open.set()
         assert service.wait_idle(20)
         cut, refused, queued = read_all(running), read_all(blocking), read_all(streaming)
         after = call(srv.port, "POST", CHAT, {"messages": USER})
-    events = sse_events(cut)
+    events = sse_data(cut)
     assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "server_shutting_down"
     assert events[1]["choices"][0]["delta"]  # it was cut mid-reply
     assert status_of(refused) == 503 and b"server_shutting_down" in refused
-    assert sse_events(queued)[-2]["error"]["code"] == "server_shutting_down"
+    assert sse_data(queued)[-2]["error"]["code"] == "server_shutting_down"
     assert_error(after, 503, code="server_shutting_down")
     assert len(engine.prompts) == 1 and engine.results[0].cancelled
 
@@ -186,13 +156,7 @@ def test_connections_beyond_the_cap_get_a_503():
         assert b"too_many_connections" in refused
         for s in idle:
             s.close()
-        wait_for(lambda: status_of(raw_health(srv.port)) == 200, "served again once they closed")
-
-
-def raw_health(port: int) -> bytes:
-    with socket.create_connection(("127.0.0.1", port), timeout=20) as s:
-        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        return read_all(s)
+        wait_for(lambda: status_of(raw_exchange(srv.port, HEALTH)) == 200, "served again once they closed")
 
 
 def test_a_trickling_client_is_cut_at_the_request_deadline():
@@ -260,17 +224,12 @@ def test_with_a_key_unknown_paths_are_401_and_the_scheme_is_case_insensitive():
 def test_head_gets_the_headers_of_get(path):
     with serving(scripted_service()) as srv:
         got, head = call(srv.port, "GET", path), call(srv.port, "HEAD", path)
-        raw = raw_exchange_head(srv.port, path)
+        raw = raw_exchange(srv.port, f"HEAD {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                                     .encode())
     assert head.status == 200 and head.body == b""
     assert head.headers["content-length"] == got.headers["content-length"] == str(len(got.body))
     assert head.headers["content-type"] == got.headers["content-type"]
     assert raw.endswith(b"\r\n\r\n")  # nothing after the headers on the wire either
-
-
-def raw_exchange_head(port: int, path: str) -> bytes:
-    with socket.create_connection(("127.0.0.1", port), timeout=20) as s:
-        s.sendall(f"HEAD {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
-        return read_all(s)
 
 
 def test_a_blocking_client_that_sends_more_and_closes_is_gone():
@@ -278,7 +237,7 @@ def test_a_blocking_client_that_sends_more_and_closes_is_gone():
     gate = Gate(engine)
     lines: list[str] = []
     with serving(scripted_service(engine), log=lines.append) as srv:
-        s = post(srv.port, {"messages": USER})
+        s = post_open(srv.port, {"messages": USER})
         assert gate.holding.wait(20)
         s.sendall(b"GET /health HTTP/1.1\r\n\r\n")  # unread bytes: peeking finds data, not EOF
         s.close()
