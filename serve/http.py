@@ -32,6 +32,8 @@ MAX_ACCEPT_BACKOFF = 1.0        # seconds between accept attempts while descript
 _RESOURCE_ERRORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 _HANGUP = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0)
 MAX_JSON_DEPTH = 64
+MAX_JSON_CONTAINERS = 50_000  # objects and arrays in one body ('{' and '[' bytes)
+MAX_JSON_ITEMS = 1_000_000     # members and elements in one body (',' bytes)
 SEND_GAP = 0.01  # seconds between two sends of one stream, at most (see _SocketWriter)
 MODELS_PREFIX = "/v1/models/"
 ROUTES = {"/health": "GET", "/v1/models": "GET",
@@ -155,15 +157,34 @@ def stderr_log(line: str) -> None:
 
 
 def json_depth(value: Any) -> int:
-    """Nesting depth of a parsed JSON value, without recursion."""
-    deepest, stack = 0, [(value, 1)]
+    """Nesting depth of a parsed JSON value, without recursion.
+
+    One iterator per open level, so the walk costs memory in the depth, not
+    in the number of values.
+    """
+    deepest, stack = 0, [iter([value])]
     while stack:
-        item, depth = stack.pop()
-        if isinstance(item, (dict, list)):
-            deepest = max(deepest, depth)
-            children = item.values() if isinstance(item, dict) else item
-            stack.extend((child, depth + 1) for child in children)
+        for item in stack[-1]:
+            if isinstance(item, (dict, list)):
+                stack.append(iter(item.values() if isinstance(item, dict) else item))
+                deepest = max(deepest, len(stack) - 1)
+                break
+        else:
+            stack.pop()
     return deepest
+
+
+def check_json_size(raw: bytes | bytearray) -> None:
+    """Refuse, before parsing, a body whose values would cost far more memory than its bytes.
+
+    A 64 MB body of tiny objects parses into gigabytes of Python values. The
+    counts are of raw bytes, so braces and commas inside strings count too: a
+    body refused for them is text far too long for any context anyway.
+    """
+    containers, items = raw.count(b"{") + raw.count(b"["), raw.count(b",")
+    if containers > MAX_JSON_CONTAINERS or items > MAX_JSON_ITEMS:
+        raise ApiError(413, f"request body has more than {MAX_JSON_CONTAINERS} objects and arrays "
+                            f"or more than {MAX_JSON_ITEMS} values", code="request_too_large")
 
 
 def decode_body(raw: bytes | bytearray) -> str:
@@ -359,7 +380,10 @@ class Handler(BaseHTTPRequestHandler):
     def _read_json(self) -> dict:
         # Decoded apart so that the raw body is freed before parsing starts: a large body
         # then costs its text and its parsed values, not the bytes as well.
-        text = decode_body(self._read_body())
+        body = self._read_body()
+        check_json_size(body)
+        text = decode_body(body)
+        del body
         return parse_json_text(text)
 
     def _read_body(self) -> bytes:

@@ -15,7 +15,7 @@ import pytest
 
 from scripted import (ScriptedEngine, assert_error, call, post_open, raw_exchange, read_all,
                       read_until, scripted_service, serving, sse_data, status_of, xtml_answer)
-from serve.http import Server
+from serve.http import MAX_JSON_CONTAINERS, MAX_JSON_ITEMS, Server
 
 CHAT = "/v1/chat/completions"
 USER = [{"role": "user", "content": "hi"}]
@@ -277,3 +277,17 @@ def test_a_prompt_that_cannot_fit_is_refused_before_tokenizing(path, body):
         resp = call(srv.port, "POST", path, body)
     assert_error(resp, 400, code="context_length_exceeded")
     assert max(tokenized, default=0) < 1000 and engine.prompts == []
+
+
+# ---- bodies whose parsed values would dwarf their bytes -------------------------------
+
+@pytest.mark.parametrize("item,limit", [({}, MAX_JSON_CONTAINERS), (0, MAX_JSON_ITEMS)])
+def test_too_many_json_values_are_refused_before_parsing(item, limit):
+    engine = ScriptedEngine()
+    with serving(scripted_service(engine)) as srv:
+        refused = call(srv.port, "POST", CHAT, {"messages": USER, "metadata": [item] * (limit + 1)})
+        assert_error(refused, 413, code="request_too_large")
+        # A few fewer (the rest of the body has some of its own) are parsed, the field ignored.
+        fewer = call(srv.port, "POST", CHAT, {"messages": USER, "metadata": [item] * (limit - 5)})
+        assert fewer.status == 200
+    assert len(engine.prompts) == 1

@@ -268,13 +268,25 @@ def test_mixed_requests_leave_nothing_behind(lib_path, k3_container, tmp_path, s
 
 # ---- limits --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("path", [CHAT, "/v1/completions"])
-def test_a_60_mb_prompt_is_refused_in_little_memory(path, lib_path, k3_container, tmp_path):
-    text = "a" * (60 << 20)
-    body = {"messages": [{"role": "user", "content": text}]} if path == CHAT else {"prompt": text}
+TINY = {"role": "user", "content": "a"}
+BIG_BODIES = {  # (path, body, the error code that refuses it)
+    "one long message": (CHAT, lambda: {"messages": [{"role": "user", "content": "a" * (60 << 20)}]},
+                         "context_length_exceeded"),
+    "one long prompt": ("/v1/completions", lambda: {"prompt": "a" * (60 << 20)},
+                        "context_length_exceeded"),
+    "tiny messages": (CHAT, lambda: {"messages": [TINY] * 1_500_000}, "request_too_large"),
+    "tiny messages, just allowed": (CHAT, lambda: {"messages": [TINY] * 49_000},
+                                    "context_length_exceeded"),
+    "numbers": (CHAT, lambda: {"messages": [TINY], "x": [1] * 15_000_000}, "request_too_large"),
+}
+
+
+@pytest.mark.parametrize("shape", list(BIG_BODIES))
+def test_a_big_body_is_refused_in_little_memory(shape, lib_path, k3_container, tmp_path):
+    path, body, code = BIG_BODIES[shape]
     with serve(k3_container, lib_path, tmp_path, "--quiet") as srv:
-        resp = call(srv.port, "POST", path, body, timeout=120)
-        assert resp.status == 400 and resp.json()["error"]["code"] == "context_length_exceeded"
+        resp = call(srv.port, "POST", path, body(), timeout=120)
+        assert resp.status in (400, 413) and resp.json()["error"]["code"] == code
         peak_mb = srv.status("VmHWM") / 1024
     assert peak_mb < 200, f"peak RSS {peak_mb:.0f} MB"
 
