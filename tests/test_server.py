@@ -204,7 +204,7 @@ def test_invalid_fields_are_named(server, engine, fields, param):
 
 def test_tool_call_arguments_nested_too_deeply_are_a_400(server, engine):
     call_ = {"id": "c1", "type": "function",
-             "function": {"name": "f", "arguments": "[" * 100000 + "]" * 100000}}
+             "function": {"name": "f", "arguments": "[" * 40000 + "]" * 40000}}
     body = {"messages": [*USER, {"role": "assistant", "content": None, "tool_calls": [call_]}]}
     assert_error(call(server.port, "POST", CHAT, body), 400, param="messages")
     assert engine.prompts == []
@@ -497,7 +497,7 @@ def test_missing_length_and_chunked_bodies(server):
     b"[1, 2]",                                      # not an object
     b'"hi"',
     b'{"messages": [{"role": "user", "content": "hi"}], "a":' + b"[" * 70 + b"]" * 70 + b"}",
-    b'{"a":' + b"[" * 100000 + b"]" * 100000 + b"}",  # deep enough to hit Python's recursion limit
+    b'{"a":' + b"[" * 40000 + b"]" * 40000 + b"}",  # deep enough to hit Python's recursion limit
 ])
 def test_bad_bodies(server, body):
     assert_error(call(server.port, "POST", CHAT, body), 400, code="invalid_body")
