@@ -243,7 +243,7 @@ def run_server(lib, engine: Engine, fmt, options: ServiceOptions, args: argparse
     if isinstance(fmt, NoChatFormat):
         print("note     /v1/chat/completions is unavailable; /v1/completions works", flush=True)
 
-    hurry = threading.Event()
+    stopping, hurry = threading.Event(), threading.Event()
 
     def stop(signum, frame) -> None:
         if hurry.is_set() or stopping.is_set():
@@ -256,7 +256,6 @@ def run_server(lib, engine: Engine, fmt, options: ServiceOptions, args: argparse
             server.shutdown()  # waits for serve_forever to return: not on this (the serving) thread
         threading.Thread(target=begin, daemon=True).start()
 
-    stopping = threading.Event()
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     try:

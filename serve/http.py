@@ -115,7 +115,8 @@ class Server(ThreadingHTTPServer):
                                          "try again later", "server_error",
                                          code="too_many_connections")).encode()
         head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\nRetry-After: {RETRY_AFTER_SECONDS}\r\nConnection: close\r\n\r\n")
+                f"Content-Length: {len(body)}\r\nRetry-After: {RETRY_AFTER_SECONDS}\r\n"
+                "Connection: close\r\n\r\n")
         try:
             request.setblocking(False)
             request.send(head.encode() + body)
@@ -262,6 +263,7 @@ class Handler(BaseHTTPRequestHandler):
         super().setup()
         self.deadline = 0.0
         self.request_id = "-"
+        self.rfile.close()  # the plain socket file, replaced by one that keeps the deadline
         self.rfile = io.BufferedReader(_DeadlineReader(self))
         # Asked once per generated token, so registered once per connection; poll,
         # because select() cannot watch a descriptor numbered 1024 or above.
