@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional
 
 from . import api
 from .api import ApiError
+from .logprobs import chat_logprobs, completion_logprobs, text_length
 from .engine_queue import RETRY_AFTER_SECONDS, ClientGone
 from .service import Service
 
@@ -312,6 +313,7 @@ class Handler(BaseHTTPRequestHandler):
         self.tokens = 0
         self.request_id = api.new_id("req")
         self.connection.settimeout(self.timeout)  # sends are bounded per send, not by the deadline
+        self._body_read = False
         path = self.path.split("?", 1)[0]
         self.server.request_started()
         try:
@@ -391,6 +393,7 @@ class Handler(BaseHTTPRequestHandler):
     def _read_body(self) -> bytes:
         # Any refusal here leaves unread bytes on the connection, so it is closed;
         # a body read whole leaves it as the client asked (HTTP/1.0, Connection: close).
+        self._body_read = True
         asked_to_close, self.close_connection = self.close_connection, True
         if self.headers.get("Transfer-Encoding"):
             raise ApiError(411, "chunked request bodies are not accepted; send Content-Length",
@@ -434,8 +437,10 @@ class Handler(BaseHTTPRequestHandler):
         self._generate(
             req, self.server.service.chat,
             body=lambda reply: api.chat_completion(rid, created, model, reply.message,
-                                                   reply.finish_reason, reply.usage),
+                                                   reply.finish_reason, reply.usage, reply.logprobs),
             stream=dict(chunk=lambda delta: api.chat_chunk(rid, created, model, delta),
+                        with_logprobs=lambda delta, entries: api.chat_chunk(
+                            rid, created, model, delta, logprobs=chat_logprobs(entries)),
                         final=lambda finish: api.chat_chunk(rid, created, model, {}, finish),
                         usage=lambda usage: api.usage_chunk(rid, created, model,
                                                             "chat.completion.chunk", usage),
@@ -443,11 +448,18 @@ class Handler(BaseHTTPRequestHandler):
 
     def _complete(self, req: api.CompletionRequest) -> None:
         rid, created, model = api.new_id("cmpl"), api.now(), self.server.service.options.model_id
+        offset = [0]   # text_offset continues from chunk to chunk
+
+        def with_logprobs(delta: dict, entries: list) -> dict:
+            logprobs = completion_logprobs(entries, offset[0])
+            offset[0] += sum(text_length(e) for e in entries)
+            return api.text_completion(rid, created, model, delta["text"], None, logprobs=logprobs)
         self._generate(
             req, self.server.service.complete,
             body=lambda reply: api.text_completion(rid, created, model, reply.text,
-                                                   reply.finish_reason, reply.usage),
+                                                   reply.finish_reason, reply.usage, reply.logprobs),
             stream=dict(chunk=lambda text: api.text_completion(rid, created, model, text, None),
+                        with_logprobs=with_logprobs,
                         part=lambda delta: delta["text"],
                         final=lambda finish: api.text_completion(rid, created, model, "", finish),
                         usage=lambda usage: api.usage_chunk(rid, created, model, "text_completion",
@@ -472,7 +484,20 @@ class Handler(BaseHTTPRequestHandler):
 
     # -- output -------------------------------------------------------------------------
 
+    def _discard_body(self) -> None:
+        """Read and drop a body no handler read (an early error, a GET that came with one),
+        so the next request on the connection is parsed from where it starts."""
+        if self._body_read or self.close_connection:
+            return
+        if self.headers.get("Content-Length") is None and not self.headers.get("Transfer-Encoding"):
+            return  # no body
+        try:
+            self._read_body()
+        except ApiError:
+            pass  # a body whose end cannot be found, or too large: _read_body closes the connection
+
     def _send_json(self, status: int, payload: Any, headers: Optional[dict[str, str]] = None) -> None:
+        self._discard_body()
         body = json.dumps(payload, ensure_ascii=False).encode()
         self.status = status
         try:
@@ -582,12 +607,14 @@ class _StreamSink:
 
     def __init__(self, handler: Handler, *, chunk: Callable[[Any], dict],
                  final: Callable[[str], dict], usage: Optional[Callable[[Any], dict]],
+                 with_logprobs: Callable[[dict, list], dict],
                  first: Optional[dict] = None, part: Callable[[dict], Any] = lambda delta: delta):
         self._handler = handler
         self._encode = sse_encoder(chunk)  # part -> the SSE event of its chunk
         self._part = part          # the service's delta -> what varies in the chunk
         self._final = final        # finish_reason -> the closing chunk
         self._usage = usage        # usage -> the usage chunk, when the client asked for one
+        self._with_logprobs = with_logprobs  # (delta, logprob entries) -> its whole chunk
         self._first = first
         self._writer: Optional[_SocketWriter] = None
 
@@ -616,6 +643,10 @@ class _StreamSink:
         self._writer.put(f": queue {ahead}\n\n".encode())
 
     def emit(self, delta: dict) -> None:
+        if "logprobs" in delta:  # serve/logprobs.py: the entries go beside the delta, not in it
+            delta = dict(delta)
+            self._writer.put(sse_event(self._with_logprobs(delta, delta.pop("logprobs"))))
+            return
         self._writer.put(self._encode(self._part(delta)))
 
     def progress(self, done: int, total: int) -> None:
