@@ -76,6 +76,7 @@ def serve(container: Path, lib_path: Path, tmp_path: Path, *args: str,
 
     log = tmp_path / f"serve-{time.monotonic_ns()}.log"
     env = {k: v for k, v in os.environ.items() if k not in ("WASTE_LIB", "WASTE_API_KEY")}
+    env["TMPDIR"] = str(tmp_path)  # snapshots and staged images: nothing outside the test's directory
     with open(log, "w") as err:
         proc = subprocess.Popen(
             [sys.executable, "-m", "serve", str(container), "--lib", str(lib_path), "--port", "0",
@@ -91,8 +92,12 @@ def serve(container: Path, lib_path: Path, tmp_path: Path, *args: str,
         yield Served(proc, int(banner[-1].rsplit(":", 1)[1].split("/")[0]), banner, log)
     finally:
         if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+            proc.terminate()  # an orderly stop removes the snapshot directory
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
         proc.stdout.close()
 
 
