@@ -45,7 +45,8 @@ class ReplySink(Protocol):
         """True once the client has disconnected: generation stops at the next token."""
 
     def queued(self, ahead: int) -> None:
-        """The request waits for the engine behind `ahead` others; called again when that changes."""
+        """The request waits for the engine behind `ahead` others (the running one included);
+        called again when that number changes."""
 
 
 class _Watched:
