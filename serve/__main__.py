@@ -16,6 +16,7 @@ from .chatfmt import NoChatFormat, resolve_chat_format
 from .engine import Engine, EngineConfig, LibraryNotFound, MemPlan, WasteError, load_library
 from .http import Server, stderr_log
 from .prefix_cache import PrefixCache
+from .reply_memory import ReplyMemory
 from .service import Service, ServiceOptions
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
@@ -93,6 +94,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                         "temporary space, at most 16G)")
     p.add_argument("--no-prefix-cache", action="store_true",
                    help="prefill every request from scratch")
+    p.add_argument("--keep-reasoning", action="store_true",
+                   help="give a returned reply whose reasoning the client dropped the reasoning "
+                        "this server remembers for it")
     p.add_argument("--quiet", action="store_true", help="no per-request log lines")
     return p.parse_args(argv)
 
@@ -196,7 +200,8 @@ def serve(lib, engine: Engine, args: argparse.Namespace) -> int:
         options = ServiceOptions(model_id=args.model_id or default_model_id(args.model),
                                  max_tokens=args.max_tokens, thinking=not args.no_thinking,
                                  vision=args.vision, allow_local_images=args.allow_local_images,
-                                 prefix_cache=cache, log=log)
+                                 prefix_cache=cache, log=log, reply_memory=ReplyMemory(),
+                                 keep_reasoning=args.keep_reasoning)
         return run_server(lib, engine, fmt, options, args, log)
     finally:
         if cache is not None:

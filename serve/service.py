@@ -18,11 +18,18 @@ from . import api
 from .api import ApiError, ChatRequest, CompletionRequest, Sampling, Usage, invalid
 from .chatfmt import ChatFormatError, NoChatFormat
 from .engine import GenParams, GenResult, Stats, TokenInfo, UnencodableText, WasteError
+from .history_ids import tokenize_history
 from .images import StagedImages, image_parts, measure
 from .prefill import DEFAULT_CHUNK, PrefillCancelled, prefill
 from .prefix_cache import PrefixCache
+from .reply_memory import ReplyMemory
 from .stops import StopFilter
 from .xtml import image_prompt
+
+
+# A post-generation snapshot is saved only when it spares the next turn at least this
+# many prompt positions over the snapshots already kept (see the README's cost model).
+MIN_SPARED_TOKENS = 16
 
 
 class ReplySink(Protocol):
@@ -51,6 +58,8 @@ class ServiceOptions:
     prefix_cache: Optional[PrefixCache] = None   # None: prefill every request from scratch
     prefill_chunk: int = DEFAULT_CHUNK
     log: Optional[Callable[[str], None]] = None  # prefill progress of long prompts
+    reply_memory: Optional[ReplyMemory] = None   # None: history is always re-tokenized
+    keep_reasoning: bool = False   # render remembered reasoning into replies a client returns without it
 
 
 @dataclass
@@ -77,6 +86,8 @@ class _Prompt:
     text_ids: list[int] = field(default_factory=list)  # with images: the ids before expansion
     image_start: int = 0                  # with images: where the first placeholder is in text_ids
     image_paths: Sequence[str] = ()       # with images: the files, to queue again after prefill
+    generation: Sequence[int] = ()        # the generation prompt's ids, which open the reply's message
+    conversation: Sequence = ()           # the rendered segments before the generation prompt
 
 
 @dataclass
@@ -89,6 +100,7 @@ class _Run:
     first_token_at: float = 0.0
     last_token_at: float = 0.0
     n_tokens: int = 0
+    tokens: list[int] = field(default_factory=list)  # every generated id, as it went into the state
     cached_tokens: int = 0          # prompt positions restored from a snapshot
     stats: Optional[Stats] = None   # engine counters for this request only
 
@@ -136,23 +148,27 @@ class Service:
                 # The conversation and the generation prompt are tokenized apart (as
                 # segments always are) so that the end of the conversation, which the
                 # next turn's prompt will repeat, is a known position worth a snapshot.
+                messages, replies = self._recall(req, thinking, prompts)
+                conversation = self._render(req, messages, thinking, prompts)
                 try:
-                    history = self.engine.tokenize_segments(self._render(req, thinking, prompts))
+                    history = tokenize_history(self.engine, conversation, replies)
                 except UnencodableText as e:
                     raise invalid("messages", f"a message cannot be tokenized: {e}") from None
-                ids = history + self.engine.tokenize_segments(
-                    self.chat_format.generation_prompt(thinking))
+                generation = self.engine.tokenize_segments(self.chat_format.generation_prompt(thinking))
+                ids = history + generation
                 for path, (param, _) in zip(paths, images):
                     try:
                         self.engine.image_add(path)  # validates the image, and counts its positions
                     except WasteError as e:
                         self.engine.image_clear()
                         raise invalid(param, f"image could not be encoded: {e}") from None
-                prompt = _Prompt(ids, snapshot_at=[len(history)])
+                prompt = _Prompt(ids, snapshot_at=[len(history)], generation=generation,
+                                 conversation=conversation)
                 if paths:
                     prompt = _Prompt(self.engine.image_expand(ids), snapshot_at=prompt.snapshot_at,
                                      text_ids=ids, image_start=ids.index(self.chat_format.media_pad),
-                                     image_paths=paths)
+                                     image_paths=paths, generation=generation,
+                                     conversation=conversation)
                 return self._generate_chat(req, prompt, thinking, sink)
 
     def _thinking(self, req: ChatRequest) -> bool:
@@ -172,10 +188,41 @@ class Service:
         if not self.chat_format.supports_images:
             raise invalid(param, f"the {self.chat_format.name} chat format cannot carry images")
 
-    def _render(self, req: ChatRequest, thinking: bool, prompts: list[str]) -> list:
+    def _recall(self, req: ChatRequest, thinking: bool, prompts: list[str]) -> tuple[list, list]:
+        """The messages (with --keep-reasoning, remembered reasoning restored) and, for each
+        assistant message that renders as a remembered reply, (its rendering, the reply's ids)."""
+        memory = self.options.reply_memory
+        if memory is None or not len(memory):
+            return req.messages, []
+        messages, replies = list(req.messages), []
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict) or message.get("role") != "assistant":
+                continue
+            rendered = self._render_reply(message, thinking)
+            entry = memory.recall(rendered) if rendered else None
+            if entry is None and rendered and self.options.keep_reasoning:
+                entry = memory.recall_without_reasoning(
+                    [*self._render(req, messages[:i], thinking, prompts), *rendered])
+                if entry is not None:
+                    message = {k: v for k, v in message.items() if k != "reasoning"}
+                    message["reasoning_content"] = entry.reasoning
+                    messages[i], rendered = message, self._render_reply(message, thinking)
+            if entry is not None:
+                replies.append((rendered, entry.ids))
+        return messages, replies
+
+    def _render_reply(self, message: dict, thinking: bool) -> list:
+        """One assistant message rendered as history; [] when it cannot be rendered on its own
+        (the whole conversation's rendering then reports what is wrong with it)."""
+        try:
+            return self.chat_format.render([message], thinking=thinking, add_generation_prompt=False)
+        except (ChatFormatError, ValueError, RecursionError):
+            return []
+
+    def _render(self, req: ChatRequest, messages: list, thinking: bool, prompts: list[str]) -> list:
         try:
             return self.chat_format.render(
-                req.messages, tools=req.tools, tool_choice=req.tool_choice,
+                messages, tools=req.tools, tool_choice=req.tool_choice,
                 response_format=req.response_format, thinking=thinking,
                 thinking_effort=req.thinking_effort if thinking else None, image_prompts=prompts,
                 add_generation_prompt=False)
@@ -206,9 +253,17 @@ class Service:
                 elif d.tool_call:
                     sink.emit({"tool_calls": [d.tool_call]})
 
+        stop_ids = frozenset(self.chat_format.stop_tokens)
+
         def on_piece(token: int, piece: bytes) -> bool:
+            closed = parser.ended
             forward(parser.feed_token(token, piece))
-            return stops.hit or parser.ended
+            if stops.hit:
+                return True
+            # A stop token ends generation by itself, and an uncancelled generate leaves a
+            # state worth a snapshot. So once the message has closed, the model gets one more
+            # token for the stop token that follows: anything else is cancelled.
+            return closed and token not in stop_ids
 
         run, result, ms = self._run(prompt, req.sampling, self.chat_format.stop_tokens, sink, on_piece)
         if not stops.hit and not run.client_gone:
@@ -220,8 +275,36 @@ class Service:
         tool_calls = parser.reply.tool_calls
         finish = self._finish_reason(run, result, stops.hit or parser.ended, bool(tool_calls))
         message = api.chat_message("".join(content), "".join(reasoning), tool_calls)
+        if not run.client_gone:
+            self._remember(prompt, thinking, run, result, message)
         return ChatReply(message, finish, self._usage(len(prompt.ids), run, result, ms),
                          run.client_gone)
+
+    def _remember(self, prompt: "_Prompt", thinking: bool, run: _Run, result: GenResult,
+                  message: dict) -> None:
+        """Keep the reply's ids for the history of later turns, and snapshot the state
+        that holds them when the engine still has it."""
+        memory = self.options.reply_memory
+        if memory is not None and run.tokens:
+            rendered = self._render_reply(message, thinking)
+            reasoning = message.get("reasoning_content") or ""
+            dropped = self._render_reply({k: v for k, v in message.items() if k != "reasoning_content"},
+                                         thinking) if reasoning else []
+            if rendered:
+                memory.remember(rendered, [*prompt.generation, *run.tokens], reasoning,
+                                [*prompt.conversation, *dropped] if dropped != rendered else None)
+        cache = self.options.prefix_cache
+        # A cancelled generate leaves a state the ABI does not describe (it asks for a reset),
+        # a full context leaves no room for a next turn, and snapshots never reach past images.
+        if cache is None or result.cancelled or result.context_full or prompt.image_paths:
+            return
+        held = [*prompt.ids, *run.tokens]
+        if len(held) - _restorable(cache, held) < MIN_SPARED_TOKENS:
+            return   # a snapshot this close to one already kept cannot pay for its save
+        try:
+            cache.store(held, self.engine.save_state)
+        except (WasteError, OSError):
+            pass     # a snapshot only spares later requests work
 
     # -- completions ----------------------------------------------------------
 
@@ -291,6 +374,7 @@ class Service:
             run.last_token_at = now
             run.last_token = info.token
             run.n_tokens += 1
+            run.tokens.append(info.token)
             if sink.gone():
                 run.client_gone = True
                 return True
@@ -371,6 +455,12 @@ class Service:
             "expert_hit_rate": s.experts_hit / looked_up if looked_up else 0.0,
             "bytes_read": s.bytes_read, "direct_io": s.direct_io, "ms": round(ms, 3),
             "tokens_per_second": round(tps, 3), "context_full": result.context_full})
+
+
+def _restorable(cache: PrefixCache, tokens: list[int]) -> int:
+    """How many leading positions of `tokens` a kept snapshot already holds."""
+    snap = cache.lookup(tokens + [-1])   # lookup wants a proper prefix: `tokens` itself counts
+    return len(snap.tokens) if snap is not None else 0
 
 
 def _stats_delta(before: Stats, after: Stats) -> Stats:

@@ -1,0 +1,187 @@
+"""A turn never prefills again what the model just said.
+
+After a reply the state holding it is saved, and when the client sends the
+reply back its history uses the ids the model generated, so the next turn
+restores the previous turn's whole prompt and reply. Reuse is measured
+through usage.prompt_tokens_details.cached_tokens; answers are compared with
+a server that has no prefix cache (and so prefills everything) replaying the
+same conversation.
+"""
+from __future__ import annotations
+
+import pytest
+
+from scripted import ScriptedEngine, call, real_service, scripted_service, serving, xtml_answer
+from serve import xtml
+from serve.prefix_cache import PrefixCache
+from serve.reply_memory import ReplyMemory
+
+CHAT = "/v1/chat/completions"
+GREEDY = {"temperature": 0, "seed": 5, "max_tokens": 24}
+SLACK = 2   # positions a turn may prefill again of the previous prompt and reply
+THINKING = {True: {}, False: {"reasoning_effort": "none"}}
+
+
+@pytest.fixture
+def cache(tmp_path):
+    c = PrefixCache(64 << 20, parent_dir=str(tmp_path))
+    yield c
+    c.close()
+
+
+def ask(port: int, messages: list, **fields) -> dict:
+    resp = call(port, "POST", CHAT, {"messages": messages, **GREEDY, **fields})
+    assert resp.status == 200, resp.body
+    return resp.json()
+
+
+def as_received(body: dict) -> dict:
+    """The assistant message a client that keeps everything sends back."""
+    return dict(body["choices"][0]["message"])
+
+
+def without_reasoning(body: dict) -> dict:
+    """The assistant message of a client that drops reasoning_content, as most do."""
+    return {k: v for k, v in as_received(body).items() if k != "reasoning_content"}
+
+
+def chat(port: int, turns: int, returned=as_received, **fields) -> list[dict]:
+    """A chat whose client resends the history with each reply as `returned` gives it back."""
+    messages, bodies = [], []
+    for n in range(turns):
+        messages.append({"role": "user", "content": f"Turn {n}: what do the tides owe the moon?"})
+        bodies.append(ask(port, messages, **fields))
+        messages.append(returned(bodies[-1]))
+    return bodies
+
+
+def reused(bodies: list[dict]) -> list[tuple[int, int]]:
+    """(cached, previous prompt + reply) for every turn after the first."""
+    return [(now["usage"]["prompt_tokens_details"]["cached_tokens"],
+             before["usage"]["prompt_tokens"] + before["usage"]["completion_tokens"])
+            for before, now in zip(bodies, bodies[1:])]
+
+
+def cold_and_warm(lib_path, container, cache, turns: int, returned=as_received, options=None,
+                  **fields) -> tuple[list[dict], list[dict]]:
+    """The same chat on a server without a prefix cache, then on one with it."""
+    options = options or {}
+    with real_service(lib_path, container, reply_memory=ReplyMemory(), **options) as cold, \
+            serving(cold) as srv:
+        expected = chat(srv.port, turns, returned, **fields)
+    with real_service(lib_path, container, reply_memory=ReplyMemory(), prefix_cache=cache,
+                      **options) as warm, serving(warm) as srv:
+        got = chat(srv.port, turns, returned, **fields)
+    return expected, got
+
+
+def choices(bodies: list[dict]) -> list:
+    return [b["choices"] for b in bodies]
+
+
+@pytest.mark.parametrize("thinking", [True])
+def test_each_turn_reuses_the_previous_prompt_and_reply(lib_path, k3_container, cache, thinking):
+    expected, got = cold_and_warm(lib_path, k3_container, cache, 4, **THINKING[thinking])
+    assert choices(got) == choices(expected)
+    for cached, previous in reused(got):
+        assert previous - SLACK <= cached <= previous
+    # Nothing of the kind without the cache, so the figures above are this feature's.
+    assert all(b["usage"]["prompt_tokens_details"]["cached_tokens"] == 0 for b in expected)
+
+
+def test_a_reply_cut_by_max_tokens_mid_character_still_matches(lib_path, k3_container, cache):
+    # The demo model's replies stop at max_tokens, and a greedy one splits characters:
+    # the client sees U+FFFD where the reply parser replaced the bytes.
+    expected, got = cold_and_warm(lib_path, k3_container, cache, 3, max_tokens=17)
+    assert any(b["choices"][0]["finish_reason"] == "length" for b in got)
+    assert any("\ufffd" in (b["choices"][0]["message"].get("reasoning_content") or "") for b in got)
+    assert choices(got) == choices(expected)
+    for cached, previous in reused(got):
+        assert previous - SLACK <= cached <= previous
+
+
+def test_keep_reasoning_reuses_replies_whose_reasoning_the_client_dropped(lib_path, k3_container, cache):
+    options = {"keep_reasoning": True}
+    expected, got = cold_and_warm(lib_path, k3_container, cache, 4, without_reasoning, options)
+    assert all(b["choices"][0]["message"].get("reasoning_content") for b in got)
+    assert choices(got) == choices(expected)
+    for cached, previous in reused(got):
+        assert previous - SLACK <= cached <= previous
+
+
+def test_without_keep_reasoning_the_match_ends_where_the_reasoning_began(lib_path, k3_container, cache):
+    with real_service(lib_path, k3_container, reply_memory=ReplyMemory(), prefix_cache=cache) as warm, \
+            serving(warm) as srv:
+        bodies = chat(srv.port, 3, without_reasoning)
+        opening = len(warm.engine.tokenize_segments(xtml.generation_prompt(True)))
+    # The previous prompt ends with the reply's opening; its think element is empty in
+    # the history sent back, so only the conversation before that opening is restored.
+    for before, now in zip(bodies, bodies[1:]):
+        assert now["usage"]["prompt_tokens_details"]["cached_tokens"] == \
+            before["usage"]["prompt_tokens"] - opening
+
+
+# ---- the scripted engine: replies that end the way K3's do ---------------------------
+
+THOUGHT = ["Let me", " look", " that up", "."]
+CALL_REPLY = (THOUGHT + ["<|close|>", "think", "<|sep|>", "<|open|>", "response", "<|sep|>",
+                         "<|close|>", "response", "<|sep|>", "<|open|>", "tools", "<|sep|>",
+                         "<|open|>", 'call tool="lookup" index="1"', "<|sep|>",
+                         "<|open|>", 'argument key="word" type="string"', "<|sep|>", "tide",
+                         "<|close|>", "argument", "<|sep|>", "<|close|>", "call", "<|sep|>",
+                         "<|close|>", "tools", "<|sep|>", "<|close|>", "message", "<|sep|>",
+                         "<|end_of_msg|>"])
+ANSWER_REPLY = xtml_answer("The rise", " and fall", " of the sea.", thinking=["It", " says", " so."])
+TOOLS = [{"type": "function", "function": {
+    "name": "lookup", "parameters": {"type": "object", "properties": {"word": {"type": "string"}}}}}]
+
+
+def scripted(tmp_path, replies, **options):
+    engine = ScriptedEngine(replies)
+    cache = PrefixCache(1 << 20, parent_dir=str(tmp_path))
+    return engine, scripted_service(engine, prefix_cache=cache, reply_memory=ReplyMemory(), **options)
+
+
+def test_a_tool_loop_reuses_the_call_and_the_answer(tmp_path):
+    scripts = [CALL_REPLY, ANSWER_REPLY, ANSWER_REPLY]
+    engine, service = scripted(tmp_path, scripts)
+    with serving(service) as srv:
+        messages = [{"role": "user", "content": "What is a tide?"}]
+        first = ask(srv.port, messages, tools=TOOLS, max_tokens=200)
+        assert first["choices"][0]["finish_reason"] == "tool_calls"
+        call_id = first["choices"][0]["message"]["tool_calls"][0]["id"]
+        messages += [as_received(first),
+                     {"role": "tool", "tool_call_id": call_id, "content": "the rise and fall of the sea"}]
+        second = ask(srv.port, messages, tools=TOOLS, max_tokens=200)
+        messages += [as_received(second), {"role": "user", "content": "Thanks."}]
+        third = ask(srv.port, messages, tools=TOOLS, max_tokens=200)
+    service.options.prefix_cache.close()
+    assert second["choices"][0]["message"]["content"] == "The rise and fall of the sea."
+    for n, (cached, previous) in enumerate(reused([first, second, third])):
+        # Token-exact: each prompt begins with everything the engine held after the last reply,
+        # although the scripted tokenizer would spell every multi-byte piece byte by byte.
+        held = engine.prompts[n] + [engine.piece_id(p) for p in scripts[n]]
+        assert engine.prompts[n + 1][:len(held)] == held
+        assert cached == previous == len(held)
+
+
+def test_the_stop_token_is_generated_not_cancelled(tmp_path):
+    # K3 closes its message, then writes <|end_of_msg|>: generation is let run to that
+    # stop token, so the state is not reset and can be saved.
+    engine, service = scripted(tmp_path, [ANSWER_REPLY])
+    with serving(service) as srv:
+        body = ask(srv.port, [{"role": "user", "content": "Tides?"}], max_tokens=200)
+    service.options.prefix_cache.close()
+    assert body["choices"][0]["finish_reason"] == "stop"
+    assert not engine.results[0].cancelled
+    assert body["usage"]["completion_tokens"] == len(ANSWER_REPLY)
+
+
+def test_anything_after_the_closed_message_but_the_stop_token_is_cancelled(tmp_path):
+    chatty = ANSWER_REPLY[:-1] + ["more", "and more", "<|end_of_msg|>"]
+    engine, service = scripted(tmp_path, [chatty])
+    with serving(service) as srv:
+        body = ask(srv.port, [{"role": "user", "content": "Tides?"}], max_tokens=200)
+    service.options.prefix_cache.close()
+    assert body["choices"][0]["message"]["content"] == "The rise and fall of the sea."
+    assert engine.results[0].cancelled and engine.results[0].n_tokens == len(ANSWER_REPLY)
