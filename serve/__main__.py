@@ -210,8 +210,9 @@ def serve(lib, engine: Engine, args: argparse.Namespace) -> int:
 
 def run_server(lib, engine: Engine, fmt, options: ServiceOptions, args: argparse.Namespace,
                log) -> int:
+    service = Service(engine, lib, fmt, options)
     try:
-        server = Server((args.host, args.port), Service(engine, lib, fmt, options),
+        server = Server((args.host, args.port), service,
                         api_key=args.api_key or None, log=log)
     except OSError as e:
         return fail(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}")
@@ -231,6 +232,7 @@ def run_server(lib, engine: Engine, fmt, options: ServiceOptions, args: argparse
         server.serve_forever()
     finally:
         server.server_close()
+        service.close()   # deferred snapshots stop before the engine closes
     try:
         engine.save_usage()  # what this run learned warms the expert cache of the next
     except WasteError as e:

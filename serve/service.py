@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import codecs
 import secrets
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Protocol, Sequence
+from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
 
 from . import api
 from .api import ApiError, ChatRequest, CompletionRequest, Sampling, Usage, invalid
 from .chatfmt import ChatFormatError, NoChatFormat
 from .engine import GenParams, GenResult, Stats, TokenInfo, UnencodableText, WasteError
-from .history_ids import tokenize_history
+from .history_ids import overlay, tokenize_history
 from .images import StagedImages, image_parts, measure
 from .prefill import DEFAULT_CHUNK, PrefillCancelled, prefill
 from .prefix_cache import PrefixCache
@@ -30,6 +32,9 @@ from .xtml import image_prompt
 # A post-generation snapshot is saved only when it spares the next turn at least this
 # many prompt positions over the snapshots already kept (see the README's cost model).
 MIN_SPARED_TOKENS = 16
+# Deferred snapshots evaluate in chunks this small: a request arriving meanwhile waits
+# for one chunk at most.
+SETTLE_CHUNK = 16
 
 
 class ReplySink(Protocol):
@@ -112,6 +117,10 @@ class Service:
         self.chat_format = chat_format
         self.options = options
         self.created = api.now()
+        self._waiting = 0                   # requests waiting for the engine lock
+        self._waiting_lock = threading.Lock()
+        self._settle: Optional[list[int]] = None   # a snapshot to make when the engine is idle
+        self._closed = False
 
     # -- models ---------------------------------------------------------------
 
@@ -139,7 +148,7 @@ class Service:
             raise invalid("tools", f"the {fmt.name} chat format cannot declare tools")
         images = image_parts(req.messages)
         self._check_images(images)
-        with self.engine.lock:
+        with self._engine_turn():
             self._start_empty()
             with StagedImages(self.options.allow_local_images) as staged:
                 paths = [staged.stage(url, param) for param, url in images]
@@ -282,34 +291,93 @@ class Service:
 
     def _remember(self, prompt: "_Prompt", thinking: bool, run: _Run, result: GenResult,
                   message: dict) -> None:
-        """Keep the reply's ids for the history of later turns, and snapshot the state
-        that holds them when the engine still has it."""
-        memory = self.options.reply_memory
-        if memory is not None and run.tokens:
-            rendered = self._render_reply(message, thinking)
+        """Keep the reply's ids for the history of later turns, and a snapshot of the state
+        that holds them."""
+        memory, cache = self.options.reply_memory, self.options.prefix_cache
+        rendered = self._render_reply(message, thinking) if run.tokens else []
+        ids = [*prompt.generation, *run.tokens]
+        if memory is not None and rendered:
             reasoning = message.get("reasoning_content") or ""
             dropped = self._render_reply({k: v for k, v in message.items() if k != "reasoning_content"},
-                                         thinking) if reasoning else []
-            if rendered:
-                memory.remember(rendered, [*prompt.generation, *run.tokens], reasoning,
-                                [*prompt.conversation, *dropped] if dropped != rendered else None)
-        cache = self.options.prefix_cache
-        # A cancelled generate leaves a state the ABI does not describe (it asks for a reset),
-        # a full context leaves no room for a next turn, and snapshots never reach past images.
-        if cache is None or result.cancelled or result.context_full or prompt.image_paths:
+                                         thinking) if reasoning else rendered
+            memory.remember(rendered, ids, reasoning,
+                            [*prompt.conversation, *dropped] if dropped != rendered else None)
+        # A full context leaves no room for a next turn; snapshots never reach past images.
+        if cache is None or result.context_full or prompt.image_paths:
             return
-        held = [*prompt.ids, *run.tokens]
-        if len(held) - _restorable(cache, held) < MIN_SPARED_TOKENS:
+        if not result.cancelled:
+            held = [*prompt.ids, *run.tokens]
+            if len(held) - _restorable(cache, held) >= MIN_SPARED_TOKENS:
+                try:
+                    cache.store(held, self.engine.save_state)
+                except (WasteError, OSError):
+                    pass   # a snapshot only spares later requests work
+        elif memory is not None and rendered:
+            # A cancelled generate leaves a state the ABI does not describe (it asks for a
+            # reset), so the reply's state is rebuilt when the engine is idle, up to the end
+            # of the message as the next turn will tokenize it: never past what the client
+            # saw, since the overlay stops at a stop string's cut.
+            history = prompt.ids[:len(prompt.ids) - len(prompt.generation)]
+            self._defer_snapshot(history + overlay(self.engine, rendered, ids))
+
+    def _defer_snapshot(self, tokens: list[int]) -> None:
+        if len(tokens) - _restorable(self.options.prefix_cache, tokens) < MIN_SPARED_TOKENS:
             return   # a snapshot this close to one already kept cannot pay for its save
+        self._settle = tokens
+        threading.Thread(target=self.settle, name="settle", daemon=True).start()
+
+    def settle(self) -> None:
+        """Make the deferred snapshot, in idle time only.
+
+        It restores the longest snapshot of it and evaluates the rest, in small
+        chunks; a request that starts waiting for the engine ends it at the next
+        chunk. Runs on its own thread after a reply; tests call it to wait for it.
+        """
+        with self.engine.lock:
+            tokens, self._settle = self._settle, None
+            if tokens is None or self._closed or self._someone_waiting():
+                return
+            self._start_empty()
+            try:
+                # prefill leaves one token for generate: the last one is evaluated apart.
+                prefill(self.engine, tokens, len(tokens) - 1, cache=self.options.prefix_cache,
+                        chunk=SETTLE_CHUNK, cancelled=self._someone_waiting)
+                self.engine.eval(tokens[-1:])
+                self.options.prefix_cache.store(tokens, self.engine.save_state)
+            except (PrefillCancelled, WasteError, OSError):
+                pass   # the snapshot only spares the next turn work; that turn goes on without it
+            finally:
+                self._start_empty()
+
+    def close(self) -> None:
+        """No more deferred work: returns once none is running, before the engine closes."""
+        self._closed = True
+        with self.engine.lock:
+            self._settle = None
+
+    def _someone_waiting(self) -> bool:
+        return self._waiting > 0 or self._closed
+
+    @contextmanager
+    def _engine_turn(self) -> Iterator[None]:
+        """Hold the engine for one request; deferred work yields to it and is dropped."""
+        with self._waiting_lock:
+            self._waiting += 1
         try:
-            cache.store(held, self.engine.save_state)
-        except (WasteError, OSError):
-            pass     # a snapshot only spares later requests work
+            self.engine.lock.acquire()
+        finally:
+            with self._waiting_lock:
+                self._waiting -= 1
+        try:
+            self._settle = None
+            yield
+        finally:
+            self.engine.lock.release()
 
     # -- completions ----------------------------------------------------------
 
     def complete(self, req: CompletionRequest, sink: ReplySink) -> CompletionReply:
-        with self.engine.lock:
+        with self._engine_turn():
             self._start_empty()
             # The engine knows whether its container has a BOS to add.
             try:

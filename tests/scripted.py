@@ -273,11 +273,15 @@ def real_service(lib_path, container, *, vision: bool = False, **options: Any) -
     """The real engine on a container, closed afterwards."""
     lib = load_library(str(lib_path))
     engine = Engine(lib, container, EngineConfig(vision=vision))
+    service = None
     try:
         options.setdefault("model_id", "real")
-        yield Service(engine, lib, resolve_chat_format(engine, container),
-                      ServiceOptions(vision=vision, **options))
+        service = Service(engine, lib, resolve_chat_format(engine, container),
+                          ServiceOptions(vision=vision, **options))
+        yield service
     finally:
+        if service is not None:
+            service.close()   # deferred work stops before the engine closes
         engine.close()
 
 

@@ -9,6 +9,8 @@ same conversation.
 """
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from scripted import ScriptedEngine, call, real_service, scripted_service, serving, xtml_answer
@@ -185,3 +187,60 @@ def test_anything_after_the_closed_message_but_the_stop_token_is_cancelled(tmp_p
     service.options.prefix_cache.close()
     assert body["choices"][0]["message"]["content"] == "The rise and fall of the sea."
     assert engine.results[0].cancelled and engine.results[0].n_tokens == len(ANSWER_REPLY)
+
+
+def test_a_reply_cut_by_a_stop_string_is_reused_up_to_the_cut(tmp_path):
+    engine, service = scripted(tmp_path, [ANSWER_REPLY])
+    with serving(service) as srv:
+        messages = [{"role": "user", "content": "Tides?"}]
+        first = ask(srv.port, messages, stop=["fall"], max_tokens=200)
+        service.settle()   # the deferred snapshot, which the idle engine makes after a reply
+        messages += [as_received(first), {"role": "user", "content": "And then?"}]
+        second = ask(srv.port, messages, stop=["fall"], max_tokens=200)
+    service.options.prefix_cache.close()
+    assert first["choices"][0]["message"]["content"] == "The rise and "
+    # The model's ids reach the last token wholly before the cut ("The rise"); " and fall"
+    # went into the state but the client never saw "fall", so it is tokenized anew.
+    kept = ANSWER_REPLY[:ANSWER_REPLY.index(" and fall")]
+    held = engine.prompts[0] + [engine.piece_id(p) for p in kept]
+    assert engine.prompts[1][:len(held)] == held
+    assert engine.prompts[1][len(held)] != engine.piece_id(" and fall")
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    previous = first["usage"]["prompt_tokens"] + first["usage"]["completion_tokens"]
+    # Restored: everything before the new user message, the returned message's end included.
+    new_turn = xtml.build_chat_segments([messages[-1]], thinking=True)
+    assert cached == len(engine.prompts[1]) - len(engine.tokenize(xtml.render_text(new_turn), markup=True))
+    assert cached >= previous - SLACK
+
+
+def test_a_deferred_snapshot_yields_to_a_waiting_request(tmp_path):
+    engine, service = scripted(tmp_path, [ANSWER_REPLY])
+    in_settle, go_on = threading.Event(), threading.Event()
+
+    settling: list[int] = []
+
+    def pace(chunk: int) -> None:
+        if threading.current_thread().name == "settle":
+            settling.append(chunk)
+            in_settle.set()   # the idle engine evaluates the reply's state after the reply
+            go_on.wait(10)
+
+    engine.before_eval = pace
+    second: list = []
+    with serving(service) as srv:
+        messages = [{"role": "user", "content": "Tides?"}]
+        first = ask(srv.port, messages, stop=["fall"], max_tokens=200)
+        assert in_settle.wait(10)
+        messages += [as_received(first), {"role": "user", "content": "And then?"}]
+        waiting = threading.Thread(target=lambda: second.append(ask(srv.port, messages, max_tokens=200)))
+        waiting.start()
+        while service._waiting == 0:   # until the request queues behind the settling engine
+            waiting.join(0.01)
+        go_on.set()
+        waiting.join(10)
+    service.options.prefix_cache.close()
+    assert second and second[0]["choices"][0]["message"]["content"]
+    # One chunk, then the request that was waiting had the engine; no snapshot of the reply.
+    assert len(settling) == 1
+    assert second[0]["usage"]["prompt_tokens_details"]["cached_tokens"] == len(engine.prompts[0]) - len(
+        engine.tokenize_segments(xtml.generation_prompt(True)))
