@@ -56,12 +56,8 @@ class ReplyMemory:
         self._by_rendering: "OrderedDict[bytes, Remembered]" = OrderedDict()
         # The same replies, keyed by their rendering without reasoning (--keep-reasoning).
         self._without_reasoning: dict[bytes, bytes] = {}
-        self._bytes = 0
+        self.used_bytes = 0
         self._lock = threading.Lock()
-
-    @property
-    def used_bytes(self) -> int:
-        return self._bytes
 
     def __len__(self) -> int:
         return len(self._by_rendering)
@@ -84,14 +80,14 @@ class ReplyMemory:
         with self._lock:
             old = self._by_rendering.pop(key, None)
             if old is not None:
-                self._bytes -= old.size
+                self.used_bytes -= old.size
             self._by_rendering[key] = entry
-            self._bytes += entry.size
+            self.used_bytes += entry.size
             if stripped is not None:
                 self._without_reasoning[stripped] = key
-            while self._bytes > self.capacity_bytes:
+            while self.used_bytes > self.capacity_bytes:
                 _, evicted = self._by_rendering.popitem(last=False)
-                self._bytes -= evicted.size
+                self.used_bytes -= evicted.size
             if len(self._without_reasoning) > 2 * len(self._by_rendering):
                 self._without_reasoning = {k: v for k, v in self._without_reasoning.items()
                                            if v in self._by_rendering}

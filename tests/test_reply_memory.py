@@ -24,13 +24,6 @@ SLACK = 2   # positions a turn may prefill again of the previous prompt and repl
 THINKING = {True: {}, False: {"reasoning_effort": "none"}}
 
 
-@pytest.fixture
-def cache(tmp_path):
-    c = PrefixCache(64 << 20, parent_dir=str(tmp_path))
-    yield c
-    c.close()
-
-
 def ask(port: int, messages: list, **fields) -> dict:
     resp = call(port, "POST", CHAT, {"messages": messages, **GREEDY, **fields})
     assert resp.status == 200, resp.body
@@ -64,16 +57,20 @@ def reused(bodies: list[dict]) -> list[tuple[int, int]]:
             for before, now in zip(bodies, bodies[1:])]
 
 
-def cold_and_warm(lib_path, container, cache, turns: int, returned=as_received, options=None,
+def cold_and_warm(lib_path, container, tmp_path, turns: int, returned=as_received, options=None,
                   **fields) -> tuple[list[dict], list[dict]]:
     """The same chat on a server without a prefix cache, then on one with it."""
     options = options or {}
     with real_service(lib_path, container, reply_memory=ReplyMemory(), **options) as cold, \
             serving(cold) as srv:
         expected = chat(srv.port, turns, returned, **fields)
-    with real_service(lib_path, container, reply_memory=ReplyMemory(), prefix_cache=cache,
-                      **options) as warm, serving(warm) as srv:
-        got = chat(srv.port, turns, returned, **fields)
+    cache = PrefixCache(64 << 20, parent_dir=str(tmp_path))
+    try:
+        with real_service(lib_path, container, reply_memory=ReplyMemory(), prefix_cache=cache,
+                          **options) as warm, serving(warm) as srv:
+            got = chat(srv.port, turns, returned, **fields)
+    finally:
+        cache.close()
     return expected, got
 
 
@@ -82,8 +79,8 @@ def choices(bodies: list[dict]) -> list:
 
 
 @pytest.mark.parametrize("thinking", [True])
-def test_each_turn_reuses_the_previous_prompt_and_reply(lib_path, k3_container, cache, thinking):
-    expected, got = cold_and_warm(lib_path, k3_container, cache, 4, **THINKING[thinking])
+def test_each_turn_reuses_the_previous_prompt_and_reply(lib_path, k3_container, tmp_path, thinking):
+    expected, got = cold_and_warm(lib_path, k3_container, tmp_path, 4, **THINKING[thinking])
     assert choices(got) == choices(expected)
     for cached, previous in reused(got):
         assert previous - SLACK <= cached <= previous
@@ -91,10 +88,10 @@ def test_each_turn_reuses_the_previous_prompt_and_reply(lib_path, k3_container, 
     assert all(b["usage"]["prompt_tokens_details"]["cached_tokens"] == 0 for b in expected)
 
 
-def test_a_reply_cut_by_max_tokens_mid_character_still_matches(lib_path, k3_container, cache):
+def test_a_reply_cut_by_max_tokens_mid_character_still_matches(lib_path, k3_container, tmp_path):
     # The demo model's replies stop at max_tokens, and a greedy one splits characters:
     # the client sees U+FFFD where the reply parser replaced the bytes.
-    expected, got = cold_and_warm(lib_path, k3_container, cache, 3, max_tokens=17)
+    expected, got = cold_and_warm(lib_path, k3_container, tmp_path, 3, max_tokens=17)
     assert any(b["choices"][0]["finish_reason"] == "length" for b in got)
     assert any("\ufffd" in (b["choices"][0]["message"].get("reasoning_content") or "") for b in got)
     assert choices(got) == choices(expected)
@@ -102,20 +99,22 @@ def test_a_reply_cut_by_max_tokens_mid_character_still_matches(lib_path, k3_cont
         assert previous - SLACK <= cached <= previous
 
 
-def test_keep_reasoning_reuses_replies_whose_reasoning_the_client_dropped(lib_path, k3_container, cache):
+def test_keep_reasoning_reuses_replies_whose_reasoning_the_client_dropped(lib_path, k3_container, tmp_path):
     options = {"keep_reasoning": True}
-    expected, got = cold_and_warm(lib_path, k3_container, cache, 4, without_reasoning, options)
+    expected, got = cold_and_warm(lib_path, k3_container, tmp_path, 4, without_reasoning, options)
     assert all(b["choices"][0]["message"].get("reasoning_content") for b in got)
     assert choices(got) == choices(expected)
     for cached, previous in reused(got):
         assert previous - SLACK <= cached <= previous
 
 
-def test_without_keep_reasoning_the_match_ends_where_the_reasoning_began(lib_path, k3_container, cache):
+def test_without_keep_reasoning_the_match_ends_where_the_reasoning_began(lib_path, k3_container, tmp_path):
+    cache = PrefixCache(64 << 20, parent_dir=str(tmp_path))
     with real_service(lib_path, k3_container, reply_memory=ReplyMemory(), prefix_cache=cache) as warm, \
             serving(warm) as srv:
         bodies = chat(srv.port, 3, without_reasoning)
         opening = len(warm.engine.tokenize_segments(xtml.generation_prompt(True)))
+    cache.close()
     # The previous prompt ends with the reply's opening; its think element is empty in
     # the history sent back, so only the conversation before that opening is restored.
     for before, now in zip(bodies, bodies[1:]):
