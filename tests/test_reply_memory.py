@@ -40,13 +40,15 @@ def without_reasoning(body: dict) -> dict:
     return {k: v for k, v in as_received(body).items() if k != "reasoning_content"}
 
 
-def chat(port: int, turns: int, returned=as_received, **fields) -> list[dict]:
-    """A chat whose client resends the history with each reply as `returned` gives it back."""
+def chat(port: int, turns: int, returned=as_received, idle=lambda: None, **fields) -> list[dict]:
+    """A chat whose client resends the history with each reply as `returned` gives it back;
+    `idle()` runs between a reply and the next turn."""
     messages, bodies = [], []
     for n in range(turns):
         messages.append({"role": "user", "content": f"Turn {n}: what do the tides owe the moon?"})
         bodies.append(ask(port, messages, **fields))
         messages.append(returned(bodies[-1]))
+        idle()
     return bodies
 
 
@@ -68,7 +70,7 @@ def cold_and_warm(lib_path, container, tmp_path, turns: int, returned=as_receive
     try:
         with real_service(lib_path, container, reply_memory=ReplyMemory(), prefix_cache=cache,
                           **options) as warm, serving(warm) as srv:
-            got = chat(srv.port, turns, returned, **fields)
+            got = chat(srv.port, turns, returned, warm.settle, **fields)
     finally:
         cache.close()
     return expected, got
@@ -78,7 +80,7 @@ def choices(bodies: list[dict]) -> list:
     return [b["choices"] for b in bodies]
 
 
-@pytest.mark.parametrize("thinking", [True])
+@pytest.mark.parametrize("thinking", [True, False])
 def test_each_turn_reuses_the_previous_prompt_and_reply(lib_path, k3_container, tmp_path, thinking):
     expected, got = cold_and_warm(lib_path, k3_container, tmp_path, 4, **THINKING[thinking])
     assert choices(got) == choices(expected)
@@ -97,6 +99,20 @@ def test_a_reply_cut_by_max_tokens_mid_character_still_matches(lib_path, k3_cont
     assert choices(got) == choices(expected)
     for cached, previous in reused(got):
         assert previous - SLACK <= cached <= previous
+
+
+def test_a_reply_cut_by_a_stop_string_reuses_what_the_client_saw(lib_path, k3_container, tmp_path):
+    fields = THINKING[False]
+    with real_service(lib_path, k3_container, reply_memory=ReplyMemory()) as probe, serving(probe) as srv:
+        content = chat(srv.port, 1, **fields)[0]["choices"][0]["message"]["content"]
+    # A stop string from the middle of what the model writes first, found nowhere earlier.
+    at = next(p for p in range(len(content) // 2, len(content) - 3)
+              if content.find(content[p:p + 3]) == p and "\ufffd" not in content[p:p + 3])
+    expected, got = cold_and_warm(lib_path, k3_container, tmp_path, 3, stop=[content[at:at + 3]], **fields)
+    assert got[0]["choices"][0]["message"]["content"] == content[:at]
+    assert choices(got) == choices(expected)
+    for cached, previous in reused(got):
+        assert cached >= previous - SLACK
 
 
 def test_keep_reasoning_reuses_replies_whose_reasoning_the_client_dropped(lib_path, k3_container, tmp_path):
