@@ -13,8 +13,10 @@ import threading
 
 import pytest
 
-from scripted import ScriptedEngine, call, real_service, scripted_service, serving, xtml_answer
+from scripted import (ScriptedEngine, call, data_url, real_service, scripted_service, serving, tiny_png,
+                      xtml_answer)
 from serve import xtml
+from serve.engine import WasteError
 from serve.prefix_cache import PrefixCache
 from serve.reply_memory import ReplyMemory
 
@@ -259,3 +261,39 @@ def test_a_deferred_snapshot_yields_to_a_waiting_request(tmp_path):
     assert len(settling) == 1
     assert second[0]["usage"]["prompt_tokens_details"]["cached_tokens"] == len(engine.prompts[0]) - len(
         engine.tokenize_segments(xtml.generation_prompt(True)))
+
+
+def test_a_deferred_snapshot_that_cannot_be_saved_costs_only_the_reuse(tmp_path):
+    engine, service = scripted(tmp_path, [ANSWER_REPLY])
+
+    def save_fails(path: str) -> None:
+        raise WasteError(-1, "WASTE_E_IO", "I/O error", "no space left on device", "waste_state_save")
+
+    engine.save_state = save_fails
+    with serving(service) as srv:
+        messages = [{"role": "user", "content": "Tides?"}]
+        first = ask(srv.port, messages, stop=["fall"], max_tokens=200)
+        service.settle()
+        messages += [as_received(first), {"role": "user", "content": "And then?"}]
+        second = ask(srv.port, messages, max_tokens=200)
+    service.options.prefix_cache.close()
+    assert first["choices"][0]["message"]["content"] == "The rise and "
+    assert second["choices"][0]["message"]["content"] == "The rise and fall of the sea."
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert engine.calls.count("eval") > 1   # the deferred snapshot was evaluated, then not saved
+
+
+def test_a_reply_that_cannot_be_rendered_alone_is_tokenized_as_text(tmp_path):
+    # An image in an assistant message needs the request's image prompts: it is never a
+    # remembered reply's rendering, and the request goes on as usual.
+    engine, service = scripted(tmp_path, [ANSWER_REPLY], vision=True)
+    picture = {"type": "image_url", "image_url": {"url": data_url(tiny_png())}}
+    with serving(service) as srv:
+        first = ask(srv.port, [{"role": "user", "content": "Tides?"}], max_tokens=200)
+        reply = as_received(first)
+        reply["content"] = [{"type": "text", "text": reply["content"]}, picture]
+        second = ask(srv.port, [{"role": "user", "content": "Tides?"}, reply,
+                                {"role": "user", "content": "Again?"}], max_tokens=200)
+    service.options.prefix_cache.close()
+    assert second["choices"][0]["message"]["content"] == "The rise and fall of the sea."
+    assert engine.piece_id(" and fall") not in engine.prompts[1]
