@@ -18,7 +18,7 @@ import threading
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from .xtml import Segment
 
@@ -29,6 +29,7 @@ DEFAULT_CAPACITY = 64 << 20   # about 16M remembered ids
 class Remembered:
     ids: array            # the generation prompt's ids, then every generated id ('i' array)
     reasoning: str        # what the reply said in its think channel, for --keep-reasoning
+    dropped: Optional[tuple[bytes, bytes]] = None   # its place in the index without reasoning
 
     @property
     def size(self) -> int:
@@ -54,8 +55,9 @@ class ReplyMemory:
             raise ValueError("reply memory capacity must be positive")
         self.capacity_bytes = capacity_bytes
         self._by_rendering: "OrderedDict[bytes, Remembered]" = OrderedDict()
-        # The same replies, keyed by their rendering without reasoning (--keep-reasoning).
-        self._without_reasoning: dict[bytes, bytes] = {}
+        # Replies with reasoning, by their rendering without it, then by the conversation
+        # before them (--keep-reasoning).
+        self._without_reasoning: dict[bytes, dict[bytes, bytes]] = {}
         self.used_bytes = 0
         self._lock = threading.Lock()
 
@@ -63,34 +65,45 @@ class ReplyMemory:
         return len(self._by_rendering)
 
     def remember(self, rendered: Sequence[Segment], ids: Sequence[int], reasoning: str = "",
-                 dropped: Optional[Sequence[Segment]] = None) -> None:
+                 without_reasoning: Optional[tuple[Sequence[Segment], Sequence[Segment]]] = None,
+                 ) -> None:
         """Keep `ids` for a reply that renders as `rendered`.
 
-        `dropped`: the conversation before the reply followed by the reply
-        rendered without its reasoning, which is what a client that drops
-        reasoning sends back; given only when the reply had reasoning. The
-        conversation is part of it because replies often differ in reasoning
-        alone (an empty answer cut in the think channel, the same tool call).
+        `without_reasoning`: for a reply with reasoning, (the conversation
+        before it, the reply rendered without its reasoning), which is what a
+        client that drops reasoning sends back. The conversation is part of the
+        key because replies often differ in reasoning alone (an empty answer
+        cut in the think channel, the same tool call twice).
         """
-        entry = Remembered(array("i", ids), reasoning)
+        dropped = None
+        if without_reasoning is not None:
+            context, stripped = without_reasoning
+            dropped = (digest(stripped), digest(context))
+        entry = Remembered(array("i", ids), reasoning, dropped)
         if entry.size > self.capacity_bytes:
             return
         key = digest(rendered)
-        stripped = digest(dropped) if dropped else None
         with self._lock:
-            old = self._by_rendering.pop(key, None)
-            if old is not None:
-                self.used_bytes -= old.size
+            self._forget(key)
             self._by_rendering[key] = entry
             self.used_bytes += entry.size
-            if stripped is not None:
-                self._without_reasoning[stripped] = key
+            if dropped is not None:
+                self._without_reasoning.setdefault(dropped[0], {})[dropped[1]] = key
             while self.used_bytes > self.capacity_bytes:
-                _, evicted = self._by_rendering.popitem(last=False)
-                self.used_bytes -= evicted.size
-            if len(self._without_reasoning) > 2 * len(self._by_rendering):
-                self._without_reasoning = {k: v for k, v in self._without_reasoning.items()
-                                           if v in self._by_rendering}
+                self._forget(next(iter(self._by_rendering)))
+
+    def _forget(self, key: bytes) -> None:
+        entry = self._by_rendering.pop(key, None)
+        if entry is None:
+            return
+        self.used_bytes -= entry.size
+        if entry.dropped is not None:
+            stripped, context = entry.dropped
+            contexts = self._without_reasoning.get(stripped, {})
+            if contexts.get(context) == key:
+                del contexts[context]
+                if not contexts:
+                    del self._without_reasoning[stripped]
 
     def recall(self, rendered: Sequence[Segment]) -> Optional[Remembered]:
         """The reply that renders exactly as `rendered`, if remembered."""
@@ -101,10 +114,17 @@ class ReplyMemory:
                 self._by_rendering.move_to_end(key)
             return entry
 
-    def recall_without_reasoning(self, dropped: Sequence[Segment]) -> Optional[Remembered]:
-        """The remembered reply with reasoning that `dropped` (see remember) describes."""
+    def recall_without_reasoning(self, rendered: Sequence[Segment],
+                                  context: Callable[[], Sequence[Segment]]) -> Optional[Remembered]:
+        """The reply with reasoning that renders as `rendered` once the reasoning is dropped,
+        in the conversation `context()` renders (called only when some reply could match)."""
         with self._lock:
-            key = self._without_reasoning.get(digest(dropped))
+            contexts = self._without_reasoning.get(digest(rendered))
+        if not contexts:
+            return None
+        before = digest(context())
+        with self._lock:
+            key = contexts.get(before)
             entry = self._by_rendering.get(key) if key is not None else None
             if entry is not None:
                 self._by_rendering.move_to_end(key)

@@ -211,7 +211,7 @@ class Service:
             entry = memory.recall(rendered) if rendered else None
             if entry is None and rendered and self.options.keep_reasoning:
                 entry = memory.recall_without_reasoning(
-                    [*self._render(req, messages[:i], thinking, prompts), *rendered])
+                    rendered, lambda: self._render(req, messages[:i], thinking, prompts))
                 if entry is not None:
                     message = {k: v for k, v in message.items() if k != "reasoning"}
                     message["reasoning_content"] = entry.reasoning
@@ -303,7 +303,7 @@ class Service:
             dropped = self._render_reply({k: v for k, v in message.items() if k != "reasoning_content"},
                                          thinking) if reasoning else rendered
             memory.remember(rendered, ids, reasoning,
-                            [*prompt.conversation, *dropped] if dropped != rendered else None)
+                            (prompt.conversation, dropped) if dropped != rendered else None)
         # A full context leaves no room for a next turn; snapshots never reach past images.
         if cache is None or result.context_full or prompt.image_paths:
             return

@@ -137,8 +137,26 @@ def test_reasoning_is_recalled_in_its_conversation_only():
     # Replies cut in the think channel all render alike without their reasoning.
     memory = ReplyMemory()
     before_a, before_b = [Segment("question a", False)], [Segment("question b", False)]
-    memory.remember(rendered("", "thought a"), [1], "thought a", before_a + rendered(""))
-    memory.remember(rendered("", "thought b"), [2], "thought b", before_b + rendered(""))
-    assert memory.recall_without_reasoning(before_a + rendered("")).reasoning == "thought a"
-    assert memory.recall_without_reasoning(before_b + rendered("")).reasoning == "thought b"
-    assert memory.recall_without_reasoning(rendered("")) is None
+    memory.remember(rendered("", "thought a"), [1], "thought a", (before_a, rendered("")))
+    memory.remember(rendered("", "thought b"), [2], "thought b", (before_b, rendered("")))
+    assert memory.recall_without_reasoning(rendered(""), lambda: before_a).reasoning == "thought a"
+    assert memory.recall_without_reasoning(rendered(""), lambda: before_b).reasoning == "thought b"
+    assert memory.recall_without_reasoning(rendered(""), lambda: []) is None
+
+
+def test_the_conversation_is_rendered_only_when_a_reply_could_match():
+    memory = ReplyMemory()
+    memory.remember(rendered("yes", "because"), [1], "because", ([], rendered("yes")))
+
+    def never() -> list:
+        raise AssertionError("rendered the conversation for a reply nobody remembers")
+
+    assert memory.recall_without_reasoning(rendered("no"), never) is None
+
+
+def test_a_forgotten_reply_leaves_nothing_to_recall_without_reasoning():
+    memory = ReplyMemory(capacity_bytes=64)
+    memory.remember(rendered("yes", "because"), [1], "because", ([], rendered("yes")))
+    memory.remember(rendered("other"), list(range(14)))   # evicts the first
+    assert memory.recall_without_reasoning(rendered("yes"), lambda: []) is None
+    assert memory._without_reasoning == {}
