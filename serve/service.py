@@ -29,8 +29,8 @@ from .stops import StopFilter
 from .xtml import PromptError, image_prompt
 
 
-# A post-generation snapshot is saved only when it spares the next turn at least this
-# many prompt positions over the snapshots already kept (see the README's cost model).
+# A snapshot after a reply is saved only when it spares the next turn at least this many
+# prompt positions over the one made before the reply (see the README's cost model).
 MIN_SPARED_TOKENS = 16
 # Deferred snapshots evaluate in chunks this small: a request arriving meanwhile waits
 # for one chunk at most.
@@ -307,26 +307,22 @@ class Service:
         # A full context leaves no room for a next turn; snapshots never reach past images.
         if cache is None or result.context_full or prompt.image_paths:
             return
-        if not result.cancelled:
-            held = [*prompt.ids, *run.tokens]
-            if len(held) - _restorable(cache, held) >= MIN_SPARED_TOKENS:
-                try:
-                    cache.store(held, self.engine.save_state)
-                except (WasteError, OSError):
-                    pass   # a snapshot only spares later requests work
-        elif memory is not None and rendered:
+        history = prompt.ids[:len(prompt.ids) - len(prompt.generation)]   # snapshotted in prefill
+        if result.cancelled:
             # A cancelled generate leaves a state the ABI does not describe (it asks for a
             # reset), so the reply's state is rebuilt when the engine is idle, up to the end
             # of the message as the next turn will tokenize it: never past what the client
             # saw, since the overlay stops at a stop string's cut.
-            history = prompt.ids[:len(prompt.ids) - len(prompt.generation)]
-            self._defer_snapshot(history + overlay(self.engine, rendered, ids))
-
-    def _defer_snapshot(self, tokens: list[int]) -> None:
-        if len(tokens) - _restorable(self.options.prefix_cache, tokens) < MIN_SPARED_TOKENS:
-            return   # a snapshot this close to one already kept cannot pay for its save
-        self._settle = tokens
-        threading.Thread(target=self.settle, name="settle", daemon=True).start()
+            if memory is not None and rendered:
+                tokens = history + overlay(self.engine, rendered, ids)
+                if len(tokens) - len(history) >= MIN_SPARED_TOKENS:
+                    self._settle = tokens
+                    threading.Thread(target=self.settle, name="settle", daemon=True).start()
+        elif len(ids) >= MIN_SPARED_TOKENS:   # else a save costs more than the prefill it spares
+            try:
+                cache.store([*prompt.ids, *run.tokens], self.engine.save_state)
+            except (WasteError, OSError):
+                pass   # a snapshot only spares later requests work
 
     def settle(self) -> None:
         """Make the deferred snapshot, in idle time only.
@@ -525,12 +521,6 @@ class Service:
             "expert_hit_rate": s.experts_hit / looked_up if looked_up else 0.0,
             "bytes_read": s.bytes_read, "direct_io": s.direct_io, "ms": round(ms, 3),
             "tokens_per_second": round(tps, 3), "context_full": result.context_full})
-
-
-def _restorable(cache: PrefixCache, tokens: list[int]) -> int:
-    """How many leading positions of `tokens` a kept snapshot already holds."""
-    snap = cache.lookup(tokens + [-1])   # lookup wants a proper prefix: `tokens` itself counts
-    return len(snap.tokens) if snap is not None else 0
 
 
 def _stats_delta(before: Stats, after: Stats) -> Stats:
