@@ -119,7 +119,8 @@ class Service:
         self.created = api.now()
         self._waiting = 0                   # requests waiting for the engine lock
         self._waiting_lock = threading.Lock()
-        self._settle: Optional[list[int]] = None   # a snapshot to make when the engine is idle
+        # A snapshot to make when the engine is idle: (history ids, rendered reply, reply ids).
+        self._settle: Optional[tuple[list[int], list, list[int]]] = None
         self._closed = False
 
     # -- models ---------------------------------------------------------------
@@ -314,10 +315,8 @@ class Service:
             # of the message as the next turn will tokenize it: never past what the client
             # saw, since the overlay stops at a stop string's cut.
             if memory is not None and rendered:
-                tokens = history + overlay(self.engine, rendered, ids)
-                if len(tokens) - len(history) >= MIN_SPARED_TOKENS:
-                    self._settle = tokens
-                    threading.Thread(target=self.settle, name="settle", daemon=True).start()
+                self._settle = (history, rendered, ids)
+                threading.Thread(target=self.settle, name="settle", daemon=True).start()
         elif len(ids) >= MIN_SPARED_TOKENS:   # else a save costs more than the prefill it spares
             try:
                 cache.store([*prompt.ids, *run.tokens], self.engine.save_state)
@@ -332,17 +331,21 @@ class Service:
         chunk. Runs on its own thread after a reply; tests call it to wait for it.
         """
         with self.engine.lock:
-            tokens, self._settle = self._settle, None
-            if tokens is None or self._closed or self._someone_waiting():
+            job, self._settle = self._settle, None
+            if job is None or self._closed or self._someone_waiting():
                 return
-            self._start_empty()
+            history, rendered, ids = job
             try:
+                tokens = history + overlay(self.engine, rendered, ids)
+                if len(tokens) - len(history) < MIN_SPARED_TOKENS:
+                    return   # this close to the snapshot before the reply, a save cannot pay back
+                self._start_empty()
                 # prefill leaves one token for generate: the last one is evaluated apart.
                 prefill(self.engine, tokens, len(tokens) - 1, cache=self.options.prefix_cache,
                         chunk=SETTLE_CHUNK, cancelled=self._someone_waiting)
                 self.engine.eval(tokens[-1:])
                 self.options.prefix_cache.store(tokens, self.engine.save_state)
-            except (PrefillCancelled, WasteError, OSError):
+            except (PrefillCancelled, UnencodableText, WasteError, OSError):
                 pass   # the snapshot only spares the next turn work; that turn goes on without it
             finally:
                 self._start_empty()

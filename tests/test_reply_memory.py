@@ -16,7 +16,7 @@ import pytest
 from scripted import (ScriptedEngine, call, data_url, real_service, scripted_service, serving, tiny_png,
                       xtml_answer)
 from serve import xtml
-from serve.engine import WasteError
+from serve.engine import UnencodableText, WasteError
 from serve.prefix_cache import PrefixCache
 from serve.reply_memory import ReplyMemory
 
@@ -297,3 +297,30 @@ def test_a_reply_that_cannot_be_rendered_alone_is_tokenized_as_text(tmp_path):
     service.options.prefix_cache.close()
     assert second["choices"][0]["message"]["content"] == "The rise and fall of the sea."
     assert engine.piece_id(" and fall") not in engine.prompts[1]
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_reply_no_prompt_can_carry_is_not_settled(tmp_path):
+    # The model wrote a NUL, which no C string carries. Its own id can stand in history,
+    # but a stop string cuts that token, so the text left must be tokenized: the next turn
+    # is refused, and the deferred snapshot gives up quietly.
+    engine, service = scripted(tmp_path, [xtml_answer("a\0b", " and fall", thinking=["So."])])
+    plain = engine.tokenize
+
+    def tokenize(text: str, **options) -> list[int]:
+        if "\0" in text:
+            raise UnencodableText("text contains a NUL character")
+        return plain(text, **options)
+
+    engine.tokenize = tokenize
+    with serving(service) as srv:
+        messages = [{"role": "user", "content": "Tides?"}]
+        first = ask(srv.port, messages, stop=["b"], max_tokens=200)
+        service.settle()
+        messages += [as_received(first), {"role": "user", "content": "And then?"}]
+        refused = call(srv.port, "POST", CHAT, {"messages": messages, **GREEDY})
+        again = ask(srv.port, messages[:1])
+    service.options.prefix_cache.close()
+    assert first["choices"][0]["message"]["content"] == "a\0"
+    assert refused.status == 400 and "cannot be tokenized" in refused.body.decode()
+    assert again["choices"][0]["message"]["content"] == "a\0b and fall"
