@@ -206,13 +206,19 @@ def test_anything_after_the_closed_message_but_the_stop_token_is_cancelled(tmp_p
     assert engine.results[0].cancelled and engine.results[0].n_tokens == len(ANSWER_REPLY)
 
 
+def cut_and_settled(port: int, service, stop: str) -> tuple[dict, list]:
+    """A first turn cut by `stop`, the snapshot the idle engine makes after it (made now,
+    if its thread has not), and the messages of the next turn."""
+    messages = [{"role": "user", "content": "Tides?"}]
+    first = ask(port, messages, stop=[stop], max_tokens=200)
+    service.settle()
+    return first, messages + [as_received(first), {"role": "user", "content": "And then?"}]
+
+
 def test_a_reply_cut_by_a_stop_string_is_reused_up_to_the_cut(tmp_path):
     engine, service = scripted(tmp_path, [ANSWER_REPLY])
     with serving(service) as srv:
-        messages = [{"role": "user", "content": "Tides?"}]
-        first = ask(srv.port, messages, stop=["fall"], max_tokens=200)
-        service.settle()   # the deferred snapshot, which the idle engine makes after a reply
-        messages += [as_received(first), {"role": "user", "content": "And then?"}]
+        first, messages = cut_and_settled(srv.port, service, "fall")
         second = ask(srv.port, messages, stop=["fall"], max_tokens=200)
     service.options.prefix_cache.close()
     assert first["choices"][0]["message"]["content"] == "The rise and "
@@ -271,10 +277,7 @@ def test_a_deferred_snapshot_that_cannot_be_saved_costs_only_the_reuse(tmp_path)
 
     engine.save_state = save_fails
     with serving(service) as srv:
-        messages = [{"role": "user", "content": "Tides?"}]
-        first = ask(srv.port, messages, stop=["fall"], max_tokens=200)
-        service.settle()
-        messages += [as_received(first), {"role": "user", "content": "And then?"}]
+        first, messages = cut_and_settled(srv.port, service, "fall")
         second = ask(srv.port, messages, max_tokens=200)
     service.options.prefix_cache.close()
     assert first["choices"][0]["message"]["content"] == "The rise and "
@@ -314,10 +317,7 @@ def test_a_reply_no_prompt_can_carry_is_not_settled(tmp_path):
 
     engine.tokenize = tokenize
     with serving(service) as srv:
-        messages = [{"role": "user", "content": "Tides?"}]
-        first = ask(srv.port, messages, stop=["b"], max_tokens=200)
-        service.settle()
-        messages += [as_received(first), {"role": "user", "content": "And then?"}]
+        first, messages = cut_and_settled(srv.port, service, "b")
         refused = call(srv.port, "POST", CHAT, {"messages": messages, **GREEDY})
         again = ask(srv.port, messages[:1])
     service.options.prefix_cache.close()
