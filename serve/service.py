@@ -32,9 +32,9 @@ from .xtml import PromptError, image_prompt
 # A snapshot after a reply is saved only when it spares the next turn at least this many
 # prompt positions over the one made before the reply (see the README's cost model).
 MIN_SPARED_TOKENS = 16
-# Deferred snapshots evaluate in chunks this small: a request arriving meanwhile waits
-# for one chunk at most.
-SETTLE_CHUNK = 16
+# Deferred snapshots evaluate one token at a time: a request arriving meanwhile waits for
+# one token's evaluation at most (about 2 s on K3).
+SETTLE_CHUNK = 1
 
 
 class ReplySink(Protocol):
@@ -119,8 +119,9 @@ class Service:
         self.created = api.now()
         self._waiting = 0                   # requests waiting for the engine lock
         self._waiting_lock = threading.Lock()
-        # A snapshot to make when the engine is idle: (history ids, rendered reply, reply ids).
-        self._settle: Optional[tuple[list[int], list, list[int]]] = None
+        # A snapshot to make when the engine is idle: the history's ids, the reply's rendering
+        # and ids, and whether the state after generation was saved.
+        self._settle: Optional[tuple[list[int], list, list[int], bool]] = None
         self._closed = False
 
     # -- models ---------------------------------------------------------------
@@ -308,20 +309,19 @@ class Service:
         # A full context leaves no room for a next turn; snapshots never reach past images.
         if cache is None or result.context_full or prompt.image_paths:
             return
-        history = prompt.ids[:len(prompt.ids) - len(prompt.generation)]   # snapshotted in prefill
-        if result.cancelled:
-            # A cancelled generate leaves a state the ABI does not describe (it asks for a
-            # reset), so the reply's state is rebuilt when the engine is idle, up to the end
-            # of the message as the next turn will tokenize it: never past what the client
-            # saw, since the overlay stops at a stop string's cut.
-            if memory is not None and rendered:
-                self._settle = (history, rendered, ids)
-                threading.Thread(target=self.settle, name="settle", daemon=True).start()
-        elif len(ids) >= MIN_SPARED_TOKENS:   # else a save costs more than the prefill it spares
+        saved = False
+        # A cancelled generate leaves a state the ABI does not describe (it asks for a reset).
+        if not result.cancelled and len(ids) >= MIN_SPARED_TOKENS:  # else a save costs more than it spares
             try:
-                cache.store([*prompt.ids, *run.tokens], self.engine.save_state)
+                saved = cache.store([*prompt.ids, *run.tokens], self.engine.save_state) is not None
             except (WasteError, OSError):
                 pass   # a snapshot only spares later requests work
+        if memory is not None and rendered:
+            # The next turn holds the whole message: after a cancel, the reply again up to a
+            # stop string's cut (never past what the client saw); after max_tokens, the closing
+            # markup the model never wrote. The idle engine builds that state.
+            self._settle = (prompt.ids[:len(prompt.ids) - len(prompt.generation)], rendered, ids, saved)
+            threading.Thread(target=self.settle, name="settle", daemon=True).start()
 
     def settle(self) -> None:
         """Make the deferred snapshot, in idle time only.
@@ -334,11 +334,11 @@ class Service:
             job, self._settle = self._settle, None
             if job is None or self._closed or self._someone_waiting():
                 return
-            history, rendered, ids = job
+            history, rendered, ids, saved = job
             try:
                 tokens = history + overlay(self.engine, rendered, ids)
-                if len(tokens) - len(history) < MIN_SPARED_TOKENS:
-                    return   # this close to the snapshot before the reply, a save cannot pay back
+                if len(tokens) - len(history) < MIN_SPARED_TOKENS or (saved and tokens[len(history):] == ids):
+                    return   # too close to the snapshot before the reply, or the one after it
                 self._start_empty()
                 # prefill leaves one token for generate: the last one is evaluated apart.
                 prefill(self.engine, tokens, len(tokens) - 1, cache=self.options.prefix_cache,

@@ -61,6 +61,13 @@ def reused(bodies: list[dict]) -> list[tuple[int, int]]:
             for before, now in zip(bodies, bodies[1:])]
 
 
+def assert_reused(bodies: list[dict]) -> None:
+    """Each turn restored the previous prompt and reply (and, once the idle engine has
+    evaluated it, the closing markup of a reply cut short), never its own new message."""
+    for (cached, previous), now in zip(reused(bodies), bodies[1:]):
+        assert previous - SLACK <= cached < now["usage"]["prompt_tokens"]
+
+
 def cold_and_warm(lib_path, container, tmp_path, turns: int, returned=as_received, options=None,
                   **fields) -> tuple[list[dict], list[dict]]:
     """The same chat on a server without a prefix cache, then on one with it."""
@@ -86,8 +93,7 @@ def choices(bodies: list[dict]) -> list:
 def test_each_turn_reuses_the_previous_prompt_and_reply(lib_path, k3_container, tmp_path, thinking):
     expected, got = cold_and_warm(lib_path, k3_container, tmp_path, 4, **THINKING[thinking])
     assert choices(got) == choices(expected)
-    for cached, previous in reused(got):
-        assert previous - SLACK <= cached <= previous
+    assert_reused(got)
     # Nothing of the kind without the cache, so the figures above are this feature's.
     assert all(b["usage"]["prompt_tokens_details"]["cached_tokens"] == 0 for b in expected)
 
@@ -99,8 +105,7 @@ def test_a_reply_cut_by_max_tokens_mid_character_still_matches(lib_path, k3_cont
     assert any(b["choices"][0]["finish_reason"] == "length" for b in got)
     assert any("\ufffd" in (b["choices"][0]["message"].get("reasoning_content") or "") for b in got)
     assert choices(got) == choices(expected)
-    for cached, previous in reused(got):
-        assert previous - SLACK <= cached <= previous
+    assert_reused(got)
 
 
 def test_a_reply_cut_by_a_stop_string_reuses_what_the_client_saw(lib_path, k3_container, tmp_path):
@@ -113,8 +118,7 @@ def test_a_reply_cut_by_a_stop_string_reuses_what_the_client_saw(lib_path, k3_co
     expected, got = cold_and_warm(lib_path, k3_container, tmp_path, 3, stop=[content[at:at + 3]], **fields)
     assert got[0]["choices"][0]["message"]["content"] == content[:at]
     assert choices(got) == choices(expected)
-    for cached, previous in reused(got):
-        assert cached >= previous - SLACK
+    assert_reused(got)
 
 
 def test_keep_reasoning_reuses_replies_whose_reasoning_the_client_dropped(lib_path, k3_container, tmp_path):
@@ -122,8 +126,7 @@ def test_keep_reasoning_reuses_replies_whose_reasoning_the_client_dropped(lib_pa
     expected, got = cold_and_warm(lib_path, k3_container, tmp_path, 4, without_reasoning, options)
     assert all(b["choices"][0]["message"].get("reasoning_content") for b in got)
     assert choices(got) == choices(expected)
-    for cached, previous in reused(got):
-        assert previous - SLACK <= cached <= previous
+    assert_reused(got)
 
 
 def test_without_keep_reasoning_the_match_ends_where_the_reasoning_began(lib_path, k3_container, tmp_path):
@@ -230,10 +233,30 @@ def test_a_reply_cut_by_a_stop_string_is_reused_up_to_the_cut(tmp_path):
     assert engine.prompts[1][len(held)] != engine.piece_id(" and fall")
     cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
     previous = first["usage"]["prompt_tokens"] + first["usage"]["completion_tokens"]
-    # Restored: everything before the new user message, the returned message's end included.
+    assert cached == before_the_new_turn(engine, messages) >= previous - SLACK
+
+
+def before_the_new_turn(engine: ScriptedEngine, messages: list) -> int:
+    """Positions of the last prompt before its new user message and generation prompt."""
     new_turn = xtml.build_chat_segments([messages[-1]], thinking=True)
-    assert cached == len(engine.prompts[1]) - len(engine.tokenize(xtml.render_text(new_turn), markup=True))
-    assert cached >= previous - SLACK
+    return len(engine.prompts[-1]) - len(engine.tokenize(xtml.render_text(new_turn), markup=True))
+
+
+def test_a_reply_cut_by_max_tokens_is_closed_while_the_engine_is_idle(tmp_path):
+    engine, service = scripted(tmp_path, [ANSWER_REPLY])
+    with serving(service) as srv:
+        messages = [{"role": "user", "content": "Tides?"}]
+        first = ask(srv.port, messages, max_tokens=10)   # into the answer, its closing unwritten
+        service.settle()
+        messages += [as_received(first), {"role": "user", "content": "And then?"}]
+        second = ask(srv.port, messages, max_tokens=200)
+    service.options.prefix_cache.close()
+    assert first["choices"][0]["finish_reason"] == "length"
+    assert first["choices"][0]["message"]["content"] == "The rise"
+    held = first["usage"]["prompt_tokens"] + first["usage"]["completion_tokens"]
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert engine.prompts[1][:held] == engine.prompts[0] + [engine.piece_id(p) for p in ANSWER_REPLY[:10]]
+    assert cached == before_the_new_turn(engine, messages) > held
 
 
 def test_a_deferred_snapshot_yields_to_a_waiting_request(tmp_path):
