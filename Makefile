@@ -37,7 +37,7 @@ $(DEMO): tools/make_container.py
 	@rm -rf $@ && mkdir -p build
 	$(PYTHON) tools/make_container.py $@ --vision
 
-$(VENV)/.ok: requirements-dev.txt
+$(VENV)/.ok: requirements-dev.txt requirements-optional.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	@touch $@

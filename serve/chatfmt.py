@@ -54,6 +54,7 @@ class XtmlFormat:
     supports_images = True
     supports_tools = True
     supports_reasoning = True
+    prompts_response_format = True   # the prompt tells the model the format asked for
 
     def __init__(self, markers: Markers, special_ids: frozenset[int], media_pad: Optional[int]) -> None:
         self.markers = markers
@@ -180,6 +181,7 @@ class TemplateFormat:
     supports_images = False
     supports_tools = False
     supports_reasoning = False
+    prompts_response_format = False  # only a grammar (serve/grammar.py) can hold the reply to it
 
     def __init__(self, path: Path, template: ChatTemplate, stop_tokens: list[int],
                  special_ids: frozenset[int]) -> None:
@@ -219,7 +221,7 @@ class TemplateFormat:
                image_prompts: Optional[Sequence[str]] = None,
                add_generation_prompt: bool = True) -> list[Segment]:
         """Template strings as markup segments, the caller's content always as text."""
-        self._refuse_request_fields(tools, tool_choice, response_format, thinking_effort)
+        self._refuse_request_fields(tools, tool_choice, thinking_effort)
         segments: list[Segment] = []
         for i, message in enumerate(messages):
             prefix, suffix = self._turn(i, message)
@@ -236,15 +238,12 @@ class TemplateFormat:
         return [Segment(self.template.open, True)]
 
     @staticmethod
-    def _refuse_request_fields(tools, tool_choice, response_format, thinking_effort) -> None:
+    def _refuse_request_fields(tools, tool_choice, thinking_effort) -> None:
         if tools:
             raise ChatFormatError("tools need the XTML chat format; this container has chat.json",
                                   "tools")
         if tool_choice not in (None, "none", "auto"):
             raise ChatFormatError("tool_choice needs the XTML chat format", "tool_choice")
-        if response_format is not None and (not isinstance(response_format, Mapping)
-                                            or response_format.get("type", "text") != "text"):
-            raise ChatFormatError("response_format needs the XTML chat format", "response_format")
         if thinking_effort is not None:
             raise ChatFormatError("this chat format has no reasoning channel", "reasoning_effort")
 

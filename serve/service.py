@@ -16,12 +16,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
 
-from . import api
+from . import api, decode, grammar
 from .api import ApiError, ChatRequest, CompletionRequest, Sampling, Usage, invalid
 from .chatfmt import ChatFormatError, NoChatFormat
 from .engine import GenParams, GenResult, Stats, TokenInfo, UnencodableText, WasteError
 from .history_ids import overlay, tokenize_history
 from .images import StagedImages, image_parts, measure
+from .logprobs import LogprobTrail, chat_logprobs, completion_logprobs
 from .prefill import DEFAULT_CHUNK, PrefillCancelled, prefill
 from .prefix_cache import PrefixCache
 from .reply_memory import ReplyMemory
@@ -65,6 +66,7 @@ class ServiceOptions:
     log: Optional[Callable[[str], None]] = None  # prefill progress of long prompts
     reply_memory: Optional[ReplyMemory] = None   # None: history is always re-tokenized
     keep_reasoning: bool = False   # render remembered reasoning into replies a client returns without it
+    eval_logits: bool = True       # False: the engine's waste_eval gives no logits to decode with
 
 
 @dataclass
@@ -73,6 +75,7 @@ class ChatReply:
     finish_reason: str
     usage: Usage
     client_gone: bool
+    logprobs: Optional[dict] = None   # choices[].logprobs, when asked for
 
 
 @dataclass
@@ -81,6 +84,7 @@ class CompletionReply:
     finish_reason: str
     usage: Usage
     client_gone: bool
+    logprobs: Optional[dict] = None
 
 
 @dataclass
@@ -105,9 +109,11 @@ class _Run:
     first_token_at: float = 0.0
     last_token_at: float = 0.0
     n_tokens: int = 0
-    tokens: list[int] = field(default_factory=list)  # every generated id, as it went into the state
+    tokens: list[int] = field(default_factory=list)  # every generated id
+    unevaluated: int = 0            # of those, how many the state lacks (serve's decoder: the last)
     cached_tokens: int = 0          # prompt positions restored from a snapshot
     stats: Optional[Stats] = None   # engine counters for this request only
+    decoding: dict = field(default_factory=lambda: decode.Report(constrained=False).waste())
 
 
 class Service:
@@ -120,9 +126,10 @@ class Service:
         self._waiting = 0                   # requests waiting for the engine lock
         self._waiting_lock = threading.Lock()
         # A snapshot to make when the engine is idle: the history's ids, the reply's rendering
-        # and ids, and whether the state after generation was saved.
-        self._settle: Optional[tuple[list[int], list, list[int], bool]] = None
+        # and ids, and how many of those the snapshot saved after generation holds.
+        self._settle: Optional[tuple[list[int], list, list[int], int]] = None
         self._closed = False
+        self._vocabularies: dict[tuple, Any] = {}   # llguidance's view of the vocabulary, built once
 
     # -- models ---------------------------------------------------------------
 
@@ -248,6 +255,8 @@ class Service:
 
     def _generate_chat(self, req: ChatRequest, prompt: "_Prompt", thinking: bool,
                        sink: ReplySink) -> ChatReply:
+        ours, sink = self._decoder(req.sampling, req.logprobs, sink, "content",
+                                      self._chat_grammar(req, thinking))
         parser = self.chat_format.new_parser(thinking)
         stops = StopFilter(req.sampling.stop)
         reasoning: list[str] = []
@@ -278,7 +287,8 @@ class Service:
             # token for the stop token that follows: anything else is cancelled.
             return closed and token not in stop_ids
 
-        run, result, ms = self._run(prompt, req.sampling, self.chat_format.stop_tokens, sink, on_piece)
+        run, result, ms = self._run(prompt, req.sampling, self.chat_format.stop_tokens, sink, on_piece,
+                                    ours)
         if not stops.hit and not run.client_gone:
             forward(parser.finish())
             tail = stops.flush()
@@ -291,7 +301,7 @@ class Service:
         if not run.client_gone:
             self._remember(prompt, thinking, run, result, message)
         return ChatReply(message, finish, self._usage(len(prompt.ids), run, result, ms),
-                         run.client_gone)
+                         run.client_gone, _trail(sink, chat_logprobs))
 
     def _remember(self, prompt: "_Prompt", thinking: bool, run: _Run, result: GenResult,
                   message: dict) -> None:
@@ -309,11 +319,13 @@ class Service:
         # A full context leaves no room for a next turn; snapshots never reach past images.
         if cache is None or result.context_full or prompt.image_paths:
             return
-        saved = False
+        held = len(ids) - run.unevaluated   # of the reply's ids, those the state holds
+        saved = 0
         # A cancelled generate leaves a state the ABI does not describe (it asks for a reset).
-        if not result.cancelled and len(ids) >= MIN_SPARED_TOKENS:  # else a save costs more than it spares
+        if not result.cancelled and held >= MIN_SPARED_TOKENS:  # else a save costs more than it spares
             try:
-                saved = cache.store([*prompt.ids, *run.tokens], self.engine.save_state) is not None
+                if cache.store([*prompt.ids, *ids[len(prompt.generation):held]], self.engine.save_state):
+                    saved = held
             except (WasteError, OSError):
                 pass   # a snapshot only spares later requests work
         if memory is not None and rendered:
@@ -337,7 +349,7 @@ class Service:
             history, rendered, ids, saved = job
             try:
                 tokens = history + overlay(self.engine, rendered, ids)
-                if len(tokens) - len(history) < MIN_SPARED_TOKENS or (saved and tokens[len(history):] == ids):
+                if len(tokens) - len(history) < MIN_SPARED_TOKENS or tokens[len(history):] == ids[:saved]:
                     return   # too close to the snapshot before the reply, or the one after it
                 self._start_empty()
                 # prefill leaves one token for generate: the last one is evaluated apart.
@@ -390,6 +402,7 @@ class Service:
             return self._generate_text(req, ids, sink)
 
     def _generate_text(self, req: CompletionRequest, ids: list[int], sink: ReplySink) -> CompletionReply:
+        ours, sink = self._decoder(req.sampling, req.logprobs, sink, "text")
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         stops = StopFilter(req.sampling.stop)
         special_ids = frozenset(self.engine.specials.values())
@@ -405,13 +418,56 @@ class Service:
                 show(stops.feed(decoder.decode(piece)))
             return stops.hit
 
-        run, result, ms = self._run(_Prompt(ids), req.sampling, (), sink, on_piece)
+        run, result, ms = self._run(_Prompt(ids), req.sampling, (), sink, on_piece, ours)
         if not stops.hit and not run.client_gone:
             show(stops.feed(decoder.decode(b"", final=True)))
             show(stops.flush())
         finish = self._finish_reason(run, result, stops.hit, False)
         return CompletionReply("".join(text), finish, self._usage(len(ids), run, result, ms),
-                               run.client_gone)
+                               run.client_gone, _trail(sink, completion_logprobs))
+
+    # -- decoding in serve (structure, logprobs) --------------------------------
+
+    def _chat_grammar(self, req: ChatRequest, thinking: bool) -> Optional[Callable[[int], Any]]:
+        """A matcher factory (vocabulary size -> matcher) when the reply is constrained."""
+        fmt = self.chat_format
+        if not grammar.check_available(req, fmt.prompts_response_format, self._decoding_off(grammar.missing())):
+            return None
+        if fmt.name == "xtml":
+            markers = fmt.markers
+            lark = grammar.xtml_grammar(req, grammar.Markup(markers.open, markers.sep, markers.close),
+                                        thinking)
+        else:
+            lark = grammar.json_grammar(req)
+        compiled = grammar.compile_grammar(lark, grammar.grammar_field(req))
+        eos = tuple(fmt.stop_tokens)
+
+        def matcher(n_vocab: int) -> Any:
+            key = (n_vocab, eos)
+            if key not in self._vocabularies:
+                self._vocabularies[key] = grammar.Vocabulary(self.engine, n_vocab, eos)
+            return self._vocabularies[key].matcher(compiled)
+        return matcher
+
+    def _decoder(self, sampling: Sampling, top_logprobs: Optional[int], sink: ReplySink,
+                 text_key: str, matcher: Optional[Callable[[int], Any]] = None):
+        """(decoder, sink): serve's own decoder and a sink that carries logprobs, or
+        (None, sink) for waste_generate when nothing needs the logits."""
+        off = self._decoding_off(decode.missing())
+        if top_logprobs is not None and off is not None:
+            raise invalid("logprobs", f"logprobs are off here ({off}); to enable: {grammar.ENABLE_HINT}",
+                          code="logprobs_unavailable")
+        if matcher is None and top_logprobs is None:
+            return None, sink
+        if top_logprobs is not None:
+            sink = LogprobTrail(sink, frozenset(self.engine.specials.values()), text_key)
+        return decode.Decoder(self.engine, temperature=sampling.temperature, top_k=sampling.top_k,
+                              top_p=sampling.top_p, grammar=matcher, top_logprobs=top_logprobs,
+                              listener=sink if top_logprobs is not None else None), sink
+
+    def _decoding_off(self, missing: Optional[str]) -> Optional[str]:
+        """Why serve cannot decode by itself, or None."""
+        return missing if self.options.eval_logits else "this engine's waste_eval gives no logits"
 
     # -- shared ---------------------------------------------------------------
 
@@ -422,7 +478,7 @@ class Service:
         self.engine.image_clear()
 
     def _run(self, prompt: "_Prompt", sampling: Sampling, stop_tokens, sink: ReplySink,
-             on_piece) -> tuple[_Run, GenResult, float]:
+             on_piece, decoder: Optional[decode.Decoder] = None) -> tuple[_Run, GenResult, float]:
         """Prefill, then generate; `on_piece(token, bytes)` returns True when the reply is done."""
         ids = prompt.ids
         room = self.engine.info.ctx_max - len(ids)
@@ -462,7 +518,11 @@ class Service:
             run.client_gone = True
             result = GenResult(n_tokens=0, cancelled=True, context_full=False, detail=None)
         else:
-            result = self.engine.generate(rest, params, on_token)
+            # The one branch: serve decodes itself when a grammar or logprobs need the logits.
+            result = (decoder or self.engine).generate(rest, params, on_token)
+            if decoder is not None:
+                run.decoding = decoder.report.waste()
+                run.unevaluated = 1 if run.tokens else 0
         ms = (time.monotonic() - started) * 1000.0
         run.stats = _stats_delta(before, self.engine.stats())
         return run, result, ms
@@ -523,7 +583,8 @@ class Service:
             "experts_hit": s.experts_hit, "experts_missed": s.experts_missed,
             "expert_hit_rate": s.experts_hit / looked_up if looked_up else 0.0,
             "bytes_read": s.bytes_read, "direct_io": s.direct_io, "ms": round(ms, 3),
-            "tokens_per_second": round(tps, 3), "context_full": result.context_full})
+            "tokens_per_second": round(tps, 3), "context_full": result.context_full,
+            **run.decoding})
 
 
 def _stats_delta(before: Stats, after: Stats) -> Stats:
@@ -533,3 +594,8 @@ def _stats_delta(before: Stats, after: Stats) -> Stats:
                  bytes_read=after.bytes_read - before.bytes_read,
                  sec_total=after.sec_total - before.sec_total,
                  sec_io=after.sec_io - before.sec_io, direct_io=after.direct_io)
+
+
+def _trail(sink: Any, shape: Callable[[list], dict]) -> Optional[dict]:
+    """The reply's logprobs in `shape`, when the sink is a LogprobTrail (they were asked for)."""
+    return shape(sink.entries) if isinstance(sink, LogprobTrail) else None

@@ -98,6 +98,15 @@ def test_each_turn_reuses_the_previous_prompt_and_reply(lib_path, k3_container, 
     assert all(b["usage"]["prompt_tokens_details"]["cached_tokens"] == 0 for b in expected)
 
 
+def test_replies_serve_decodes_itself_are_reused_too(lib_path, k3_container, tmp_path):
+    # logprobs are computed by serve's own loop over waste_eval, which leaves the reply's
+    # last token unevaluated: the snapshot after the reply holds the tokens before it.
+    expected, got = cold_and_warm(lib_path, k3_container, tmp_path, 3, logprobs=True)
+    assert all(b["choices"][0]["logprobs"] for b in got)
+    assert choices(got) == choices(expected)
+    assert_reused(got)
+
+
 def test_a_reply_cut_by_max_tokens_mid_character_still_matches(lib_path, k3_container, tmp_path):
     # The demo model's replies stop at max_tokens, and a greedy one splits characters:
     # the client sees U+FFFD where the reply parser replaced the bytes.

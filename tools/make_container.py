@@ -2,7 +2,7 @@
 """Write a small, deterministic reference container (engine/FORMAT.md).
 
     make_container.py OUT [--flavour k3|kimi-linear|plain] [--vision]
-                          [--seed N] [--quant f32|q8g32] [--force]
+                          [--seed N] [--quant f32|q8g32] [--vocab N] [--force]
 
 The model is random but shaped like a real one: a byte-level BPE trained on a
 built-in corpus, a 4-layer MoE trunk and one expert bank per MoE layer.  The
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import base64
 import heapq
+import itertools
 import json
 import math
 import os
@@ -439,10 +440,31 @@ def write_json(path: Path, value) -> None:
                     encoding="utf-8")
 
 
-def write_container(out: Path, flavour: str, vision: bool, seed: int, quant: str) -> int:
+def filler_tokens(known: list[bytes], count: int) -> list[bytes]:
+    """`count` word-like tokens (" abc", "abcd", ...) not already in `known`, in a fixed order:
+    a production-sized vocabulary (K3 has 163,840 ids) for benchmarks over the whole vocabulary."""
+    seen, out = set(known) | FORBIDDEN_TOKENS, []
+    letters = [bytes([c]) for c in range(ord("a"), ord("z") + 1)]
+    length = 2
+    while len(out) < count:
+        for prefix in (b" ", b""):
+            for combo in itertools.product(letters, repeat=length):
+                token = prefix + b"".join(combo)
+                if token not in seen:
+                    seen.add(token)
+                    out.append(token)
+                    if len(out) == count:
+                        return out
+        length += 1
+    return out
+
+
+def write_container(out: Path, flavour: str, vision: bool, seed: int, quant: str,
+                    vocab_size: int = 0) -> int:
     """Write every file of the container into directory out; returns vocab_size."""
     specials, bos, eos, media_pad, chat = FLAVOURS[flavour]
     tokens = train_bpe(CORPUS, BPE_VOCAB)
+    tokens += filler_tokens(tokens, max(0, vocab_size - len(tokens) - len(specials)))
     special_ids = list(range(len(tokens), len(tokens) + len(specials)))
     vocab = len(tokens) + len(specials)
     rng = random.Random(seed)
@@ -492,6 +514,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0, help="PRNG seed for the weights")
     ap.add_argument("--quant", choices=["f32", "q8g32"], default="q8g32",
                     help="expert weight format")
+    ap.add_argument("--vocab", type=int, default=0, metavar="N",
+                    help="pad the vocabulary with word-like tokens to N ids (e.g. 163840, K3's)")
     ap.add_argument("--force", action="store_true", help="replace a non-empty OUT")
     args = ap.parse_args(argv)
     out = args.out
@@ -509,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out.resolve()
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
     try:
-        vocab = write_container(tmp, args.flavour, args.vision, args.seed, args.quant)
+        vocab = write_container(tmp, args.flavour, args.vision, args.seed, args.quant, args.vocab)
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; a container is ordinary data
         publish(tmp, out)
     except BaseException:
