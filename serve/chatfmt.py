@@ -22,7 +22,7 @@ from .xtml import Segment
 
 XTML_MARKERS = ("<|open|>", "<|sep|>", "<|close|>", "<|end_of_msg|>")
 TEMPLATE_ROLES = ("system", "user", "assistant")
-TEMPLATE_KEYS = (*TEMPLATE_ROLES, "open")
+TEMPLATE_KEYS = (*TEMPLATE_ROLES, "open", "default_system")
 TEMPLATE_LIMITS = "plain conversation only, no tools, no reasoning channel, no images"
 
 # Anything spelled like a control token; each must be a real special of the vocabulary.
@@ -96,6 +96,9 @@ class ChatTemplate:
     """chat.json's strings: (prefix, suffix) per role, and the prefix that hands over the floor."""
     turns: dict[str, tuple[str, str]]   # "user" and "assistant" always; "system" optional
     open: str
+    # The system message a conversation gets when it does not start with one
+    # (what e.g. SmolLM2's own template inserts); None for no such message.
+    default_system: Optional[str] = None
 
 
 def _parse_template(raw: str) -> ChatTemplate:
@@ -122,7 +125,12 @@ def _parse_template(raw: str) -> ChatTemplate:
         if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(s, str) for s in pair)):
             raise _Refused(f'chat.json: "{role}" must be a [prefix, suffix] pair of strings')
         turns[role] = (pair[0], pair[1])
-    return ChatTemplate(turns, data["open"])
+    default_system = data.get("default_system")
+    if default_system is not None and not isinstance(default_system, str):
+        raise _Refused('chat.json: "default_system" must be a string')
+    if default_system is not None and "system" not in turns:
+        raise _Refused('chat.json: "default_system" needs a "system" turn')
+    return ChatTemplate(turns, data["open"], default_system)
 
 
 def _template_strings(template: ChatTemplate) -> list[str]:
@@ -223,6 +231,10 @@ class TemplateFormat:
         """Template strings as markup segments, the caller's content always as text."""
         self._refuse_request_fields(tools, tool_choice, thinking_effort)
         segments: list[Segment] = []
+        default = self.template.default_system
+        if default is not None and (not messages or _system_role(messages[0]).get("role") != "system"):
+            prefix, suffix = self.template.turns["system"]
+            segments += [Segment(prefix, True), Segment(default, False), Segment(suffix, True)]
         for i, message in enumerate(messages):
             prefix, suffix = self._turn(i, message)
             segments += [Segment(prefix, True),

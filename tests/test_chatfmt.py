@@ -102,6 +102,11 @@ BROKEN_TEMPLATES = {
                       '"system" must be a [prefix, suffix] pair of strings'),
     "open not a string": ({**KIMI_CHAT, "open": ["<|im_assistant|>"]}, '"open" must be a string'),
     "misspelt key": ({**KIMI_CHAT, "sytem": ["", ""]}, "unknown key 'sytem'"),
+    "default system not a string": ({**KIMI_CHAT, "default_system": 1},
+                                    '"default_system" must be a string'),
+    "default system without a system turn": (
+        {**{k: v for k, v in KIMI_CHAT.items() if k != "system"}, "default_system": "Hi"},
+        '"default_system" needs a "system" turn'),
 }
 
 
@@ -143,6 +148,26 @@ def test_resolution_never_raises(tmp_path):
     assert all("engine went away" in reason for reason in chat.reasons)
 
 # ----------------------------------------------------------------- rendering
+
+
+@pytest.mark.parametrize("first", [{"role": "user", "content": "Hi"}, None])
+def test_default_system_opens_a_conversation_without_one(kimi, tmp_path, first):
+    chat = resolve_chat_format(kimi, with_chat_json(tmp_path, {**KIMI_CHAT, "default_system": "Be kind."}))
+    messages = [first] if first else []
+    system = [Segment("<|im_system|>system<|im_middle|>", True), Segment("Be kind.", False),
+              Segment("<|im_end|>", True)]
+    rendered = chat.render(messages, thinking=False)
+    assert rendered[:3] == system
+    assert rendered[-1] == Segment("<|im_assistant|>assistant<|im_middle|>", True)
+    assert len(rendered) == (7 if first else 4)
+
+
+@pytest.mark.parametrize("role", ["system", "developer"])
+def test_default_system_yields_to_the_callers_system_message(kimi, tmp_path, role):
+    chat = resolve_chat_format(kimi, with_chat_json(tmp_path, {**KIMI_CHAT, "default_system": "Be kind."}))
+    rendered = chat.render([{"role": role, "content": "Be brief."}], thinking=False)
+    assert Segment("Be kind.", False) not in rendered
+    assert rendered[1] == Segment("Be brief.", False)
 
 
 def test_template_renders_turns_as_markup_and_content_as_text(template):
