@@ -18,6 +18,7 @@ from .chatfmt import NoChatFormat, resolve_chat_format
 from .engine import Engine, EngineConfig, LibraryNotFound, MemPlan, WasteError, load_library
 from .http import DEFAULT_MAX_CONNECTIONS, DEFAULT_REQUEST_TIMEOUT, Server, stderr_log
 from .prefix_cache import PrefixCache
+from .reply_memory import ReplyMemory
 from .service import Service, ServiceOptions
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
@@ -112,6 +113,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                         "temporary space, at most 16G)")
     p.add_argument("--no-prefix-cache", action="store_true",
                    help="prefill every request from scratch")
+    p.add_argument("--keep-reasoning", action="store_true",
+                   help="give a returned reply whose reasoning the client dropped the reasoning "
+                        "this server remembers for it")
     p.add_argument("--quiet", action="store_true", help="no per-request log lines")
     p.add_argument("--max-connections", type=positive, default=DEFAULT_MAX_CONNECTIONS,
                    help=f"open connections at most; more get a 503 (default {DEFAULT_MAX_CONNECTIONS})")
@@ -233,7 +237,8 @@ def serve(lib, engine: Engine, args: argparse.Namespace) -> int:
         options = ServiceOptions(model_id=args.model_id or default_model_id(args.model),
                                  max_tokens=args.max_tokens, thinking=not args.no_thinking,
                                  vision=args.vision, allow_local_images=args.allow_local_images,
-                                 prefix_cache=cache, log=log, max_queue=args.max_queue)
+                                 prefix_cache=cache, log=log, reply_memory=ReplyMemory(),
+                                 keep_reasoning=args.keep_reasoning, max_queue=args.max_queue)
         return run_server(lib, engine, fmt, options, args, log)
     finally:
         if cache is not None:
@@ -281,6 +286,7 @@ def run_server(lib, engine: Engine, fmt, options: ServiceOptions, args: argparse
     drained_by = time.monotonic() + DRAIN_SECONDS
     while not server.wait_requests(0.1) and not hurry.is_set() and time.monotonic() < drained_by:
         pass
+    service.close()   # deferred snapshots stop before the engine closes
     try:
         engine.save_usage()  # what this run learned warms the expert cache of the next
     except WasteError as e:
