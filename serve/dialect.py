@@ -34,7 +34,7 @@ def renamed(error: ApiError, fields: dict[str, str]) -> ApiError:
         return error
     name = fields[path] + suffix
     return ApiError(error.status, error.message.replace(param, name), param=name,
-                    code=error.code, kind=error.kind)
+                    code=error.code, kind=error.kind, headers=error.headers)
 
 
 @dataclass

@@ -10,20 +10,33 @@ from __future__ import annotations
 
 import codecs
 import secrets
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Protocol, Sequence
+from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
 
 from . import api, decode, grammar
 from .api import ApiError, ChatRequest, CompletionRequest, Sampling, Usage, invalid
 from .chatfmt import ChatFormatError, NoChatFormat
 from .engine import GenParams, GenResult, Stats, TokenInfo, UnencodableText, WasteError
-from .images import StagedImages, image_parts, measure
+from .engine_queue import EngineQueue, shutting_down
+from .history_ids import overlay, tokenize_history
+from .images import StagedImages, image_parts
 from .logprobs import LogprobTrail, chat_logprobs, completion_logprobs
 from .prefill import DEFAULT_CHUNK, PrefillCancelled, prefill
 from .prefix_cache import PrefixCache
+from .reply_memory import ReplyMemory
 from .stops import StopFilter
 from .xtml import PromptError, image_prompt
+
+
+# A snapshot after a reply is saved only when it spares the next turn at least this many
+# prompt positions over the one made before the reply (see the README's cost model).
+MIN_SPARED_TOKENS = 16
+# Deferred snapshots evaluate one token at a time: a request arriving meanwhile waits for
+# one token's evaluation at most (about 2 s on K3).
+SETTLE_CHUNK = 1
 
 
 class ReplySink(Protocol):
@@ -41,6 +54,41 @@ class ReplySink(Protocol):
     def gone(self) -> bool:
         """True once the client has disconnected: generation stops at the next token."""
 
+    def queued(self, ahead: int) -> None:
+        """The request waits for the engine behind `ahead` others (the running one included);
+        called again when that number changes."""
+
+
+class _Watched:
+    """The sink as a running request sees it: also gone once the server is shutting down.
+
+    Every generation loop already stops when its sink is gone, so this is how
+    shutdown reaches all of them, at their next token or prefill chunk.
+    """
+
+    def __init__(self, sink: ReplySink, stopping: threading.Event):
+        self._sink = sink
+        self._stopping = stopping
+        self.cut = False  # gone() said yes because of shutdown
+
+    def start(self) -> None:
+        self._sink.start()
+
+    def progress(self, done: int, total: int) -> None:
+        self._sink.progress(done, total)
+
+    def emit(self, delta: dict) -> None:
+        self._sink.emit(delta)
+
+    def queued(self, ahead: int) -> None:
+        self._sink.queued(ahead)
+
+    def gone(self) -> bool:
+        if self._stopping.is_set():
+            self.cut = True
+            return True
+        return self._sink.gone()
+
 
 @dataclass
 class ServiceOptions:
@@ -48,11 +96,14 @@ class ServiceOptions:
     max_tokens: int = 4096
     thinking: bool = True          # the default when a request does not say
     vision: bool = False
-    allow_local_images: bool = False
+    allow_local_images: Optional[str] = None    # a directory clients may name image files in
     prefix_cache: Optional[PrefixCache] = None   # None: prefill every request from scratch
     prefill_chunk: int = DEFAULT_CHUNK
     log: Optional[Callable[[str], None]] = None  # prefill progress of long prompts
+    reply_memory: Optional[ReplyMemory] = None   # None: history is always re-tokenized
+    keep_reasoning: bool = False   # render remembered reasoning into replies a client returns without it
     eval_logits: bool = True       # False: the engine's waste_eval gives no logits to decode with
+    max_queue: int = 32            # requests that may wait for the engine; more get a 503
 
 
 @dataclass
@@ -82,6 +133,8 @@ class _Prompt:
     text_ids: list[int] = field(default_factory=list)  # with images: the ids before expansion
     image_start: int = 0                  # with images: where the first placeholder is in text_ids
     image_paths: Sequence[str] = ()       # with images: the files, to queue again after prefill
+    generation: Sequence[int] = ()        # the generation prompt's ids, which open the reply's message
+    conversation: Sequence = ()           # the rendered segments before the generation prompt
 
 
 @dataclass
@@ -94,6 +147,8 @@ class _Run:
     first_token_at: float = 0.0
     last_token_at: float = 0.0
     n_tokens: int = 0
+    tokens: list[int] = field(default_factory=list)  # every generated id
+    unevaluated: int = 0            # of those, how many the state lacks (serve's decoder: the last)
     cached_tokens: int = 0          # prompt positions restored from a snapshot
     stats: Optional[Stats] = None   # engine counters for this request only
     decoding: dict = field(default_factory=lambda: decode.Report(constrained=False).waste())
@@ -106,7 +161,38 @@ class Service:
         self.chat_format = chat_format
         self.options = options
         self.created = api.now()
+        self._waiting = 0                   # requests waiting for the engine lock
+        self._waiting_lock = threading.Lock()
+        # A snapshot to make when the engine is idle: the history's ids, the reply's rendering
+        # and ids, and how many of those the snapshot saved after generation holds.
+        self._settle: Optional[tuple[list[int], list, list[int], int]] = None
+        self._closed = False
         self._vocabularies: dict[tuple, Any] = {}   # llguidance's view of the vocabulary, built once
+        self.queue = EngineQueue(options.max_queue)
+        self._stopping = threading.Event()
+        self._request_id = ""  # of the request holding the engine, for its log lines
+
+    # -- shutdown -------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Refuse new and queued work; what runs stops at its next token or prefill chunk."""
+        self._stopping.set()
+        self._closed = True  # and deferred snapshot work at its next chunk
+        self.queue.close()
+
+    def wait_idle(self, timeout: Optional[float] = None) -> bool:
+        """After stop(): True once no request uses the engine (it may then be closed)."""
+        return self.queue.wait_idle(timeout)
+
+    @contextmanager
+    def _turn(self, request_id: str, sink: ReplySink) -> Iterator[_Watched]:
+        """Wait in line for the engine and hold it; a run cut by shutdown ends in its 503."""
+        watched = _Watched(sink, self._stopping)
+        with self.queue.turn(watched), self._engine_turn():
+            self._request_id = request_id
+            yield watched
+        if watched.cut:
+            raise shutting_down()
 
     # -- models ---------------------------------------------------------------
 
@@ -125,16 +211,18 @@ class Service:
 
     def chat(self, req: ChatRequest, sink: ReplySink) -> ChatReply:
         thinking, images = self._check_chat(req)
-        with self.engine.lock:
+        with self._turn(req.request_id, sink) as sink:
             self._start_empty()
             with StagedImages(self.options.allow_local_images) as staged:
                 prompt = self._chat_prompt(req, thinking, images, staged)
                 return self._generate_chat(req, prompt, thinking, sink)
 
-    def count_chat(self, req: ChatRequest) -> int:
-        """The positions a chat request's prompt would take, without generating anything."""
+    def count_chat(self, req: ChatRequest, sink: ReplySink) -> int:
+        """The positions a chat request's prompt would take, without generating anything.
+
+        It waits in line like any request (tokenizing needs the engine)."""
         thinking, images = self._check_chat(req)
-        with self.engine.lock:
+        with self._turn(req.request_id, sink):
             self._start_empty()
             with StagedImages(self.options.allow_local_images) as staged:
                 prompt = self._chat_prompt(req, thinking, images, staged)
@@ -157,30 +245,35 @@ class Service:
 
     def _chat_prompt(self, req: ChatRequest, thinking: bool, images: list[tuple[str, str]],
                      staged: StagedImages) -> "_Prompt":
-        """Render and tokenize under the engine lock; images are queued on the engine."""
+        """Render and tokenize, holding the engine; images are queued on it."""
         paths = [staged.stage(url, param) for param, url in images]
-        prompts = [image_prompt(*measure(self.library.image_dimensions, path, param))
+        prompts = [image_prompt(*staged.measure(self.library.image_dimensions, path, param))
                    for path, (param, _) in zip(paths, images)]
         # The conversation and the generation prompt are tokenized apart (as
         # segments always are) so that the end of the conversation, which the
         # next turn's prompt will repeat, is a known position worth a snapshot.
+        messages, replies = self._recall(req, thinking, prompts)
+        conversation = self._render(req, messages, thinking, prompts)
+        self._check_fits(sum(len(segment.text) for segment in conversation), "messages")
         try:
-            history = self.engine.tokenize_segments(self._render(req, thinking, prompts))
+            history = tokenize_history(self.engine, conversation, replies)
         except UnencodableText as e:
             raise invalid("messages", f"a message cannot be tokenized: {e}") from None
-        ids = history + self.engine.tokenize_segments(
-            self.chat_format.generation_prompt(thinking))
+        generation = self.engine.tokenize_segments(self.chat_format.generation_prompt(thinking))
+        ids = history + generation
         for path, (param, _) in zip(paths, images):
             try:
                 self.engine.image_add(path)  # validates the image, and counts its positions
             except WasteError as e:
                 self.engine.image_clear()
                 raise invalid(param, f"image could not be encoded: {e}") from None
-        prompt = _Prompt(ids, snapshot_at=[len(history)])
+        prompt = _Prompt(ids, snapshot_at=[len(history)], generation=generation,
+                         conversation=conversation)
         if paths:
             prompt = _Prompt(self.engine.image_expand(ids), snapshot_at=prompt.snapshot_at,
                              text_ids=ids, image_start=ids.index(self.chat_format.media_pad),
-                             image_paths=paths)
+                             image_paths=paths, generation=generation,
+                             conversation=conversation)
         return prompt
 
     def _thinking(self, req: ChatRequest) -> bool:
@@ -200,10 +293,41 @@ class Service:
         if not self.chat_format.supports_images:
             raise invalid(param, f"the {self.chat_format.name} chat format cannot carry images")
 
-    def _render(self, req: ChatRequest, thinking: bool, prompts: list[str]) -> list:
+    def _recall(self, req: ChatRequest, thinking: bool, prompts: list[str]) -> tuple[list, list]:
+        """The messages (with --keep-reasoning, remembered reasoning restored) and, for each
+        assistant message that renders as a remembered reply, (its rendering, the reply's ids)."""
+        memory = self.options.reply_memory
+        if memory is None or not len(memory):
+            return req.messages, []
+        messages, replies = list(req.messages), []
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict) or message.get("role") != "assistant":
+                continue
+            rendered = self._render_reply(message, thinking)
+            entry = memory.recall(rendered) if rendered else None
+            if entry is None and rendered and self.options.keep_reasoning:
+                entry = memory.recall_without_reasoning(
+                    rendered, lambda: self._render(req, messages[:i], thinking, prompts))
+                if entry is not None:
+                    message = {k: v for k, v in message.items() if k != "reasoning"}
+                    message["reasoning_content"] = entry.reasoning
+                    messages[i], rendered = message, self._render_reply(message, thinking)
+            if entry is not None:
+                replies.append((rendered, entry.ids))
+        return messages, replies
+
+    def _render_reply(self, message: dict, thinking: bool) -> list:
+        """One assistant message rendered as history; [] when it cannot be rendered on its own
+        (the whole conversation's rendering then reports what is wrong with it)."""
+        try:
+            return self.chat_format.render([message], thinking=thinking, add_generation_prompt=False)
+        except (ChatFormatError, ValueError, RecursionError):
+            return []
+
+    def _render(self, req: ChatRequest, messages: list, thinking: bool, prompts: list[str]) -> list:
         try:
             return self.chat_format.render(
-                req.messages, tools=req.tools, tool_choice=req.tool_choice,
+                messages, tools=req.tools, tool_choice=req.tool_choice,
                 response_format=req.response_format, thinking=thinking,
                 thinking_effort=req.thinking_effort if thinking else None, image_prompts=prompts,
                 add_generation_prompt=False)
@@ -238,9 +362,17 @@ class Service:
                 elif d.tool_call:
                     sink.emit({"tool_calls": [d.tool_call]})
 
+        stop_ids = frozenset(self.chat_format.stop_tokens)
+
         def on_piece(token: int, piece: bytes) -> bool:
+            closed = parser.ended
             forward(parser.feed_token(token, piece))
-            return stops.hit or parser.ended
+            if stops.hit:
+                return True
+            # A stop token ends generation by itself, and an uncancelled generate leaves a
+            # state worth a snapshot. So once the message has closed, the model gets one more
+            # token for the stop token that follows: anything else is cancelled.
+            return closed and token not in stop_ids
 
         run, result, ms = self._run(prompt, req.sampling, self.chat_format.stop_tokens, sink, on_piece,
                                     ours)
@@ -253,13 +385,100 @@ class Service:
         tool_calls = parser.reply.tool_calls
         finish = self._finish_reason(run, result, stops.hit or parser.ended, bool(tool_calls))
         message = api.chat_message("".join(content), "".join(reasoning), tool_calls)
+        if not run.client_gone:
+            self._remember(prompt, thinking, run, result, message)
         return ChatReply(message, finish, self._usage(len(prompt.ids), run, result, ms),
                          run.client_gone, _trail(sink, chat_logprobs), stops.matched)
+
+    def _remember(self, prompt: "_Prompt", thinking: bool, run: _Run, result: GenResult,
+                  message: dict) -> None:
+        """Keep the reply's ids for the history of later turns, and a snapshot of the state
+        that holds them."""
+        memory, cache = self.options.reply_memory, self.options.prefix_cache
+        rendered = self._render_reply(message, thinking) if run.tokens else []
+        ids = [*prompt.generation, *run.tokens]
+        if memory is not None and rendered:
+            reasoning = message.get("reasoning_content") or ""
+            dropped = self._render_reply({k: v for k, v in message.items() if k != "reasoning_content"},
+                                         thinking) if reasoning else rendered
+            memory.remember(rendered, ids, reasoning,
+                            (prompt.conversation, dropped) if dropped != rendered else None)
+        # A full context leaves no room for a next turn; snapshots never reach past images.
+        if cache is None or result.context_full or prompt.image_paths:
+            return
+        held = len(ids) - run.unevaluated   # of the reply's ids, those the state holds
+        saved = 0
+        # A cancelled generate leaves a state the ABI does not describe (it asks for a reset).
+        if not result.cancelled and held >= MIN_SPARED_TOKENS:  # else a save costs more than it spares
+            try:
+                if cache.store([*prompt.ids, *ids[len(prompt.generation):held]], self.engine.save_state):
+                    saved = held
+            except (WasteError, OSError):
+                pass   # a snapshot only spares later requests work
+        if memory is not None and rendered:
+            # The next turn holds the whole message: after a cancel, the reply again up to a
+            # stop string's cut (never past what the client saw); after max_tokens, the closing
+            # markup the model never wrote. The idle engine builds that state.
+            self._settle = (prompt.ids[:len(prompt.ids) - len(prompt.generation)], rendered, ids, saved)
+            threading.Thread(target=self.settle, name="settle", daemon=True).start()
+
+    def settle(self) -> None:
+        """Make the deferred snapshot, in idle time only.
+
+        It restores the longest snapshot of it and evaluates the rest, in small
+        chunks; a request that starts waiting for the engine ends it at the next
+        chunk. Runs on its own thread after a reply; tests call it to wait for it.
+        """
+        with self.engine.lock:
+            job, self._settle = self._settle, None
+            if job is None or self._closed or self._someone_waiting():
+                return
+            history, rendered, ids, saved = job
+            try:
+                tokens = history + overlay(self.engine, rendered, ids)
+                if len(tokens) - len(history) < MIN_SPARED_TOKENS or tokens[len(history):] == ids[:saved]:
+                    return   # too close to the snapshot before the reply, or the one after it
+                self._start_empty()
+                # prefill leaves one token for generate: the last one is evaluated apart.
+                prefill(self.engine, tokens, len(tokens) - 1, cache=self.options.prefix_cache,
+                        chunk=SETTLE_CHUNK, cancelled=self._someone_waiting)
+                self.engine.eval(tokens[-1:])
+                self.options.prefix_cache.store(tokens, self.engine.save_state)
+            except (PrefillCancelled, UnencodableText, WasteError, OSError):
+                pass   # the snapshot only spares the next turn work; that turn goes on without it
+            finally:
+                self._start_empty()
+
+    def close(self) -> None:
+        """No more deferred work: returns once none is running, before the engine closes."""
+        self._closed = True
+        with self.engine.lock:
+            self._settle = None
+
+    def _someone_waiting(self) -> bool:
+        return self._waiting > 0 or self._closed
+
+    @contextmanager
+    def _engine_turn(self) -> Iterator[None]:
+        """Hold the engine for one request; deferred work yields to it and is dropped."""
+        with self._waiting_lock:
+            self._waiting += 1
+        try:
+            self.engine.lock.acquire()
+        finally:
+            with self._waiting_lock:
+                self._waiting -= 1
+        try:
+            self._settle = None
+            yield
+        finally:
+            self.engine.lock.release()
 
     # -- completions ----------------------------------------------------------
 
     def complete(self, req: CompletionRequest, sink: ReplySink) -> CompletionReply:
-        with self.engine.lock:
+        self._check_fits(len(req.prompt), "prompt")
+        with self._turn(req.request_id, sink) as sink:
             self._start_empty()
             # The engine knows whether its container has a BOS to add.
             try:
@@ -346,6 +565,19 @@ class Service:
         self.engine.reset()
         self.engine.image_clear()
 
+    def _check_fits(self, chars: int, param: str) -> None:
+        """Refuse text that cannot fit before tokenizing it (which costs memory in proportion).
+
+        No token is longer than the vocabulary's longest, and `chars` characters
+        are at least as many UTF-8 bytes, so they make at least chars / longest tokens.
+        """
+        longest, ctx = self.engine.longest_token, self.engine.info.ctx_max
+        least = -(-chars // longest) if longest else 0
+        if least > ctx - 1:
+            raise ApiError(400, f"the prompt is at least {least} tokens; the context holds {ctx} "
+                                "including at least one generated token",
+                           param=param, code="context_length_exceeded")
+
     def _run(self, prompt: "_Prompt", sampling: Sampling, stop_tokens, sink: ReplySink,
              on_piece, decoder: Optional[decode.Decoder] = None) -> tuple[_Run, GenResult, float]:
         """Prefill, then generate; `on_piece(token, bytes)` returns True when the reply is done."""
@@ -368,6 +600,7 @@ class Service:
             run.last_token_at = now
             run.last_token = info.token
             run.n_tokens += 1
+            run.tokens.append(info.token)
             if sink.gone():
                 run.client_gone = True
                 return True
@@ -390,6 +623,7 @@ class Service:
             result = (decoder or self.engine).generate(rest, params, on_token)
             if decoder is not None:
                 run.decoding = decoder.report.waste()
+                run.unevaluated = 1 if run.tokens else 0
         ms = (time.monotonic() - started) * 1000.0
         run.stats = _stats_delta(before, self.engine.stats())
         return run, result, ms
@@ -403,7 +637,7 @@ class Service:
                 return  # one chunk is over before anyone could be waiting on it
             sink.progress(done, total)
             if log is not None:
-                log(f"prefill {done}/{total}")
+                log(f"{self._request_id} prefill {done}/{total}")
 
         def run_prefill(tokens: list[int], upto: int) -> None:
             run.cached_tokens = prefill(self.engine, tokens, upto, cache=cache,

@@ -90,6 +90,7 @@ class ScriptedEngine:
                               params_total=1000, params_active=300, arch="scripted",
                               quant_summary="experts q8g32")
         self.specials = {text: SPECIAL_BASE + i for i, text in enumerate(specials)}
+        self.longest_token = max(len(text.encode()) for text in specials)  # ordinary tokens are bytes
         self._by_id = {i: t.encode() for t, i in self.specials.items()}
         self._piece_ids: dict[bytes, int] = {}
         self.replies = [list(r) for r in replies] or [xtml_answer("hello")]
@@ -212,7 +213,9 @@ class ScriptedEngine:
 
     def _play(self, prompt: list[int], params: GenParams, on_token) -> GenResult:
         prompt = self.state + prompt   # what a real engine's state would hold
-        self.state = []
+        # Each token goes into the state before its callback; a cancelled generate
+        # leaves none (serve's Engine resets it).
+        self.state = list(prompt)
         self.prompts.append(prompt)
         self.params.append(params)
         script = self.replies.pop(0) if len(self.replies) > 1 else self.replies[0]
@@ -232,7 +235,9 @@ class ScriptedEngine:
                              bytes_read=4096, ms_total=1.0, ms_io=0.5)
             n += 1
             self._count(info)
+            self.state.append(token)
             if on_token(info, piece.encode()):
+                self.state = []
                 return GenResult(n, cancelled=True, context_full=False, detail=None)
             if token in params.stop_tokens or token == self.specials.get("[EOS]"):
                 break
@@ -271,11 +276,15 @@ def real_service(lib_path, container, *, vision: bool = False, **options: Any) -
     """The real engine on a container, closed afterwards."""
     lib = load_library(str(lib_path))
     engine = Engine(lib, container, EngineConfig(vision=vision))
+    service = None
     try:
         options.setdefault("model_id", "real")
-        yield Service(engine, lib, resolve_chat_format(engine, container),
-                      ServiceOptions(vision=vision, **options))
+        service = Service(engine, lib, resolve_chat_format(engine, container),
+                          ServiceOptions(vision=vision, **options))
+        yield service
     finally:
+        if service is not None:
+            service.close()   # deferred work stops before the engine closes
         engine.close()
 
 
@@ -398,3 +407,39 @@ def raw_exchange(port: int, data: bytes, *, shut_write: bool = False) -> bytes:
 
 def status_of(raw: bytes) -> int:
     return int(raw.split(b" ", 2)[1])
+
+
+# ---- raw sockets, for requests left open while a test watches them ----------------
+
+
+def post_open(port: int, body: dict, path: str = "/v1/chat/completions") -> socket.socket:
+    """A request sent on a raw socket (the server closes after replying); the test reads it."""
+    data = json.dumps(body).encode()
+    s = socket.create_connection(("127.0.0.1", port), timeout=60)
+    s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+              f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    return s
+
+
+def read_until(s: socket.socket, marker: bytes, got: bytes = b"") -> bytes:
+    """Reads on until `marker` has arrived; returns all read so far, `got` included."""
+    while marker not in got:
+        data = s.recv(65536)
+        assert data, f"closed before {marker!r}: {got[-300:]!r}"
+        got += data
+    return got
+
+
+def read_all(s: socket.socket, got: bytes = b"") -> bytes:
+    """Reads to the end and closes; returns the whole response, `got` included."""
+    with s:
+        while data := s.recv(65536):
+            got += data
+    return got
+
+
+def sse_data(raw: bytes) -> list:
+    """The SSE payloads of a raw HTTP response, parsed; "[DONE]" stays a string."""
+    body = raw.split(b"\r\n\r\n", 1)[1].decode()
+    return [b[6:] if b[6:] == "[DONE]" else json.loads(b[6:])
+            for b in body.split("\n\n") if b.startswith("data: ")]
