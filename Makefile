@@ -20,7 +20,7 @@ DEMO     := build/demo.waste
 HOST     ?= 127.0.0.1
 PORT     ?= 8000
 
-.PHONY: all demo check test asan bench clean
+.PHONY: all demo check test asan bench clean chromium
 
 all: $(LIB)
 
@@ -45,8 +45,14 @@ $(VENV)/.ok: requirements-dev.txt
 demo: $(LIB) $(DEMO)
 	$(PYTHON) -m serve $(DEMO) --host $(HOST) --port $(PORT) --vision
 
-test: $(LIB) $(VENV)/.ok
+test: $(LIB) $(VENV)/.ok chromium
 	$(VPY) -m pytest -q tests
+
+# The chat page's tests drive Debian's chromium; installed once, when root can. Without it they skip.
+chromium:
+	@if ! command -v chromium >/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	  || echo "chromium could not be installed: the browser tests will skip"; fi
 
 asan: build/libwaste-asan.so $(VENV)/.ok
 	WASTE_LIB=$(CURDIR)/build/libwaste-asan.so \

@@ -17,8 +17,9 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Optional
 
-from . import api
+from . import api, metrics
 from .api import ApiError
+from .page import CONTENT_TYPE as PAGE_TYPE, chat_page
 from .service import Service
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -26,7 +27,9 @@ MAX_JSON_DEPTH = 64
 SEND_GAP = 0.01  # seconds between two sends of one stream, at most (see _SocketWriter)
 MODELS_PREFIX = "/v1/models/"
 ROUTES = {"/health": "GET", "/v1/models": "GET",
-          "/v1/chat/completions": "POST", "/v1/completions": "POST"}
+          "/v1/chat/completions": "POST", "/v1/completions": "POST",
+          "/": "GET", "/metrics": "GET"}
+OPEN_PATHS = ("/health", "/")  # no API key: they hold no data (the page asks for the key itself)
 
 
 class Server(ThreadingHTTPServer):
@@ -44,6 +47,13 @@ class Server(ThreadingHTTPServer):
     @property
     def port(self) -> int:
         return self.server_address[1]
+
+
+def endpoint_label(path: str) -> str:
+    """The endpoint a path counts under in /metrics: a route, never a client's arbitrary path."""
+    if path in ROUTES:
+        return path
+    return MODELS_PREFIX + "{model}" if path.startswith(MODELS_PREFIX) else "other"
 
 
 def stderr_log(line: str) -> None:
@@ -152,17 +162,26 @@ class Handler(BaseHTTPRequestHandler):
             self._send_json(500, api.error_body(f"internal error: {e}", "server_error"))
         finally:
             self._log(method, path)
+            self.server.service.metrics.request(endpoint_label(path), self.status)
 
     def _route(self, method: str, path: str) -> None:
         allowed = "GET" if path.startswith(MODELS_PREFIX) else ROUTES.get(path)
         if allowed is None:
             raise ApiError(404, f"no such endpoint: {path}", code="not_found")
-        if path != "/health":
+        if path not in OPEN_PATHS:
             self._check_auth()
         if method != allowed:
             raise ApiError(405, f"{path} accepts {allowed} only", code="method_not_allowed")
         if path == "/health":
             self._send_json(200, {"status": "ok"})
+        elif path == "/":
+            page, policy = chat_page()
+            self._send(200, PAGE_TYPE, page, {"Content-Security-Policy": policy,
+                                              "X-Content-Type-Options": "nosniff",
+                                              "Referrer-Policy": "no-referrer",
+                                              "Cache-Control": "no-cache"})
+        elif path == "/metrics":
+            self._send(200, metrics.CONTENT_TYPE, self.server.service.metrics.render())
         elif path == "/v1/models":
             self._send_json(200, {"object": "list", "data": [self.server.service.model()]})
         elif path.startswith(MODELS_PREFIX):
@@ -271,12 +290,17 @@ class Handler(BaseHTTPRequestHandler):
     # -- output -------------------------------------------------------------------------
 
     def _send_json(self, status: int, payload: Any) -> None:
-        body = json.dumps(payload, ensure_ascii=False).encode()
+        self._send(status, "application/json", json.dumps(payload, ensure_ascii=False).encode())
+
+    def _send(self, status: int, content_type: str, body: bytes,
+              headers: Optional[dict[str, str]] = None) -> None:
         self.status = status
         try:
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             if self.close_connection:
                 self.send_header("Connection", "close")
             self.end_headers()

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import codecs
 import secrets
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Protocol, Sequence
 
@@ -19,6 +21,7 @@ from .api import ApiError, ChatRequest, CompletionRequest, Sampling, Usage, inva
 from .chatfmt import ChatFormatError, NoChatFormat
 from .engine import GenParams, GenResult, Stats, TokenInfo, UnencodableText, WasteError
 from .images import StagedImages, image_parts, measure
+from .metrics import Metrics
 from .prefill import DEFAULT_CHUNK, PrefillCancelled, prefill
 from .prefix_cache import PrefixCache
 from .stops import StopFilter
@@ -86,6 +89,7 @@ class _Run:
     max_tokens: int
     client_gone: bool = False
     last_token: int = -1
+    started_at: float = 0.0         # when prefill began, after any wait for the engine
     first_token_at: float = 0.0
     last_token_at: float = 0.0
     n_tokens: int = 0
@@ -100,6 +104,28 @@ class Service:
         self.chat_format = chat_format
         self.options = options
         self.created = api.now()
+        self._waiting = 0               # requests blocked on the engine lock
+        self._waiting_lock = threading.Lock()
+        self.metrics = Metrics(engine.stats(), self.queue_length, options.prefix_cache)
+
+    def queue_length(self) -> int:
+        """Requests waiting for the engine (what /metrics reports)."""
+        return self._waiting
+
+    @contextmanager
+    def _engine_turn(self):
+        """Hold the engine lock, counted in queue_length() while waiting for it."""
+        with self._waiting_lock:
+            self._waiting += 1
+        try:
+            self.engine.lock.acquire()
+        finally:
+            with self._waiting_lock:
+                self._waiting -= 1
+        try:
+            yield
+        finally:
+            self.engine.lock.release()
 
     # -- models ---------------------------------------------------------------
 
@@ -127,7 +153,7 @@ class Service:
             raise invalid("tools", f"the {fmt.name} chat format cannot declare tools")
         images = image_parts(req.messages)
         self._check_images(images)
-        with self.engine.lock:
+        with self._engine_turn():
             self._start_empty()
             with StagedImages(self.options.allow_local_images) as staged:
                 paths = [staged.stage(url, param) for param, url in images]
@@ -226,7 +252,7 @@ class Service:
     # -- completions ----------------------------------------------------------
 
     def complete(self, req: CompletionRequest, sink: ReplySink) -> CompletionReply:
-        with self.engine.lock:
+        with self._engine_turn():
             self._start_empty()
             # The engine knows whether its container has a BOS to add.
             try:
@@ -302,7 +328,7 @@ class Service:
 
         before = self.engine.stats()
         sink.start()
-        started = time.monotonic()
+        started = run.started_at = time.monotonic()
         try:
             rest = self._prefill(prompt, run, sink)
         except PrefillCancelled:
@@ -311,7 +337,9 @@ class Service:
         else:
             result = self.engine.generate(rest, params, on_token)
         ms = (time.monotonic() - started) * 1000.0
-        run.stats = _stats_delta(before, self.engine.stats())
+        after = self.engine.stats()
+        self.metrics.engine_stats(after)
+        run.stats = _stats_delta(before, after)
         return run, result, ms
 
     def _prefill(self, prompt: "_Prompt", run: _Run, sink: ReplySink) -> list[int]:
@@ -329,6 +357,8 @@ class Service:
             run.cached_tokens = prefill(self.engine, tokens, upto, cache=cache,
                                         snapshot_at=prompt.snapshot_at, chunk=chunk,
                                         progress=progress, cancelled=sink.gone)
+            if cache is not None:
+                self.metrics.prefix_lookup(run.cached_tokens > 0)
 
         try:
             if not prompt.image_paths:
@@ -358,10 +388,12 @@ class Service:
             return "length"
         return "tool_calls" if has_tool_calls else "stop"
 
-    @staticmethod
-    def _usage(prompt_tokens: int, run: _Run, result: GenResult, ms: float) -> Usage:
+    def _usage(self, prompt_tokens: int, run: _Run, result: GenResult, ms: float) -> Usage:
         decode_s = run.last_token_at - run.first_token_at
         tps = (run.n_tokens - 1) / decode_s if run.n_tokens > 1 and decode_s > 0 else 0.0
+        self.metrics.reply(prompt_tokens, run.cached_tokens, run.n_tokens,
+                           run.first_token_at - run.started_at if run.n_tokens else None,
+                           tps if tps else None)
         s = run.stats
         looked_up = s.experts_hit + s.experts_missed
         return Usage(prompt_tokens, run.n_tokens, cached_tokens=run.cached_tokens, waste={
