@@ -23,8 +23,6 @@ RATE_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000)
 
 
 def _number(value: float) -> str:
-    if value == math.inf:
-        return "+Inf"
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
@@ -56,7 +54,8 @@ class _Histogram:
         out, running = [], 0
         for bound, count in zip(self.bounds, self.counts):
             running += count
-            out.append(("_bucket", [("le", _number(bound))], running))
+            le = "+Inf" if bound == math.inf else repr(float(bound))  # as Prometheus' own clients write it
+            out.append(("_bucket", [("le", le)], running))
         return out + [("_sum", [], self.total), ("_count", [], running)]
 
 
