@@ -72,6 +72,11 @@ class Page:
         self.page.fill("#input", text)
         self.page.press("#input", "Enter")
 
+    def ask(self, text: str) -> None:
+        """Send, and wait for the whole reply."""
+        self.send(text)
+        self.wait_state("^done")
+
     # The page's policy forbids eval, which wait_for_function's polling needs: waits go through expect().
     def wait_state(self, pattern: str) -> None:
         sync_api.expect(self.page.locator("#state")).to_have_text(re.compile(pattern), timeout=WAIT_MS)
@@ -225,8 +230,7 @@ def test_hostile_markup_in_a_reply_shows_as_text_and_runs_nothing(browser):
     engine = ScriptedEngine([xtml_answer(*HOSTILE, thinking=['<b onmouseover="window.__pwned=5">x</b>'])])
     with page_on(browser, scripted_service(engine)) as p:
         p.open()
-        p.send('<img src=y onerror="window.__pwned = 7"> from the user')
-        p.wait_state("^done")
+        p.ask('<img src=y onerror="window.__pwned = 7"> from the user')
         p.page.click(".msg.assistant details.reasoning summary")
         assert p.text(".msg.assistant .md") == "".join(HOSTILE)
         assert p.text(".msg.user .body") == '<img src=y onerror="window.__pwned = 7"> from the user'
@@ -255,8 +259,7 @@ def test_tool_calls_show_as_readable_blocks(browser):
     engine = ScriptedEngine([xtml_tool_call("lookup", {"q": '<svg onload="window.__pwned=6">'})])
     with page_on(browser, scripted_service(engine, thinking=False)) as p:
         p.open()
-        p.send("look something up")
-        p.wait_state("^done")
+        p.ask("look something up")
         assert p.text(".msg.assistant .tool .name") == "tool call: lookup"
         assert p.text(".msg.assistant .tool pre") == '{\n  "q": "<svg onload=\\"window.__pwned=6\\">"\n}'
         assert p.page.evaluate("document.querySelectorAll('#messages svg').length") == 0
@@ -268,8 +271,7 @@ def test_markdown_renders_code_lists_emphasis_and_http_links(browser):
              "```python\nprint('<b>')\n```\n\nSee [the docs](https://example.org/a) or ftp://x.org.")
     with page_on(browser, scripted_service(ScriptedEngine([xtml_answer(reply)]), thinking=False)) as p:
         p.open()
-        p.send("format something")
-        p.wait_state("^done")
+        p.ask("format something")
         md = ".msg.assistant .md"
         assert p.text(f"{md} strong") == "bold" and p.text(f"{md} em") == "soft"
         assert p.page.locator(f"{md} p code").inner_text() == "inline"
@@ -318,8 +320,7 @@ def test_queue_comments_show_the_position(browser):
         # Each position is a new text node: recorded as added, whatever the node holds later.
         p.page.evaluate("""() => new MutationObserver(records => records.forEach(r => r.addedNodes.forEach(
             n => window.seen(n.data)))).observe(document.getElementById('queue'), {childList: true})""")
-        p.send("am I queued?")
-        p.wait_state("^done")
+        p.ask("am I queued?")
         assert p.text(".msg.assistant .md") == "served"
         assert p.text("#stat-queued") == "2 requests"
         assert p.page.locator("#queue").is_hidden()
@@ -337,8 +338,7 @@ def test_settings_reach_the_request(browser):
         p.page.fill("#max-tokens", "7")
         p.page.select_option("#thinking", "none")
         with p.page.expect_request("**/v1/chat/completions") as req:
-            p.send("hello")
-        p.wait_state("^done")
+            p.ask("hello")
         body = req.value.post_data_json
         assert body["messages"] == [{"role": "system", "content": "You are terse."},
                                     {"role": "user", "content": "hello"}]
@@ -356,13 +356,10 @@ def test_conversations_are_kept_and_can_be_deleted(browser):
     engine = ScriptedEngine([xtml_answer("first answer"), xtml_answer("second answer")])
     with page_on(browser, scripted_service(engine, thinking=False)) as p:
         p.open()
-        p.send("first question")
-        p.wait_state("^done")
+        p.ask("first question")
         p.page.click("#new-chat")
         assert p.page.locator(".msg").count() == 0
-        p.send("second question")
-        p.wait_state("^done")
-        # The second turn of a conversation sends the first one's history.
+        p.ask("second question")
         p.page.reload()
         p.loaded()
         titles = p.page.locator("#conversations .title").all_inner_texts()
@@ -383,11 +380,9 @@ def test_history_is_sent_on_the_next_turn(browser):
     engine = ScriptedEngine([xtml_answer("one"), xtml_answer("two")])
     with page_on(browser, scripted_service(engine, thinking=False)) as p:
         p.open()
-        p.send("ask one")
-        p.wait_state("^done")
+        p.ask("ask one")
         with p.page.expect_request("**/v1/chat/completions") as req:
-            p.send("ask two")
-        p.wait_state("^done")
+            p.ask("ask two")
         assert req.value.post_data_json["messages"] == [
             {"role": "user", "content": "ask one"}, {"role": "assistant", "content": "one"},
             {"role": "user", "content": "ask two"}]
@@ -403,8 +398,7 @@ def test_an_image_can_be_attached_when_the_model_has_vision(browser, tmp_path):
         p.page.set_input_files("#attach", str(png))
         p.wait_count("#attachments img", 1)
         with p.page.expect_request("**/v1/chat/completions") as req:
-            p.send("what is this?")
-        p.wait_state("^done")
+            p.ask("what is this?")
         content = req.value.post_data_json["messages"][0]["content"]
         assert content[0] == {"type": "text", "text": "what is this?"}
         assert content[1]["image_url"]["url"] == "data:image/png;base64," + base64.b64encode(tiny_png()).decode()
@@ -427,8 +421,7 @@ def test_with_an_api_key_the_page_asks_for_it_and_keeps_it_in_the_browser(browse
         p.loaded()
         assert p.page.locator("#key-form").is_hidden()
         with p.page.expect_request("**/v1/chat/completions") as req:
-            p.send("hi")
-        p.wait_state("^done")
+            p.ask("hi")
         assert req.value.headers["authorization"] == "Bearer sekrit"
         assert p.text(".msg.assistant .md") == "authorized"
         assert p.page.evaluate("localStorage.getItem('serve.chat.apiKey')") == "sekrit"
@@ -458,8 +451,7 @@ def test_real_model_conversation_fills_the_panel(browser, lib_path, k3_container
                 assert p.text("#stat-model-id") == "real"
                 p.page.fill("#max-tokens", "24")
                 p.page.fill("#temperature", "0")
-                p.send("Tell me about the lighthouse.")
-                p.wait_state("^done")
+                p.ask("Tell me about the lighthouse.")
                 first_cached = p.text("#stat-cached")
                 p.page.select_option("#thinking", "none")
                 p.send("And the keeper?")
