@@ -18,7 +18,8 @@ PAGE_PATH = Path(__file__).resolve().parent / "static" / "chat.html"
 CONTENT_TYPE = "text/html; charset=utf-8"
 
 
-def _inline(html: str, tag: str) -> str:
+def inline_block(html: str, tag: str) -> str:
+    """The text of the one <tag> element in the page (its hash goes into the policy)."""
     blocks = re.findall(rf"<{tag}>(.*?)</{tag}>", html, re.S)
     if len(blocks) != 1:
         raise ValueError(f"{PAGE_PATH} must hold exactly one <{tag}> block, found {len(blocks)}")
@@ -35,8 +36,8 @@ def chat_page() -> tuple[bytes, str]:
     html = PAGE_PATH.read_text(encoding="utf-8")
     policy = "; ".join([
         "default-src 'none'",
-        f"script-src {_sha256(_inline(html, 'script'))}",
-        f"style-src {_sha256(_inline(html, 'style'))}",
+        f"script-src {_sha256(inline_block(html, 'script'))}",
+        f"style-src {_sha256(inline_block(html, 'style'))}",
         "img-src 'self' data:",       # attached images are previewed from their data: URLs
         "connect-src 'self'",         # the API, on this server only
         "base-uri 'none'", "form-action 'none'", "frame-ancestors 'none'",

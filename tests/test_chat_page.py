@@ -19,6 +19,8 @@ import pytest
 
 from scripted import (ScriptedEngine, call, real_service, scripted_service, serving, tiny_png,
                       xtml_answer, xtml_tool_call)
+from serve.engine import WasteError
+from serve.page import inline_block
 from serve.prefix_cache import PrefixCache
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (requirements-dev.txt)")
@@ -144,6 +146,13 @@ def test_page_is_served_without_the_key_with_a_policy_pinning_its_script():
     assert "unsafe" not in resp.headers["content-security-policy"]
     # Offline: nothing in the page names another origin.
     assert not re.search(r"(src|href)=[\"']?(https?:)?//", html)
+
+
+def test_a_page_without_exactly_one_script_block_is_refused():
+    with pytest.raises(ValueError, match="exactly one <script> block, found 2"):
+        inline_block("<script>a()</script><p>text</p><script>b()</script>", "script")
+    with pytest.raises(ValueError, match="exactly one <style> block, found 0"):
+        inline_block("<p>no style</p>", "style")
 
 
 # ---- the page in a browser ------------------------------------------------------------------
@@ -436,6 +445,23 @@ def test_a_server_error_is_shown_on_the_reply(browser):
         p.send("a message far too long for a sixty-four token context " * 3)
         p.wait_state("^error$")
         assert "context" in p.text(".msg.assistant .foot.error")
+        assert p.page.locator("#send").is_visible()
+
+
+def test_an_error_in_the_middle_of_a_stream_is_shown_and_the_text_so_far_kept(browser):
+    engine = ScriptedEngine([xtml_answer("partial", " answer", " never", " finished")])
+
+    def fail(index: int) -> None:
+        if index == 2:
+            raise WasteError(-5, "WASTE_E_IO", "I/O error", "expert record unreadable", "waste_generate")
+
+    engine.before_token = fail
+    with page_on(browser, scripted_service(engine, thinking=False)) as p:
+        p.open()
+        p.send("go")
+        p.wait_state("^error$")
+        assert p.text(".msg.assistant .md") == "partial answer"
+        assert "I/O error" in p.text(".msg.assistant .foot.error")
         assert p.page.locator("#send").is_visible()
 
 
