@@ -458,10 +458,12 @@ def test_an_error_in_the_middle_of_a_stream_is_shown_and_the_text_so_far_kept(br
     engine.before_token = fail
     with page_on(browser, scripted_service(engine, thinking=False)) as p:
         p.open()
-        p.send("go")
+        with p.page.expect_response("**/v1/chat/completions") as response:
+            p.send("go")
         p.wait_state("^error$")
+        last = [line for line in response.value.text().split("\n") if line.startswith("data: {")][-1]
         assert p.text(".msg.assistant .md") == "partial answer"
-        assert "I/O error" in p.text(".msg.assistant .foot.error")
+        assert p.text(".msg.assistant .foot.error") == "error: " + json.loads(last[6:])["error"]["message"]
         assert p.page.locator("#send").is_visible()
 
 
