@@ -8,6 +8,7 @@ through the callables given at construction.
 """
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 from typing import Callable, Optional, Sequence
@@ -47,7 +48,7 @@ class _Histogram:
         self.total = 0.0
 
     def observe(self, value: float) -> None:
-        self.counts[next(i for i, bound in enumerate(self.bounds) if value <= bound)] += 1
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1  # the first bound >= value
         self.total += value
 
     def samples(self) -> list[tuple[str, Sequence, float]]:
