@@ -195,6 +195,10 @@ def test_streamed_text_appears_while_the_reply_runs_and_fills_the_panel(browser)
         assert re.fullmatch(r"\d+\.\d\d s", p.text("#stat-ttft"))
         assert re.fullmatch(r"\d+\.\d\d", p.text("#stat-tps"))
         assert p.text("#stat-cached") == "0"
+        # The reply keeps its own figures.
+        assert re.fullmatch(rf"{tokens} tokens · \d+\.\d tok/s · 0 prompt tokens cached · expert hits 75.0% · "
+                            rf"{p.text('#stat-bytes')} read · first token {p.text('#stat-ttft')}",
+                            p.text(".msg.assistant .foot"))
         assert p.errors == []
 
 
