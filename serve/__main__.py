@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 from typing import Optional
 
+from . import decode, grammar
 from .chatfmt import NoChatFormat, resolve_chat_format
 from .engine import Engine, EngineConfig, LibraryNotFound, MemPlan, WasteError, load_library
 from .http import Server, stderr_log
@@ -132,12 +133,22 @@ def banner(lib, engine: Engine, fmt, args: argparse.Namespace, url: str,
          if not getattr(fmt, "supports_reasoning", False) else
          f"thinking {'off' if args.no_thinking else 'on'} by default (reasoning_effort overrides)"),
         f"prefix   {'off' if cache is None else gib(cache.capacity_bytes) + ' of snapshots in ' + cache.directory}",
+        structure_line(),
         f"listen   {url}",
     ]
     if args.host not in LOOPBACK and not args.api_key:
         lines.append(f"WARNING  listening on {args.host} without --api-key: anyone who can reach "
                      "this port can use the model")
     return "\n".join(lines)
+
+
+def structure_line() -> str:
+    """Whether replies can be held to a format and carry logprobs (optional packages)."""
+    if grammar.missing() is None:
+        return "struct   structured output and logprobs on (llguidance)"
+    what = ("structured output off (logprobs on)" if decode.missing() is None
+            else "structured output and logprobs off")
+    return f"struct   {what}: {grammar.missing()}; to enable: {grammar.ENABLE_HINT}"
 
 
 def default_prefix_cache_bytes() -> int:
@@ -210,18 +221,18 @@ def run_server(lib, engine: Engine, fmt, options: ServiceOptions, args: argparse
                         api_key=args.api_key or None, log=log)
     except OSError as e:
         return fail(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}")
+    def stop(signum, frame) -> None:
+        # shutdown() waits for serve_forever to return, so it cannot run on this (the serving) thread.
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    # Before the banner: whoever reads it may signal at once.
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     host = f"[{args.host}]" if ":" in args.host else args.host
     print(banner(lib, engine, fmt, args, f"http://{host}:{server.port}/v1", options.prefix_cache),
           flush=True)
     if isinstance(fmt, NoChatFormat):
         print("note     /v1/chat/completions is unavailable; /v1/completions works", flush=True)
-
-    def stop(signum, frame) -> None:
-        # shutdown() waits for serve_forever to return, so it cannot run on this (the serving) thread.
-        threading.Thread(target=server.shutdown, daemon=True).start()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
     try:
         server.serve_forever()
     finally:

@@ -16,11 +16,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Protocol, Sequence
 
-from . import api
+from . import api, decode, grammar
 from .api import ApiError, ChatRequest, CompletionRequest, Sampling, Usage, invalid
 from .chatfmt import ChatFormatError, NoChatFormat
 from .engine import GenParams, GenResult, Stats, TokenInfo, UnencodableText, WasteError
 from .images import StagedImages, image_parts, measure
+from .logprobs import LogprobTrail, chat_logprobs, completion_logprobs
 from .metrics import Metrics
 from .prefill import DEFAULT_CHUNK, PrefillCancelled, prefill
 from .prefix_cache import PrefixCache
@@ -54,6 +55,7 @@ class ServiceOptions:
     prefix_cache: Optional[PrefixCache] = None   # None: prefill every request from scratch
     prefill_chunk: int = DEFAULT_CHUNK
     log: Optional[Callable[[str], None]] = None  # prefill progress of long prompts
+    eval_logits: bool = True       # False: the engine's waste_eval gives no logits to decode with
 
 
 @dataclass
@@ -62,6 +64,7 @@ class ChatReply:
     finish_reason: str
     usage: Usage
     client_gone: bool
+    logprobs: Optional[dict] = None   # choices[].logprobs, when asked for
 
 
 @dataclass
@@ -70,6 +73,7 @@ class CompletionReply:
     finish_reason: str
     usage: Usage
     client_gone: bool
+    logprobs: Optional[dict] = None
 
 
 @dataclass
@@ -95,6 +99,7 @@ class _Run:
     n_tokens: int = 0
     cached_tokens: int = 0          # prompt positions restored from a snapshot
     stats: Optional[Stats] = None   # engine counters for this request only
+    decoding: dict = field(default_factory=lambda: decode.Report(constrained=False).waste())
 
 
 class Service:
@@ -104,6 +109,7 @@ class Service:
         self.chat_format = chat_format
         self.options = options
         self.created = api.now()
+        self._vocabularies: dict[tuple, Any] = {}   # llguidance's view of the vocabulary, built once
         self._waiting = 0               # requests blocked on the engine lock
         self._waiting_lock = threading.Lock()
         self.metrics = Metrics(engine.stats(), self.queue_length, options.prefix_cache)
@@ -216,6 +222,8 @@ class Service:
 
     def _generate_chat(self, req: ChatRequest, prompt: "_Prompt", thinking: bool,
                        sink: ReplySink) -> ChatReply:
+        ours, sink = self._decoder(req.sampling, req.logprobs, sink, "content",
+                                      self._chat_grammar(req, thinking))
         parser = self.chat_format.new_parser(thinking)
         stops = StopFilter(req.sampling.stop)
         reasoning: list[str] = []
@@ -238,7 +246,8 @@ class Service:
             forward(parser.feed_token(token, piece))
             return stops.hit or parser.ended
 
-        run, result, ms = self._run(prompt, req.sampling, self.chat_format.stop_tokens, sink, on_piece)
+        run, result, ms = self._run(prompt, req.sampling, self.chat_format.stop_tokens, sink, on_piece,
+                                    ours)
         if not stops.hit and not run.client_gone:
             forward(parser.finish())
             tail = stops.flush()
@@ -249,7 +258,7 @@ class Service:
         finish = self._finish_reason(run, result, stops.hit or parser.ended, bool(tool_calls))
         message = api.chat_message("".join(content), "".join(reasoning), tool_calls)
         return ChatReply(message, finish, self._usage(len(prompt.ids), run, result, ms),
-                         run.client_gone)
+                         run.client_gone, _trail(sink, chat_logprobs))
 
     # -- completions ----------------------------------------------------------
 
@@ -266,6 +275,7 @@ class Service:
             return self._generate_text(req, ids, sink)
 
     def _generate_text(self, req: CompletionRequest, ids: list[int], sink: ReplySink) -> CompletionReply:
+        ours, sink = self._decoder(req.sampling, req.logprobs, sink, "text")
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         stops = StopFilter(req.sampling.stop)
         special_ids = frozenset(self.engine.specials.values())
@@ -281,13 +291,56 @@ class Service:
                 show(stops.feed(decoder.decode(piece)))
             return stops.hit
 
-        run, result, ms = self._run(_Prompt(ids), req.sampling, (), sink, on_piece)
+        run, result, ms = self._run(_Prompt(ids), req.sampling, (), sink, on_piece, ours)
         if not stops.hit and not run.client_gone:
             show(stops.feed(decoder.decode(b"", final=True)))
             show(stops.flush())
         finish = self._finish_reason(run, result, stops.hit, False)
         return CompletionReply("".join(text), finish, self._usage(len(ids), run, result, ms),
-                               run.client_gone)
+                               run.client_gone, _trail(sink, completion_logprobs))
+
+    # -- decoding in serve (structure, logprobs) --------------------------------
+
+    def _chat_grammar(self, req: ChatRequest, thinking: bool) -> Optional[Callable[[int], Any]]:
+        """A matcher factory (vocabulary size -> matcher) when the reply is constrained."""
+        fmt = self.chat_format
+        if not grammar.check_available(req, fmt.prompts_response_format, self._decoding_off(grammar.missing())):
+            return None
+        if fmt.name == "xtml":
+            markers = fmt.markers
+            lark = grammar.xtml_grammar(req, grammar.Markup(markers.open, markers.sep, markers.close),
+                                        thinking)
+        else:
+            lark = grammar.json_grammar(req)
+        compiled = grammar.compile_grammar(lark, grammar.grammar_field(req))
+        eos = tuple(fmt.stop_tokens)
+
+        def matcher(n_vocab: int) -> Any:
+            key = (n_vocab, eos)
+            if key not in self._vocabularies:
+                self._vocabularies[key] = grammar.Vocabulary(self.engine, n_vocab, eos)
+            return self._vocabularies[key].matcher(compiled)
+        return matcher
+
+    def _decoder(self, sampling: Sampling, top_logprobs: Optional[int], sink: ReplySink,
+                 text_key: str, matcher: Optional[Callable[[int], Any]] = None):
+        """(decoder, sink): serve's own decoder and a sink that carries logprobs, or
+        (None, sink) for waste_generate when nothing needs the logits."""
+        off = self._decoding_off(decode.missing())
+        if top_logprobs is not None and off is not None:
+            raise invalid("logprobs", f"logprobs are off here ({off}); to enable: {grammar.ENABLE_HINT}",
+                          code="logprobs_unavailable")
+        if matcher is None and top_logprobs is None:
+            return None, sink
+        if top_logprobs is not None:
+            sink = LogprobTrail(sink, frozenset(self.engine.specials.values()), text_key)
+        return decode.Decoder(self.engine, temperature=sampling.temperature, top_k=sampling.top_k,
+                              top_p=sampling.top_p, grammar=matcher, top_logprobs=top_logprobs,
+                              listener=sink if top_logprobs is not None else None), sink
+
+    def _decoding_off(self, missing: Optional[str]) -> Optional[str]:
+        """Why serve cannot decode by itself, or None."""
+        return missing if self.options.eval_logits else "this engine's waste_eval gives no logits"
 
     # -- shared ---------------------------------------------------------------
 
@@ -298,7 +351,7 @@ class Service:
         self.engine.image_clear()
 
     def _run(self, prompt: "_Prompt", sampling: Sampling, stop_tokens, sink: ReplySink,
-             on_piece) -> tuple[_Run, GenResult, float]:
+             on_piece, decoder: Optional[decode.Decoder] = None) -> tuple[_Run, GenResult, float]:
         """Prefill, then generate; `on_piece(token, bytes)` returns True when the reply is done."""
         ids = prompt.ids
         room = self.engine.info.ctx_max - len(ids)
@@ -337,7 +390,10 @@ class Service:
             run.client_gone = True
             result = GenResult(n_tokens=0, cancelled=True, context_full=False, detail=None)
         else:
-            result = self.engine.generate(rest, params, on_token)
+            # The one branch: serve decodes itself when a grammar or logprobs need the logits.
+            result = (decoder or self.engine).generate(rest, params, on_token)
+            if decoder is not None:
+                run.decoding = decoder.report.waste()
         ms = (time.monotonic() - started) * 1000.0
         after = self.engine.stats()
         self.metrics.engine_stats(after)
@@ -404,7 +460,8 @@ class Service:
             "experts_hit": s.experts_hit, "experts_missed": s.experts_missed,
             "expert_hit_rate": s.experts_hit / looked_up if looked_up else 0.0,
             "bytes_read": s.bytes_read, "direct_io": s.direct_io, "ms": round(ms, 3),
-            "tokens_per_second": round(tps, 3), "context_full": result.context_full})
+            "tokens_per_second": round(tps, 3), "context_full": result.context_full,
+            **run.decoding})
 
 
 def _stats_delta(before: Stats, after: Stats) -> Stats:
@@ -414,3 +471,8 @@ def _stats_delta(before: Stats, after: Stats) -> Stats:
                  bytes_read=after.bytes_read - before.bytes_read,
                  sec_total=after.sec_total - before.sec_total,
                  sec_io=after.sec_io - before.sec_io, direct_io=after.direct_io)
+
+
+def _trail(sink: Any, shape: Callable[[list], dict]) -> Optional[dict]:
+    """The reply's logprobs in `shape`, when the sink is a LogprobTrail (they were asked for)."""
+    return shape(sink.entries) if isinstance(sink, LogprobTrail) else None

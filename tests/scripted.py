@@ -260,6 +260,7 @@ def scripted_service(engine: Optional[ScriptedEngine] = None, library: Optional[
                      model_dir: str = "/nonexistent", **options: Any) -> Service:
     engine = engine or ScriptedEngine()
     options.setdefault("model_id", "scripted")
+    options.setdefault("eval_logits", False)   # a script has no logits: waste_generate plays it
     return Service(engine, library or ScriptedLibrary(), resolve_chat_format(engine, model_dir),
                    ServiceOptions(**options))
 
