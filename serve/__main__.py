@@ -17,6 +17,7 @@ from .chatfmt import NoChatFormat, resolve_chat_format
 from .engine import Engine, EngineConfig, LibraryNotFound, MemPlan, WasteError, load_library
 from .http import Server, stderr_log
 from .prefix_cache import PrefixCache
+from .reply_memory import ReplyMemory
 from .service import Service, ServiceOptions
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
@@ -94,6 +95,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                         "temporary space, at most 16G)")
     p.add_argument("--no-prefix-cache", action="store_true",
                    help="prefill every request from scratch")
+    p.add_argument("--keep-reasoning", action="store_true",
+                   help="give a returned reply whose reasoning the client dropped the reasoning "
+                        "this server remembers for it")
     p.add_argument("--quiet", action="store_true", help="no per-request log lines")
     return p.parse_args(argv)
 
@@ -207,7 +211,8 @@ def serve(lib, engine: Engine, args: argparse.Namespace) -> int:
         options = ServiceOptions(model_id=args.model_id or default_model_id(args.model),
                                  max_tokens=args.max_tokens, thinking=not args.no_thinking,
                                  vision=args.vision, allow_local_images=args.allow_local_images,
-                                 prefix_cache=cache, log=log)
+                                 prefix_cache=cache, log=log, reply_memory=ReplyMemory(),
+                                 keep_reasoning=args.keep_reasoning)
         return run_server(lib, engine, fmt, options, args, log)
     finally:
         if cache is not None:
@@ -216,8 +221,9 @@ def serve(lib, engine: Engine, args: argparse.Namespace) -> int:
 
 def run_server(lib, engine: Engine, fmt, options: ServiceOptions, args: argparse.Namespace,
                log) -> int:
+    service = Service(engine, lib, fmt, options)
     try:
-        server = Server((args.host, args.port), Service(engine, lib, fmt, options),
+        server = Server((args.host, args.port), service,
                         api_key=args.api_key or None, log=log)
     except OSError as e:
         return fail(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}")
@@ -237,6 +243,7 @@ def run_server(lib, engine: Engine, fmt, options: ServiceOptions, args: argparse
         server.serve_forever()
     finally:
         server.server_close()
+        service.close()   # deferred snapshots stop before the engine closes
     try:
         engine.save_usage()  # what this run learned warms the expert cache of the next
     except WasteError as e:

@@ -14,19 +14,29 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Protocol, Sequence
+from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
 
 from . import api, decode, grammar
 from .api import ApiError, ChatRequest, CompletionRequest, Sampling, Usage, invalid
 from .chatfmt import ChatFormatError, NoChatFormat
 from .engine import GenParams, GenResult, Stats, TokenInfo, UnencodableText, WasteError
+from .history_ids import overlay, tokenize_history
 from .images import StagedImages, image_parts, measure
 from .logprobs import LogprobTrail, chat_logprobs, completion_logprobs
 from .metrics import Metrics
 from .prefill import DEFAULT_CHUNK, PrefillCancelled, prefill
 from .prefix_cache import PrefixCache
+from .reply_memory import ReplyMemory
 from .stops import StopFilter
 from .xtml import PromptError, image_prompt
+
+
+# A snapshot after a reply is saved only when it spares the next turn at least this many
+# prompt positions over the one made before the reply (see the README's cost model).
+MIN_SPARED_TOKENS = 16
+# Deferred snapshots evaluate one token at a time: a request arriving meanwhile waits for
+# one token's evaluation at most (about 2 s on K3).
+SETTLE_CHUNK = 1
 
 
 class ReplySink(Protocol):
@@ -55,6 +65,8 @@ class ServiceOptions:
     prefix_cache: Optional[PrefixCache] = None   # None: prefill every request from scratch
     prefill_chunk: int = DEFAULT_CHUNK
     log: Optional[Callable[[str], None]] = None  # prefill progress of long prompts
+    reply_memory: Optional[ReplyMemory] = None   # None: history is always re-tokenized
+    keep_reasoning: bool = False   # render remembered reasoning into replies a client returns without it
     eval_logits: bool = True       # False: the engine's waste_eval gives no logits to decode with
 
 
@@ -84,6 +96,8 @@ class _Prompt:
     text_ids: list[int] = field(default_factory=list)  # with images: the ids before expansion
     image_start: int = 0                  # with images: where the first placeholder is in text_ids
     image_paths: Sequence[str] = ()       # with images: the files, to queue again after prefill
+    generation: Sequence[int] = ()        # the generation prompt's ids, which open the reply's message
+    conversation: Sequence = ()           # the rendered segments before the generation prompt
 
 
 @dataclass
@@ -97,6 +111,8 @@ class _Run:
     first_token_at: float = 0.0
     last_token_at: float = 0.0
     n_tokens: int = 0
+    tokens: list[int] = field(default_factory=list)  # every generated id
+    unevaluated: int = 0            # of those, how many the state lacks (serve's decoder: the last)
     cached_tokens: int = 0          # prompt positions restored from a snapshot
     stats: Optional[Stats] = None   # engine counters for this request only
     decoding: dict = field(default_factory=lambda: decode.Report(constrained=False).waste())
@@ -109,6 +125,12 @@ class Service:
         self.chat_format = chat_format
         self.options = options
         self.created = api.now()
+        self._waiting = 0                   # requests waiting for the engine lock
+        self._waiting_lock = threading.Lock()
+        # A snapshot to make when the engine is idle: the history's ids, the reply's rendering
+        # and ids, and how many of those the snapshot saved after generation holds.
+        self._settle: Optional[tuple[list[int], list, list[int], int]] = None
+        self._closed = False
         self._vocabularies: dict[tuple, Any] = {}   # llguidance's view of the vocabulary, built once
         self._waiting = 0               # requests blocked on the engine lock
         self._waiting_lock = threading.Lock()
@@ -168,23 +190,27 @@ class Service:
                 # The conversation and the generation prompt are tokenized apart (as
                 # segments always are) so that the end of the conversation, which the
                 # next turn's prompt will repeat, is a known position worth a snapshot.
+                messages, replies = self._recall(req, thinking, prompts)
+                conversation = self._render(req, messages, thinking, prompts)
                 try:
-                    history = self.engine.tokenize_segments(self._render(req, thinking, prompts))
+                    history = tokenize_history(self.engine, conversation, replies)
                 except UnencodableText as e:
                     raise invalid("messages", f"a message cannot be tokenized: {e}") from None
-                ids = history + self.engine.tokenize_segments(
-                    self.chat_format.generation_prompt(thinking))
+                generation = self.engine.tokenize_segments(self.chat_format.generation_prompt(thinking))
+                ids = history + generation
                 for path, (param, _) in zip(paths, images):
                     try:
                         self.engine.image_add(path)  # validates the image, and counts its positions
                     except WasteError as e:
                         self.engine.image_clear()
                         raise invalid(param, f"image could not be encoded: {e}") from None
-                prompt = _Prompt(ids, snapshot_at=[len(history)])
+                prompt = _Prompt(ids, snapshot_at=[len(history)], generation=generation,
+                                 conversation=conversation)
                 if paths:
                     prompt = _Prompt(self.engine.image_expand(ids), snapshot_at=prompt.snapshot_at,
                                      text_ids=ids, image_start=ids.index(self.chat_format.media_pad),
-                                     image_paths=paths)
+                                     image_paths=paths, generation=generation,
+                                     conversation=conversation)
                 return self._generate_chat(req, prompt, thinking, sink)
 
     def _thinking(self, req: ChatRequest) -> bool:
@@ -204,10 +230,41 @@ class Service:
         if not self.chat_format.supports_images:
             raise invalid(param, f"the {self.chat_format.name} chat format cannot carry images")
 
-    def _render(self, req: ChatRequest, thinking: bool, prompts: list[str]) -> list:
+    def _recall(self, req: ChatRequest, thinking: bool, prompts: list[str]) -> tuple[list, list]:
+        """The messages (with --keep-reasoning, remembered reasoning restored) and, for each
+        assistant message that renders as a remembered reply, (its rendering, the reply's ids)."""
+        memory = self.options.reply_memory
+        if memory is None or not len(memory):
+            return req.messages, []
+        messages, replies = list(req.messages), []
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict) or message.get("role") != "assistant":
+                continue
+            rendered = self._render_reply(message, thinking)
+            entry = memory.recall(rendered) if rendered else None
+            if entry is None and rendered and self.options.keep_reasoning:
+                entry = memory.recall_without_reasoning(
+                    rendered, lambda: self._render(req, messages[:i], thinking, prompts))
+                if entry is not None:
+                    message = {k: v for k, v in message.items() if k != "reasoning"}
+                    message["reasoning_content"] = entry.reasoning
+                    messages[i], rendered = message, self._render_reply(message, thinking)
+            if entry is not None:
+                replies.append((rendered, entry.ids))
+        return messages, replies
+
+    def _render_reply(self, message: dict, thinking: bool) -> list:
+        """One assistant message rendered as history; [] when it cannot be rendered on its own
+        (the whole conversation's rendering then reports what is wrong with it)."""
+        try:
+            return self.chat_format.render([message], thinking=thinking, add_generation_prompt=False)
+        except (ChatFormatError, ValueError, RecursionError):
+            return []
+
+    def _render(self, req: ChatRequest, messages: list, thinking: bool, prompts: list[str]) -> list:
         try:
             return self.chat_format.render(
-                req.messages, tools=req.tools, tool_choice=req.tool_choice,
+                messages, tools=req.tools, tool_choice=req.tool_choice,
                 response_format=req.response_format, thinking=thinking,
                 thinking_effort=req.thinking_effort if thinking else None, image_prompts=prompts,
                 add_generation_prompt=False)
@@ -242,9 +299,17 @@ class Service:
                 elif d.tool_call:
                     sink.emit({"tool_calls": [d.tool_call]})
 
+        stop_ids = frozenset(self.chat_format.stop_tokens)
+
         def on_piece(token: int, piece: bytes) -> bool:
+            closed = parser.ended
             forward(parser.feed_token(token, piece))
-            return stops.hit or parser.ended
+            if stops.hit:
+                return True
+            # A stop token ends generation by itself, and an uncancelled generate leaves a
+            # state worth a snapshot. So once the message has closed, the model gets one more
+            # token for the stop token that follows: anything else is cancelled.
+            return closed and token not in stop_ids
 
         run, result, ms = self._run(prompt, req.sampling, self.chat_format.stop_tokens, sink, on_piece,
                                     ours)
@@ -257,8 +322,94 @@ class Service:
         tool_calls = parser.reply.tool_calls
         finish = self._finish_reason(run, result, stops.hit or parser.ended, bool(tool_calls))
         message = api.chat_message("".join(content), "".join(reasoning), tool_calls)
+        if not run.client_gone:
+            self._remember(prompt, thinking, run, result, message)
         return ChatReply(message, finish, self._usage(len(prompt.ids), run, result, ms),
                          run.client_gone, _trail(sink, chat_logprobs))
+
+    def _remember(self, prompt: "_Prompt", thinking: bool, run: _Run, result: GenResult,
+                  message: dict) -> None:
+        """Keep the reply's ids for the history of later turns, and a snapshot of the state
+        that holds them."""
+        memory, cache = self.options.reply_memory, self.options.prefix_cache
+        rendered = self._render_reply(message, thinking) if run.tokens else []
+        ids = [*prompt.generation, *run.tokens]
+        if memory is not None and rendered:
+            reasoning = message.get("reasoning_content") or ""
+            dropped = self._render_reply({k: v for k, v in message.items() if k != "reasoning_content"},
+                                         thinking) if reasoning else rendered
+            memory.remember(rendered, ids, reasoning,
+                            (prompt.conversation, dropped) if dropped != rendered else None)
+        # A full context leaves no room for a next turn; snapshots never reach past images.
+        if cache is None or result.context_full or prompt.image_paths:
+            return
+        held = len(ids) - run.unevaluated   # of the reply's ids, those the state holds
+        saved = 0
+        # A cancelled generate leaves a state the ABI does not describe (it asks for a reset).
+        if not result.cancelled and held >= MIN_SPARED_TOKENS:  # else a save costs more than it spares
+            try:
+                if cache.store([*prompt.ids, *ids[len(prompt.generation):held]], self.engine.save_state):
+                    saved = held
+            except (WasteError, OSError):
+                pass   # a snapshot only spares later requests work
+        if memory is not None and rendered:
+            # The next turn holds the whole message: after a cancel, the reply again up to a
+            # stop string's cut (never past what the client saw); after max_tokens, the closing
+            # markup the model never wrote. The idle engine builds that state.
+            self._settle = (prompt.ids[:len(prompt.ids) - len(prompt.generation)], rendered, ids, saved)
+            threading.Thread(target=self.settle, name="settle", daemon=True).start()
+
+    def settle(self) -> None:
+        """Make the deferred snapshot, in idle time only.
+
+        It restores the longest snapshot of it and evaluates the rest, in small
+        chunks; a request that starts waiting for the engine ends it at the next
+        chunk. Runs on its own thread after a reply; tests call it to wait for it.
+        """
+        with self.engine.lock:
+            job, self._settle = self._settle, None
+            if job is None or self._closed or self._someone_waiting():
+                return
+            history, rendered, ids, saved = job
+            try:
+                tokens = history + overlay(self.engine, rendered, ids)
+                if len(tokens) - len(history) < MIN_SPARED_TOKENS or tokens[len(history):] == ids[:saved]:
+                    return   # too close to the snapshot before the reply, or the one after it
+                self._start_empty()
+                # prefill leaves one token for generate: the last one is evaluated apart.
+                prefill(self.engine, tokens, len(tokens) - 1, cache=self.options.prefix_cache,
+                        chunk=SETTLE_CHUNK, cancelled=self._someone_waiting)
+                self.engine.eval(tokens[-1:])
+                self.options.prefix_cache.store(tokens, self.engine.save_state)
+            except (PrefillCancelled, UnencodableText, WasteError, OSError):
+                pass   # the snapshot only spares the next turn work; that turn goes on without it
+            finally:
+                self._start_empty()
+
+    def close(self) -> None:
+        """No more deferred work: returns once none is running, before the engine closes."""
+        self._closed = True
+        with self.engine.lock:
+            self._settle = None
+
+    def _someone_waiting(self) -> bool:
+        return self._waiting > 0 or self._closed
+
+    @contextmanager
+    def _engine_turn(self) -> Iterator[None]:
+        """Hold the engine for one request; deferred work yields to it and is dropped."""
+        with self._waiting_lock:
+            self._waiting += 1
+        try:
+            self.engine.lock.acquire()
+        finally:
+            with self._waiting_lock:
+                self._waiting -= 1
+        try:
+            self._settle = None
+            yield
+        finally:
+            self.engine.lock.release()
 
     # -- completions ----------------------------------------------------------
 
@@ -372,6 +523,7 @@ class Service:
             run.last_token_at = now
             run.last_token = info.token
             run.n_tokens += 1
+            run.tokens.append(info.token)
             if sink.gone():
                 run.client_gone = True
                 return True
@@ -394,6 +546,7 @@ class Service:
             result = (decoder or self.engine).generate(rest, params, on_token)
             if decoder is not None:
                 run.decoding = decoder.report.waste()
+                run.unevaluated = 1 if run.tokens else 0
         ms = (time.monotonic() - started) * 1000.0
         after = self.engine.stats()
         self.metrics.engine_stats(after)
