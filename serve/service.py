@@ -132,28 +132,11 @@ class Service:
         self._settle: Optional[tuple[list[int], list, list[int], int]] = None
         self._closed = False
         self._vocabularies: dict[tuple, Any] = {}   # llguidance's view of the vocabulary, built once
-        self._waiting = 0               # requests blocked on the engine lock
-        self._waiting_lock = threading.Lock()
         self.metrics = Metrics(engine.stats(), self.queue_length, options.prefix_cache)
 
     def queue_length(self) -> int:
         """Requests waiting for the engine (what /metrics reports)."""
         return self._waiting
-
-    @contextmanager
-    def _engine_turn(self):
-        """Hold the engine lock, counted in queue_length() while waiting for it."""
-        with self._waiting_lock:
-            self._waiting += 1
-        try:
-            self.engine.lock.acquire()
-        finally:
-            with self._waiting_lock:
-                self._waiting -= 1
-        try:
-            yield
-        finally:
-            self.engine.lock.release()
 
     # -- models ---------------------------------------------------------------
 
