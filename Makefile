@@ -23,7 +23,7 @@ DEMO_PY  := $(DEMO_VENV)/bin/python
 HOST     ?= 127.0.0.1
 PORT     ?= 8000
 
-.PHONY: all demo demo-k3 check test asan bench clean chromium
+.PHONY: all demo demo-k3 check test asan bench soak clean chromium
 
 all: $(LIB)
 
@@ -84,6 +84,10 @@ asan: build/libwaste-asan.so $(VENV)/.ok
 	$(VPY) -m pytest -q -p no:cacheprovider tests/test_abi.py
 
 check: test asan
+
+# The soak and fault tests at full scale (make check runs them short).
+soak: $(LIB) $(VENV)/.ok
+	$(VPY) -m pytest -q -m soak --soak tests
 
 bench: $(LIB) $(DEMO) $(VENV)/.ok
 	$(VPY) bench/run_all.py

@@ -115,7 +115,7 @@ class Metrics:
             ttft, rate = self._ttft.samples(), self._rate.samples()
         parts = [
             _family("serve_requests_total", "counter", "HTTP requests answered, by endpoint and "
-                    "status (status 0: the client left before any response was sent)",
+                    "status (499: the client left before its answer)",
                     [("", [("endpoint", e), ("status", s)], n) for (e, s), n in requests]),
         ]
         for kind, what in (("prompt", "Prompt tokens of finished generations"),

@@ -13,7 +13,7 @@ import re
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator
 
 import pytest
 
@@ -314,32 +314,45 @@ def test_prefill_progress_shows_while_the_prompt_is_evaluated(browser):
         assert p.errors == []
 
 
-def test_queue_comments_show_the_position(browser):
-    # A stream as a queued request receives it (the ": queue N" comments come before the
-    # first chunk); served by the browser's request interception, so the page is what is tested.
-    chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "scripted"}
-    events = [": queue 2", ": queue 1",
-              "data: " + json.dumps({**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}),
-              "data: " + json.dumps({**chunk, "choices": [{"index": 0, "delta": {"content": "served"}}]}),
-              "data: " + json.dumps({**chunk, "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1},
-                                     "waste": {"expert_hit_rate": 0.5}}),
-              "data: [DONE]"]
-    seen: list[Optional[str]] = []
-    with page_on(browser, scripted_service()) as p:
+def test_a_request_waiting_for_the_engine_shows_its_place_in_line(browser):
+    engine = ScriptedEngine([xtml_answer("first"), xtml_answer("second"), xtml_answer("mine")])
+    gate = Gate(at=0)  # the first request holds the engine at its first token
+    engine.before_token = gate
+    seen: list[str] = []
+    with page_on(browser, scripted_service(engine, thinking=False)) as p:
         p.open()
-        p.page.route("**/v1/chat/completions", lambda route: route.fulfill(
-            status=200, content_type="text/event-stream", body="\n\n".join(events) + "\n\n"))
+        # Each position is a new text node: recorded as it is added, whatever the page shows later.
         p.page.expose_function("seen", lambda text: seen.append(text))
-        # Each position is a new text node: recorded as added, whatever the node holds later.
         p.page.evaluate("""() => new MutationObserver(records => records.forEach(r => r.addedNodes.forEach(
             n => window.seen(n.data)))).observe(document.getElementById('queue'), {childList: true})""")
-        p.ask("am I queued?")
-        assert p.text(".msg.assistant .md") == "served"
+        others = [threading.Thread(target=call, args=(p.port, "POST", "/v1/chat/completions",
+                                                      {"messages": [{"role": "user", "content": "hi"}]}))
+                  for _ in range(2)]
+        try:
+            others[0].start()
+            assert gate.reached.wait(WAIT_MS / 1000)
+            others[1].start()
+            assert wait_until(lambda: queue_length(p.port) == 1)
+            p.send("me too")
+            p.wait_text("#queue", "^queue position: 2 ahead$")
+            assert p.text("#state") == "queued"
+        finally:
+            gate.release.set()
+            for t in others:
+                t.join(WAIT_MS / 1000)
+        p.wait_state("^done")
+        assert p.text(".msg.assistant .md") == "mine"
         assert p.text("#stat-queued") == "2 requests"
         assert p.page.locator("#queue").is_hidden()
-        sync_api.expect(p.page.locator("#queue")).to_have_text("")
-    positions = [s for s in seen if s]
-    assert positions[:2] == ["queue position: 2 ahead", "queue position: 1 ahead"]
+    # Positions only count down (how far depends on when the page reads them).
+    positions = [int(text.split()[2]) for text in seen if text]
+    assert positions[0] == 2 and positions == sorted(positions, reverse=True)
+
+
+def queue_length(port: int) -> float:
+    """serve_queue_length, from /metrics."""
+    body = call(port, "GET", "/metrics").body.decode()
+    return float(re.search(r"^serve_queue_length (\S+)$", body, re.M).group(1))
 
 
 def test_settings_reach_the_request(browser):
