@@ -19,10 +19,11 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Optional
 
-from . import anthropic, api, responses
+from . import anthropic, api, metrics, responses
 from .api import ApiError
-from .logprobs import chat_logprobs, completion_logprobs, text_length
 from .engine_queue import RETRY_AFTER_SECONDS, ClientGone
+from .logprobs import chat_logprobs, completion_logprobs, text_length
+from .page import CONTENT_TYPE as PAGE_TYPE, chat_page
 from .response_store import ResponseStore
 from .service import Service
 
@@ -42,8 +43,10 @@ RESPONSES_PREFIX = "/v1/responses/"
 MESSAGES = "/v1/messages"
 ROUTES = {"/health": "GET", "/v1/models": "GET",
           "/v1/chat/completions": "POST", "/v1/completions": "POST",
+          "/": "GET", "/metrics": "GET",
           MESSAGES: "POST", MESSAGES + "/count_tokens": "POST", "/v1/responses": "POST"}
 PREFIX_ROUTES = {MODELS_PREFIX: "GET", RESPONSES_PREFIX: "GET, DELETE"}
+OPEN_PATHS = ("/health", "/")  # no API key: they hold no data (the page asks for the key itself)
 
 
 class Server(ThreadingHTTPServer):
@@ -158,6 +161,15 @@ class Server(ThreadingHTTPServer):
         """Wait until no request is being answered (cut streams send their last events)."""
         with self._count:
             return self._count.wait_for(lambda: self._requests == 0, timeout)
+
+
+def endpoint_label(path: str) -> str:
+    """The endpoint a path counts under in /metrics: a route, never a client's arbitrary path."""
+    if path in ROUTES:
+        return path
+    if path.startswith(RESPONSES_PREFIX):
+        return RESPONSES_PREFIX + "{id}"
+    return MODELS_PREFIX + "{model}" if path.startswith(MODELS_PREFIX) else "other"
 
 
 def stderr_log(line: str) -> None:
@@ -315,7 +327,7 @@ class Handler(BaseHTTPRequestHandler):
         self._dispatch("OPTIONS")
 
     def do_HEAD(self) -> None:
-        self._dispatch("HEAD")  # _send_json leaves the body out
+        self._dispatch("HEAD")  # _send leaves the body out
 
     def _dispatch(self, method: str) -> None:
         # For the request's log line; the sinks update them as the reply goes out.
@@ -341,6 +353,7 @@ class Handler(BaseHTTPRequestHandler):
         finally:
             self.server.request_finished()
             self._log(method, path)
+            self.server.service.metrics.request(endpoint_label(path), self.status)
 
     def error_body(self, error: Exception) -> dict:
         """The body of `public_error(error)`, in the shape of the path's dialect."""
@@ -359,7 +372,7 @@ class Handler(BaseHTTPRequestHandler):
     def _route(self, method: str, path: str) -> None:
         allowed = ROUTES.get(path) or next(
             (methods for prefix, methods in PREFIX_ROUTES.items() if path.startswith(prefix)), None)
-        if path != "/health":
+        if path not in OPEN_PATHS:
             self._check_auth()  # before the 404, so that endpoints cannot be enumerated
         if allowed is None:
             raise ApiError(404, f"no such endpoint: {path}", code="not_found")
@@ -369,6 +382,14 @@ class Handler(BaseHTTPRequestHandler):
             raise ApiError(405, f"{path} accepts {allowed} only", code="method_not_allowed")
         if path == "/health":
             self._send_json(200, {"status": "ok"})
+        elif path == "/":
+            page, policy = chat_page()
+            self._send(200, PAGE_TYPE, page, {"Content-Security-Policy": policy,
+                                              "X-Content-Type-Options": "nosniff",
+                                              "Referrer-Policy": "no-referrer",
+                                              "Cache-Control": "no-cache"})
+        elif path == "/metrics":
+            self._send(200, metrics.CONTENT_TYPE, self.server.service.metrics.render())
         elif path == "/v1/models":
             self._send_json(200, {"object": "list", "data": [self.server.service.model()]})
         elif path.startswith(MODELS_PREFIX):
@@ -553,12 +574,16 @@ class Handler(BaseHTTPRequestHandler):
             pass  # a body whose end cannot be found, or too large: _read_body closes the connection
 
     def _send_json(self, status: int, payload: Any, headers: Optional[dict[str, str]] = None) -> None:
+        self._send(status, "application/json", json.dumps(payload, ensure_ascii=False).encode(),
+                   headers)
+
+    def _send(self, status: int, content_type: str, body: bytes,
+              headers: Optional[dict[str, str]] = None) -> None:
         self._discard_body()
-        body = json.dumps(payload, ensure_ascii=False).encode()
         self.status = status
         try:
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             for name, value in (headers or {}).items():
                 self.send_header(name, value)

@@ -24,6 +24,7 @@ from .engine_queue import EngineQueue, shutting_down
 from .history_ids import overlay, tokenize_history
 from .images import StagedImages, image_parts
 from .logprobs import LogprobTrail, chat_logprobs, completion_logprobs
+from .metrics import Metrics
 from .prefill import DEFAULT_CHUNK, PrefillCancelled, prefill
 from .prefix_cache import PrefixCache
 from .reply_memory import ReplyMemory
@@ -144,6 +145,7 @@ class _Run:
     max_tokens: int
     client_gone: bool = False
     last_token: int = -1
+    started_at: float = 0.0         # when prefill began, after any wait for the engine
     first_token_at: float = 0.0
     last_token_at: float = 0.0
     n_tokens: int = 0
@@ -171,6 +173,11 @@ class Service:
         self.queue = EngineQueue(options.max_queue)
         self._stopping = threading.Event()
         self._request_id = ""  # of the request holding the engine, for its log lines
+        self.metrics = Metrics(engine.stats(), self.queue_length, options.prefix_cache)
+
+    def queue_length(self) -> int:
+        """Requests waiting in line for the engine (what /metrics reports)."""
+        return len(self.queue)
 
     # -- shutdown -------------------------------------------------------------
 
@@ -612,7 +619,7 @@ class Service:
 
         before = self.engine.stats()
         sink.start()
-        started = time.monotonic()
+        started = run.started_at = time.monotonic()
         try:
             rest = self._prefill(prompt, run, sink)
         except PrefillCancelled:
@@ -625,7 +632,9 @@ class Service:
                 run.decoding = decoder.report.waste()
                 run.unevaluated = 1 if run.tokens else 0
         ms = (time.monotonic() - started) * 1000.0
-        run.stats = _stats_delta(before, self.engine.stats())
+        after = self.engine.stats()
+        self.metrics.engine_stats(after)
+        run.stats = _stats_delta(before, after)
         return run, result, ms
 
     def _prefill(self, prompt: "_Prompt", run: _Run, sink: ReplySink) -> list[int]:
@@ -643,6 +652,8 @@ class Service:
             run.cached_tokens = prefill(self.engine, tokens, upto, cache=cache,
                                         snapshot_at=prompt.snapshot_at, chunk=chunk,
                                         progress=progress, cancelled=sink.gone)
+            if cache is not None:
+                self.metrics.prefix_lookup(run.cached_tokens > 0)
 
         try:
             if not prompt.image_paths:
@@ -672,10 +683,12 @@ class Service:
             return "length"
         return "tool_calls" if has_tool_calls else "stop"
 
-    @staticmethod
-    def _usage(prompt_tokens: int, run: _Run, result: GenResult, ms: float) -> Usage:
+    def _usage(self, prompt_tokens: int, run: _Run, result: GenResult, ms: float) -> Usage:
         decode_s = run.last_token_at - run.first_token_at
         tps = (run.n_tokens - 1) / decode_s if run.n_tokens > 1 and decode_s > 0 else 0.0
+        self.metrics.reply(prompt_tokens, run.cached_tokens, run.n_tokens,
+                           run.first_token_at - run.started_at if run.n_tokens else None,
+                           tps if tps else None)
         s = run.stats
         looked_up = s.experts_hit + s.experts_missed
         return Usage(prompt_tokens, run.n_tokens, cached_tokens=run.cached_tokens, waste={
