@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 from . import api
 from .api import ApiError, ChatRequest, CompletionRequest, Sampling, Usage, invalid
 from .chatfmt import ChatFormatError, NoChatFormat
+from .checkpoints import preamble_ends
 from .engine import GenParams, GenResult, Stats, TokenInfo, UnencodableText, WasteError
 from .images import StagedImages, image_parts, measure
 from .prefill import DEFAULT_CHUNK, PrefillCancelled, prefill
@@ -50,6 +51,7 @@ class ServiceOptions:
     allow_local_images: bool = False
     prefix_cache: Optional[PrefixCache] = None   # None: prefill every request from scratch
     prefill_chunk: int = DEFAULT_CHUNK
+    snapshot_min_tokens: int = 0   # a shorter prompt that restored nothing is not snapshotted
     log: Optional[Callable[[str], None]] = None  # prefill progress of long prompts
 
 
@@ -100,6 +102,7 @@ class Service:
         self.chat_format = chat_format
         self.options = options
         self.created = api.now()
+        self.warming: Optional[dict] = None   # while --warm runs: what /health reports
 
     # -- models ---------------------------------------------------------------
 
@@ -136,8 +139,9 @@ class Service:
                 # The conversation and the generation prompt are tokenized apart (as
                 # segments always are) so that the end of the conversation, which the
                 # next turn's prompt will repeat, is a known position worth a snapshot.
+                segments = self._render(req, thinking, prompts)
                 try:
-                    history = self.engine.tokenize_segments(self._render(req, thinking, prompts))
+                    history = self.engine.tokenize_segments(segments)
                 except UnencodableText as e:
                     raise invalid("messages", f"a message cannot be tokenized: {e}") from None
                 ids = history + self.engine.tokenize_segments(
@@ -148,7 +152,8 @@ class Service:
                     except WasteError as e:
                         self.engine.image_clear()
                         raise invalid(param, f"image could not be encoded: {e}") from None
-                prompt = _Prompt(ids, snapshot_at=[len(history)])
+                prompt = _Prompt(ids, snapshot_at=[*self._preamble_ends(req, thinking, segments),
+                                                   len(history)])
                 if paths:
                     prompt = _Prompt(self.engine.image_expand(ids), snapshot_at=prompt.snapshot_at,
                                      text_ids=ids, image_start=ids.index(self.chat_format.media_pad),
@@ -162,6 +167,48 @@ class Service:
                               f"the {self.chat_format.name} chat format has no reasoning channel")
             return False
         return self.options.thinking if req.thinking is None else req.thinking
+
+    def warm(self, req: ChatRequest, progress: Callable[[int, int], None],
+             cancelled: Callable[[], bool]) -> tuple[int, int]:
+        """Prefill and checkpoint a request's conversation as chat() would, and answer
+        nothing.  Returns (positions the conversation holds, positions restored)."""
+        cache = self.options.prefix_cache
+        if cache is None or isinstance(self.chat_format, NoChatFormat):
+            raise invalid("messages", "warming needs the prefix cache and a chat format")
+        if image_parts(req.messages):
+            raise invalid("messages", "a conversation with images is not warmed")
+        thinking = self._thinking(req)
+        with self.engine.lock:
+            self._start_empty()
+            segments = self._render(req, thinking, [])
+            history = self.engine.tokenize_segments(segments)
+            ids = history + self.engine.tokenize_segments(self.chat_format.generation_prompt(thinking))
+            if len(ids) > self.engine.info.ctx_max:
+                raise ApiError(400, f"the prompt is {len(ids)} tokens; the context holds "
+                                    f"{self.engine.info.ctx_max}", param="messages",
+                               code="context_length_exceeded")
+            try:
+                restored = prefill(self.engine, ids, len(history), cache=cache,
+                                   snapshot_at=[*self._preamble_ends(req, thinking, segments),
+                                                len(history)],
+                                   chunk=self.options.prefill_chunk, progress=progress,
+                                   cancelled=cancelled)
+            finally:
+                self.engine.reset()
+        return len(history), restored
+
+    def _preamble_ends(self, req: ChatRequest, thinking: bool, segments: list) -> list[int]:
+        """Token positions where the tool declarations and the leading system messages end."""
+        if self.options.prefix_cache is None:
+            return []
+
+        def render(messages: list) -> list:
+            return self.chat_format.render(
+                messages, tools=req.tools, thinking=thinking, add_generation_prompt=False,
+                thinking_effort=req.thinking_effort if thinking else None)
+
+        return [len(self.engine.tokenize_segments(segments[:n]))
+                for n in preamble_ends(render, req.messages, segments)]
 
     def _check_images(self, images: list[tuple[str, str]]) -> None:
         if not images:
@@ -328,7 +375,8 @@ class Service:
         def run_prefill(tokens: list[int], upto: int) -> None:
             run.cached_tokens = prefill(self.engine, tokens, upto, cache=cache,
                                         snapshot_at=prompt.snapshot_at, chunk=chunk,
-                                        progress=progress, cancelled=sink.gone)
+                                        progress=progress, cancelled=sink.gone,
+                                        min_snapshot=self.options.snapshot_min_tokens)
 
         try:
             if not prompt.image_paths:
@@ -366,7 +414,7 @@ class Service:
         looked_up = s.experts_hit + s.experts_missed
         return Usage(prompt_tokens, run.n_tokens, cached_tokens=run.cached_tokens, waste={
             "prompt_tokens": prompt_tokens, "completion_tokens": run.n_tokens,
-            "cached_tokens": run.cached_tokens,
+            "cached_tokens": run.cached_tokens, "restored_tokens": run.cached_tokens,
             "experts_hit": s.experts_hit, "experts_missed": s.experts_missed,
             "expert_hit_rate": s.experts_hit / looked_up if looked_up else 0.0,
             "bytes_read": s.bytes_read, "direct_io": s.direct_io, "ms": round(ms, 3),

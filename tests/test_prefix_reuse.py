@@ -108,7 +108,7 @@ def test_a_snapshot_that_fails_to_load_is_dropped(lib_path, k3_container, cache)
         ask(srv.port, first)
         assert len(cache) == 1
         for name in os.listdir(cache.directory):
-            with open(os.path.join(cache.directory, name), "r+b") as f:
+            with open(os.path.join(cache.directory, name, "state"), "r+b") as f:
                 f.write(b"not a state")
         got = ask(srv.port, later)
         assert got["choices"] == expected["choices"]
