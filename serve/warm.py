@@ -66,10 +66,10 @@ class Warmer(threading.Thread):
                 if self._halt.is_set():
                     return
                 self._warm_one(n, path, req)
-            self._log(f"warm     done: {len(self._requests) - self.failed} of "
-                      f"{len(self._requests)} warmed; serving")
         finally:
             self._service.warming = None
+        self._log(f"warm     done: {len(self._requests) - self.failed} of "
+                  f"{len(self._requests)} warmed; serving")
 
     def _warm_one(self, n: int, path: str, req: ChatRequest) -> None:
         label = f"warm     {n + 1}/{len(self._requests)} {path}"
