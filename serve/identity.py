@@ -6,10 +6,12 @@ every start is not acceptable, and sizes and mtimes are not identity, so:
 
 - every small file of the container (manifest, tokenizer, specials, chat
   template, vision config: up to SMALL_FILE bytes) is hashed whole;
-- every larger file (the weights) contributes its path, its size, its first
-  and last SAMPLE bytes and SAMPLES more SAMPLE-byte pieces spread evenly
-  through it, so a changed header, shape or tensor is seen for a few MB of
-  reads whatever the container's size;
+- every larger file (the weights) contributes its path, its size and up to
+  PIECES pieces spread evenly from its first byte to its last (header and
+  tail included), of up to PIECE bytes each, so a changed header, shape or
+  tensor is seen.  The pieces shrink (to MIN_PIECE, and to two per file)
+  as the weight files multiply, so the reads stay near READ_BUDGET whatever
+  the container's size (64 MiB, or 8 KiB a file past 8,192 files);
 - the learned expert hotlist (rewritten at every shutdown) and hidden files
   are left out: they change no state;
 - the engine library file is hashed whole (a rebuilt library may lay out its
@@ -25,28 +27,31 @@ from pathlib import Path
 from typing import Iterable
 
 SMALL_FILE = 1 << 20
-SAMPLE = 64 << 10
-SAMPLES = 8
+PIECE = 64 << 10
+MIN_PIECE = 4 << 10
+PIECES = 10
+READ_BUDGET = 64 << 20
 
 
 def container_digest(model_dir: str | os.PathLike, skip: Iterable[str | os.PathLike] = ()) -> str:
     """A hash of the files that define a container's weights and tokenizer."""
     root = Path(model_dir).resolve()
     skipped = {Path(p).resolve() for p in skip}
+    files = [(path, path.stat().st_size) for path in sorted(_files(root))
+             if path not in skipped and path.name != "usage.waste"]
+    large = sum(1 for _, size in files if size > SMALL_FILE) or 1
+    pieces = max(2, min(PIECES, READ_BUDGET // (large * MIN_PIECE)))
+    piece = max(MIN_PIECE, min(PIECE, READ_BUDGET // (large * pieces)))
     h = hashlib.sha256()
-    for path in sorted(_files(root)):
-        if path in skipped or path.name == "usage.waste":
-            continue
-        size = path.stat().st_size
+    for path, size in files:
         h.update(f"{path.relative_to(root).as_posix()}\0{size}\0".encode())
         with open(path, "rb") as f:
             if size <= SMALL_FILE:
                 h.update(f.read())
                 continue
-            step = (size - SAMPLE) // (SAMPLES + 1)
-            for offset in [0, *(step * k for k in range(1, SAMPLES + 1)), size - SAMPLE]:
-                f.seek(offset)
-                h.update(f.read(SAMPLE))
+            for k in range(pieces):
+                f.seek((size - piece) * k // (pieces - 1))
+                h.update(f.read(piece))
     return h.hexdigest()
 
 
