@@ -8,6 +8,7 @@
  * decoder write or loop beyond the frame.
  */
 #include "image_codec.h"
+#include "detail.h"
 
 #include <string.h>
 

@@ -6,6 +6,9 @@
  * so checking an upload's size never loads the whole file.  wimg_decode reads
  * the whole file (up to WIMG_MAX_FILE_BYTES) and hands it to a decoder.
  */
+#include "image.h"
+
+#include "detail.h"
 #include "image_codec.h"
 
 #include <errno.h>
@@ -17,57 +20,12 @@
 
 typedef enum { KIND_UNKNOWN, KIND_PNG, KIND_JPEG, KIND_GIF, KIND_WEBP } image_kind;
 
-const char *wimg_open_reason(int err_no) {
-    switch (err_no) {
-    case ENOENT: return "no such file";
-    case EACCES: return "permission denied";
-    case EISDIR: return "is a directory";
-    default: return "cannot be opened";
-    }
-}
-
-waste_status wimg_check_size(const char *what, uint64_t w, uint64_t h, int decode, char *err,
-                             size_t errcap) {
-    unsigned long long lw = w, lh = h;
-    if (w == 0 || h == 0)
-        return wdetail(err, errcap, WASTE_E_FORMAT, "%s declares an empty image (%llux%llu)",
-                         what, lw, lh);
-    if (w > WIMG_MAX_SIDE || h > WIMG_MAX_SIDE)
-        return wdetail(err, errcap, WASTE_E_FORMAT,
-                         "%s image is %llux%llu; a side may be at most %d pixels", what, lw, lh,
-                         WIMG_MAX_SIDE);
-    if (w * h > WIMG_MAX_PIXELS) /* both sides <= 2^15: no overflow */
-        return wdetail(err, errcap, WASTE_E_FORMAT,
-                         "%s image is %llux%llu; at most %u pixels are accepted", what, lw, lh,
-                         WIMG_MAX_PIXELS);
-    if (decode && w * h > WIMG_DECODE_MAX_PIXELS)
-        return wdetail(err, errcap, WASTE_E_FORMAT,
-                         "%s image is %llux%llu; this engine decodes at most %u pixels", what, lw,
-                         lh, WIMG_DECODE_MAX_PIXELS);
-    return WASTE_OK;
-}
-
 /* Report a header's size once it passed wimg_check_size. */
 static waste_status report_size(const char *what, uint64_t w, uint64_t h, int *ow, int *oh,
                                 char *err, size_t errcap) {
     waste_status st = wimg_check_size(what, w, h, 0, err, errcap);
     if (st == WASTE_OK) *ow = (int)w, *oh = (int)h;
     return st;
-}
-
-waste_status wimg_alloc(wimg *out, int w, int h, char *err, size_t errcap) {
-    out->w = w;
-    out->h = h;
-    out->rgb = malloc((size_t)w * (size_t)h * 3);
-    if (!out->rgb) return wdetail(err, errcap, WASTE_E_OOM, "no memory for a %dx%d image", w, h);
-    return WASTE_OK;
-}
-
-void wimg_free(wimg *img) {
-    if (!img) return;
-    free(img->rgb);
-    img->rgb = NULL;
-    img->w = img->h = 0;
 }
 
 static image_kind sniff(const uint8_t *b, size_t n) {

@@ -10,24 +10,7 @@
 #ifndef WASTE_IMAGE_H
 #define WASTE_IMAGE_H
 
-#include "waste.h"
-
-/* Largest image accepted, in pixels (width * height), and per side. */
-#define WIMG_MAX_PIXELS (64u * 1024u * 1024u)
-#define WIMG_MAX_SIDE 32768
-
-/* Decoding is bounded tighter than the header check: a decoded image costs
- * 3 bytes a pixel, so 16 Mpixels (e.g. 4096 x 4096) caps the source buffer
- * at 48 MiB.  wimg_decode refuses larger images with WASTE_E_FORMAT. */
-#define WIMG_DECODE_MAX_PIXELS (16u * 1024u * 1024u)
-
-/* Largest file wimg_decode reads into memory. */
-#define WIMG_MAX_FILE_BYTES (64u * 1024u * 1024u)
-
-typedef struct {
-    int w, h;
-    uint8_t *rgb; /* w*h*3 bytes, row-major, owned */
-} wimg;
+#include "imgbuf.h"
 
 /* Width and height from the header of a PNG, JPEG, GIF or WebP file.
  * Errors: WASTE_E_IO, WASTE_E_FORMAT (unknown format, truncated, zero or
@@ -41,8 +24,6 @@ waste_status wimg_dimensions(const char *path, int *w, int *h, char *err, size_t
  * (WebP, progressive or arithmetic-coded JPEG, CMYK), WASTE_E_OOM.
  * On failure *out is left untouched. */
 waste_status wimg_decode(const char *path, wimg *out, char *err, size_t errcap);
-
-void wimg_free(wimg *img);
 
 typedef struct wvision wvision;
 

@@ -13,6 +13,7 @@
  * of the file inside the scan is an error.
  */
 #include "image_codec.h"
+#include "detail.h"
 
 #include <math.h>
 #include <stdlib.h>

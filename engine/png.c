@@ -10,6 +10,7 @@
  * high byte.
  */
 #include "image_codec.h"
+#include "detail.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -17,7 +17,8 @@
  * An image never takes more than max_tokens positions: a very thin image,
  * whose short side stays at U, has its long side cut to fit.
  */
-#include "image_codec.h"
+#include "image.h"
+#include "detail.h"
 #include "json.h"
 #include "ops.h"
 

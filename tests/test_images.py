@@ -1,5 +1,5 @@
-"""Image headers, decoders and the vision tower (engine/image.c, png.c, gif.c,
-jpeg.c, vision.c).
+"""Image headers, decoders and the vision tower (engine/image.c, imgbuf.c, png.c,
+gif.c, jpeg.c, vision.c).
 
 The image code is internal to libwaste (hidden symbols), so these tests build
 it into a small shared object of their own and call wimg_* / wvision_*
@@ -28,7 +28,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE = ROOT / "engine"
 # The image code and what it links against inside the engine.
-SOURCES = ["image.c", "png.c", "gif.c", "jpeg.c", "vision.c", "json.c", "ops.c", "pool.c",
+SOURCES = ["image.c", "imgbuf.c", "png.c", "gif.c", "jpeg.c", "vision.c", "json.c", "ops.c", "pool.c",
            "sys.c", "detail.c"]
 
 OK, E_IO, E_FORMAT, E_OOM, E_ARG, E_UNSUPPORTED = 0, -1, -2, -4, -5, -6
