@@ -194,6 +194,24 @@ def test_a_foreign_state_that_the_engine_refuses_is_dropped(lib_path, k3_contain
         assert Path(cache.lookup(list(snap.tokens) + [0]).path).read_bytes() != state
 
 
+def test_a_killed_server_is_reclaimed_and_its_snapshots_reused(lib_path, k3_container, tmp_path):
+    flags = (str(k3_container), "--lib", str(lib_path), "--usage", str(tmp_path / "usage.waste"),
+             "--prefix-cache-dir", str(tmp_path / "cache"))
+    with cli_server(*flags) as (proc, port, banner):
+        assert "reclaimed" not in "\n".join(banner)
+        first = ask(port, project("/home/a"), tools=TOOLS)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert any(name.startswith("work-") for name in os.listdir(tmp_path / "cache"))
+    with cli_server(*flags) as (proc, port, banner):
+        assert "reclaimed 1 left by dead processes" in next(b for b in banner if b.startswith("prefix"))
+        again = ask(port, project("/home/a"), tools=TOOLS)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    assert cached(first) == 0 and cached(again) > 0 and again["choices"] == first["choices"]
+    assert not any(name.startswith("work-") for name in os.listdir(tmp_path / "cache"))
+
+
 # -- checkpoints and what is not snapshotted ---------------------------------------------
 
 
