@@ -13,8 +13,8 @@ system prompt of about 6 KB, a short user turn) is sent to:
    then asked another question.
 
 Then the cost model's inputs, measured on this engine through the binding:
-the prefill rate, and the size, write and load time of a snapshot of the
-whole preamble.
+the prefill rate, and the size, write and load time of a snapshot, over the
+preamble's first --cost-positions positions.
 """
 from __future__ import annotations
 
@@ -80,13 +80,16 @@ def measure(port: int, body: dict) -> tuple[float, int, int]:
         usage["prompt_tokens"] - usage["prompt_tokens_details"]["cached_tokens"]
 
 
-def cost_model(lib: str | None, container: str, ctx: int, body: dict, chunk: int = 512) -> dict:
-    """Prefill rate, and a whole-preamble snapshot's size, write and load time, in-process."""
+def cost_model(lib: str | None, container: str, ctx: int, body: dict, positions: int,
+               chunk: int = 512) -> dict:
+    """Prefill time of the preamble's first `positions`, and the size, write and load
+    time of a snapshot of them, in-process."""
     from serve.chatfmt import resolve_chat_format
     with Engine(load_library(lib), container, EngineConfig(ctx=ctx)) as engine:
         fmt = resolve_chat_format(engine, container)
         ids = engine.tokenize_segments(fmt.render(body["messages"], tools=body["tools"],
                                                   thinking=False, add_generation_prompt=False))
+        ids = ids[:positions]
         started = time.perf_counter()
         for pos in range(0, len(ids), chunk):
             engine.eval(ids[pos:pos + chunk])
@@ -110,6 +113,7 @@ def main() -> None:
     ap.add_argument("container", nargs="?", default=str(DEMO))
     ap.add_argument("--lib", default=None)
     ap.add_argument("--ctx", type=int, default=65536)
+    ap.add_argument("--cost-positions", type=int, default=8192)
     args = ap.parse_args()
     flags = ("--ctx", str(args.ctx))
     first = request("/home/dev/alpha", "Why does the build fail?")
@@ -131,7 +135,7 @@ def main() -> None:
             warmed_s = wait_ready(port)
             rows.append(("--warm start, another question",
                          *measure(port, request("/home/dev/alpha", "Add a test for the parser."))))
-    cost = cost_model(args.lib, args.container, args.ctx, first)
+    cost = cost_model(args.lib, args.container, args.ctx, first, args.cost_positions)
     print(f"Claude-Code-shaped preamble: 24 tools, {len(json.dumps(first['tools'])) >> 10} KB of "
           f"schemas, {len(first['messages'][0]['content']) >> 10} KB system prompt — {machine()}")
     print(f"{'case':<32} {'prompt':>7} {'prefilled':>9} {'TTFT s':>8}")

@@ -414,7 +414,7 @@ class Service:
         looked_up = s.experts_hit + s.experts_missed
         return Usage(prompt_tokens, run.n_tokens, cached_tokens=run.cached_tokens, waste={
             "prompt_tokens": prompt_tokens, "completion_tokens": run.n_tokens,
-            "cached_tokens": run.cached_tokens, "restored_tokens": run.cached_tokens,
+            "cached_tokens": run.cached_tokens,
             "experts_hit": s.experts_hit, "experts_missed": s.experts_missed,
             "expert_hit_rate": s.experts_hit / looked_up if looked_up else 0.0,
             "bytes_read": s.bytes_read, "direct_io": s.direct_io, "ms": round(ms, 3),

@@ -82,7 +82,7 @@ def test_a_restarted_server_restores_and_answers_the_same(lib_path, k3_container
         history = again["usage"]["prompt_tokens"] - len(
             service.engine.tokenize_segments(service.chat_format.generation_prompt(False)))
     assert again["choices"] == expected["choices"]
-    assert cached(again) == history and again["waste"]["restored_tokens"] == history
+    assert cached(again) == history and again["waste"]["cached_tokens"] == history
 
 
 def test_another_project_restores_the_tools_checkpoint(lib_path, k3_container, tmp_path):
