@@ -19,9 +19,11 @@ import pytest
 
 from conftest import make_container
 from scripted import ScriptedEngine, call, real_service, scripted_service, serving, xtml_answer
+from serve.api import parse_chat_request
 from serve.identity import SMALL_FILE, container_digest, state_identity
 from serve.prefill import prefill
 from serve.prefix_cache import PrefixCache
+from serve.warm import Warmer
 from test_e2e import cli_server, run_cli
 
 CHAT = "/v1/chat/completions"
@@ -287,6 +289,37 @@ def test_warm_start_checkpoints_the_preamble(lib_path, k3_container, tmp_path):
         assert cached(body) > 0
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
+
+
+def test_the_warmer_reports_what_it_could_not_warm(tmp_path):
+    engine = ScriptedEngine([xtml_answer("ok")], ctx_max=200)
+    cache = PrefixCache(1 << 20, str(tmp_path))
+    service = scripted_service(engine, thinking=False, prefix_cache=cache, prefill_chunk=16)
+    requests = [("long.json", {"messages": [{"role": "user", "content": "x" * 400}]}),
+                ("image.json", {"messages": [{"role": "user", "content": [
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}]}),
+                ("ok.json", {"messages": [{"role": "system", "content": "Be brief."},
+                                          {"role": "user", "content": "hi"}]})]
+    lines: list[str] = []
+    warmer = Warmer(service, [(name, parse_chat_request(body)) for name, body in requests],
+                    lines.append)
+    assert service.warming["status"] == "warming" and service.warming["requests"] == 3
+    warmer.start()
+    warmer.join()
+    assert service.warming is None and warmer.failed == 2
+    assert "1/3 long.json: not warmed: the prompt is" in lines[0]
+    assert "2/3 image.json: not warmed: a conversation with images" in lines[1]
+    assert lines[2].endswith("3/3 ok.json: 16/111 positions")   # each chunk's progress
+    assert "3/3 ok.json:" in lines[-2] and "checkpointed (0 were already cached)" in lines[-2]
+    assert lines[-1] == "warm     done: 1 of 3 warmed; serving"
+    assert len(cache) == 2      # the end of the system message, and of the conversation
+    # Stopped (a shutdown) before it starts: nothing is warmed, and nothing says it was.
+    stopped = Warmer(service, [("ok.json", parse_chat_request(requests[2][1]))], lines.append)
+    stopped.stop()
+    stopped.start()
+    stopped.join()
+    assert service.warming is None and lines[-1] == "warm     done: 1 of 3 warmed; serving"
+    cache.close()
 
 
 def test_warm_refuses_what_it_cannot_use(lib_path, k3_container, tmp_path):
