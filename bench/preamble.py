@@ -114,34 +114,44 @@ def main() -> None:
     ap.add_argument("--lib", default=None)
     ap.add_argument("--ctx", type=int, default=65536)
     ap.add_argument("--cost-positions", type=int, default=8192)
+    ap.add_argument("--parts", default="restarts,warm,cost",
+                    help="which of restarts, warm, cost to run (comma-separated)")
     args = ap.parse_args()
+    parts = set(args.parts.split(","))
     flags = ("--ctx", str(args.ctx))
     first = request("/home/dev/alpha", "Why does the build fail?")
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="bench-prefix-") as shared, \
-            tempfile.TemporaryDirectory(prefix="bench-warm-") as warm_dir:
-        cache = ("--prefix-cache-dir", shared)
-        with server(args.container, *flags, *cache, lib=args.lib) as port:
-            rows.append(("cold first start", *measure(port, first)))
-        with server(args.container, *flags, *cache, lib=args.lib) as port:
-            rows.append(("restarted server", *measure(port, first)))
-        with server(args.container, *flags, *cache, lib=args.lib) as port:
-            rows.append(("restarted, another project",
-                         *measure(port, request("/home/dev/beta", "Why does the build fail?"))))
-        saved = Path(warm_dir) / "request.json"
-        saved.write_text(json.dumps(first))
-        with server(args.container, *flags, "--prefix-cache-dir", os.path.join(warm_dir, "cache"),
-                    "--warm", str(saved), lib=args.lib) as port:
-            warmed_s = wait_ready(port)
-            rows.append(("--warm start, another question",
-                         *measure(port, request("/home/dev/alpha", "Add a test for the parser."))))
-    cost = cost_model(args.lib, args.container, args.ctx, first, args.cost_positions)
     print(f"Claude-Code-shaped preamble: 24 tools, {len(json.dumps(first['tools'])) >> 10} KB of "
           f"schemas, {len(first['messages'][0]['content']) >> 10} KB system prompt — {machine()}")
     print(f"{'case':<32} {'prompt':>7} {'prefilled':>9} {'TTFT s':>8}")
-    for name, ttft, prompt, prefilled in rows:
-        print(f"{name:<32} {prompt:>7} {prefilled:>9} {ttft:>8.2f}")
-    print(f"(--warm spent {warmed_s:.2f} s before /health said ok)")
+    if "restarts" in parts:
+        with tempfile.TemporaryDirectory(prefix="bench-prefix-") as shared:
+            cache = ("--prefix-cache-dir", shared)
+            with server(args.container, *flags, *cache, lib=args.lib) as port:
+                row("cold first start", *measure(port, first))
+            with server(args.container, *flags, *cache, lib=args.lib) as port:
+                row("restarted server", *measure(port, first))
+            with server(args.container, *flags, *cache, lib=args.lib) as port:
+                row("restarted, another project",
+                    *measure(port, request("/home/dev/beta", "Why does the build fail?")))
+    if "warm" in parts:
+        with tempfile.TemporaryDirectory(prefix="bench-warm-") as warm_dir:
+            saved = Path(warm_dir) / "request.json"
+            saved.write_text(json.dumps(first))
+            with server(args.container, *flags, "--prefix-cache-dir",
+                        os.path.join(warm_dir, "cache"), "--warm", str(saved), lib=args.lib) as port:
+                warmed_s = wait_ready(port)
+                row("--warm start, another question",
+                    *measure(port, request("/home/dev/alpha", "Add a test for the parser.")))
+        print(f"(--warm spent {warmed_s:.2f} s before /health said ok)")
+    if "cost" in parts:
+        print_cost(cost_model(args.lib, args.container, args.ctx, first, args.cost_positions))
+
+
+def row(name: str, ttft: float, prompt: int, prefilled: int) -> None:
+    print(f"{name:<32} {prompt:>7} {prefilled:>9} {ttft:>8.2f}", flush=True)
+
+
+def print_cost(cost: dict) -> None:
     rate = cost["positions"] / cost["prefill_s"]
     print(f"cost model: prefill {rate:.0f} positions/s; a snapshot of {cost['positions']} positions "
           f"is {cost['bytes'] / 2**20:.1f} MiB, written in {cost['write_s'] * 1e3:.1f} ms, loaded in "
