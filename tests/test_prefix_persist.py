@@ -15,8 +15,6 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Iterator
 
-import pytest
-
 from conftest import make_container
 from scripted import ScriptedEngine, call, real_service, scripted_service, serving, xtml_answer
 from serve.api import parse_chat_request
