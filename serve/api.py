@@ -16,9 +16,11 @@ MAX_TOP_K = (1 << 31) - 1  # the engine's top_k is a C int; no vocabulary comes 
 THINKING_ON_EFFORTS = ("low", "high", "max")
 THINKING_OFF_EFFORTS = ("none", "minimal", "off")
 MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool")
-IMAGE_PART = "image_url"
+IMAGE_PARTS = ("image_url", "image")  # OpenAI's part, and the K3 release's own
 # Per role, the message fields besides content that reach the prompt as text.
-STRING_FIELDS = {"assistant": ("reasoning_content",), "tool": ("tool_call_id", "name", "tool")}
+STRING_FIELDS = {"system": ("name",), "developer": ("name",), "user": ("name",),
+                 "assistant": ("name", "reasoning_content", "reasoning"),
+                 "tool": ("tool_call_id", "name", "tool")}
 
 
 class ApiError(Exception):
@@ -77,6 +79,12 @@ class CompletionRequest:
     sampling: Sampling
     stream: bool = False
     include_usage: bool = False
+
+
+def image_url(part: dict) -> Any:
+    """The URL of an image part: `image_url` and `image` each hold it as a string or as {"url": ...}."""
+    value = part.get(part.get("type"))
+    return value.get("url") if isinstance(value, dict) else value
 
 
 def _is_int(value: Any) -> bool:
@@ -187,11 +195,9 @@ def _parse_content(content: Any, param: str, allow_null: bool) -> None:
         if kind == "text":
             if not isinstance(part.get("text"), str):
                 raise invalid(where, "a text part needs a string 'text'")
-        elif kind == IMAGE_PART:
-            image = part.get("image_url")
-            url = image.get("url") if isinstance(image, dict) else image
-            if not isinstance(url, str):
-                raise invalid(where, "an image_url part needs image_url.url as a string")
+        elif kind in IMAGE_PARTS:
+            if not isinstance(image_url(part), str):
+                raise invalid(where, f"an {kind} part needs {kind} (or {kind}.url) as a string")
         else:
             raise invalid(where, f"unsupported content part type {kind!r}")
 
@@ -252,12 +258,15 @@ def _parse_tools(tools: Any) -> Optional[list[dict]]:
     return tools or None
 
 
-def _parse_tool_choice(choice: Any) -> Any:
+def _parse_tool_choice(choice: Any, tools: Optional[list[dict]]) -> Any:
     if choice is None or choice in ("none", "auto", "required"):
         return choice
     if (isinstance(choice, dict) and choice.get("type") == "function"
             and isinstance(choice.get("function"), dict)
             and isinstance(choice["function"].get("name"), str)):
+        name = choice["function"]["name"]
+        if name not in {tool["function"]["name"] for tool in tools or ()}:
+            raise invalid("tool_choice", f"tool_choice names the function {name!r}, which is not in tools")
         return choice
     raise invalid("tool_choice", "tool_choice must be none, auto, required or a named function")
 
@@ -277,9 +286,10 @@ def parse_chat_request(body: dict) -> ChatRequest:
     sampling = _parse_sampling(body)
     stream, include_usage = _parse_stream(body)
     thinking, effort = parse_reasoning_effort(body.get("reasoning_effort"))
+    tools = _parse_tools(body.get("tools"))
     return ChatRequest(messages=messages, sampling=sampling, stream=stream,
-                       include_usage=include_usage, tools=_parse_tools(body.get("tools")),
-                       tool_choice=_parse_tool_choice(body.get("tool_choice")),
+                       include_usage=include_usage, tools=tools,
+                       tool_choice=_parse_tool_choice(body.get("tool_choice"), tools),
                        response_format=_parse_response_format(body.get("response_format")),
                        thinking=thinking, thinking_effort=effort)
 

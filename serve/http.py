@@ -143,6 +143,7 @@ class Handler(BaseHTTPRequestHandler):
         self._started = time.monotonic()
         self.status = 0
         self.tokens = 0
+        self._body_read = False
         path = self.path.split("?", 1)[0]
         try:
             self._route(method, path)
@@ -202,6 +203,7 @@ class Handler(BaseHTTPRequestHandler):
     def _read_body(self) -> bytes:
         # Any refusal here leaves unread bytes on the connection, so it is closed;
         # a body read whole leaves it as the client asked (HTTP/1.0, Connection: close).
+        self._body_read = True
         asked_to_close, self.close_connection = self.close_connection, True
         if self.headers.get("Transfer-Encoding"):
             raise ApiError(411, "chunked request bodies are not accepted; send Content-Length",
@@ -275,7 +277,20 @@ class Handler(BaseHTTPRequestHandler):
 
     # -- output -------------------------------------------------------------------------
 
+    def _discard_body(self) -> None:
+        """Read and drop a body no handler read (an early error, a GET that came with one),
+        so the next request on the connection is parsed from where it starts."""
+        if self._body_read or self.close_connection:
+            return
+        if self.headers.get("Content-Length") is None and not self.headers.get("Transfer-Encoding"):
+            return  # no body
+        try:
+            self._read_body()
+        except ApiError:
+            pass  # a body whose end cannot be found, or too large: _read_body closes the connection
+
     def _send_json(self, status: int, payload: Any) -> None:
+        self._discard_body()
         body = json.dumps(payload, ensure_ascii=False).encode()
         self.status = status
         try:

@@ -14,7 +14,7 @@ import re
 import tempfile
 from typing import Callable
 
-from .api import ApiError, IMAGE_PART, invalid
+from .api import ApiError, IMAGE_PARTS, image_url, invalid
 from .engine import WasteError
 
 MAX_IMAGE_BYTES = 32 * 1024 * 1024
@@ -29,10 +29,8 @@ def image_parts(messages: list[dict]) -> list[tuple[str, str]]:
         if not isinstance(content, list):
             continue
         for j, part in enumerate(content):
-            if part.get("type") == IMAGE_PART:
-                image = part["image_url"]
-                found.append((f"messages[{i}].content[{j}]",
-                              image["url"] if isinstance(image, dict) else image))
+            if part.get("type") in IMAGE_PARTS:
+                found.append((f"messages[{i}].content[{j}]", image_url(part)))
     return found
 
 

@@ -23,7 +23,7 @@ from .images import StagedImages, image_parts, measure
 from .prefill import DEFAULT_CHUNK, PrefillCancelled, prefill
 from .prefix_cache import PrefixCache
 from .stops import StopFilter
-from .xtml import image_prompt
+from .xtml import PromptError, image_prompt
 
 
 class ReplySink(Protocol):
@@ -228,6 +228,8 @@ class Service:
                 add_generation_prompt=False)
         except ChatFormatError as e:
             raise invalid(e.field or "messages", str(e), code="unsupported_by_chat_format") from None
+        except PromptError as e:
+            raise invalid(e.field, str(e)) from None
         except ValueError as e:
             raise invalid("messages", str(e)) from None
         except RecursionError:  # e.g. tool-call arguments nested deeper than json.loads goes

@@ -23,6 +23,7 @@ IMAGE_PLACEHOLDER = "<|kimi_image_placeholder|>"
 MEDIA_PAD = "<|media_pad|>"  # the placeholder waste_image_expand widens to an image's positions
 
 ROLES = ("system", "user", "assistant", "tool")
+IMAGE_PARTS = ("image_url", "image")  # OpenAI's form, and the release's own
 THINKING_EFFORTS = ("low", "high", "max")
 
 # Model-facing texts. They are part of the prompt the model was trained on
@@ -45,9 +46,19 @@ _TOOL_CHOICE_TEXT = {
     "none": "The system is invoked with `tool_choice=none`.\n"
             "You MUST NOT call any tools in the next message.",
 }
+# K3 has no named tool choice: it gets `required` and this note (one line, after the conversation).
+_NAMED_TOOL_TEXT = "You MUST call the tool `{}` and no other tool in the next message."
 _RAW_JSON_RULE = ("Your response must be raw JSON data without markdown code blocks "
                   "(```json) or any additional formatting.")
 _SCHEMA_INTRO = "The JSON data must match the following schema:\n"
+
+
+class PromptError(ValueError):
+    """A request the release encoder refuses; `field` names the request field at fault."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field} {message}")
+        self.field = field
 
 
 @dataclass(frozen=True)
@@ -164,7 +175,7 @@ def _write_text_with_placeholders(out: _Writer, text: str, images: _ImagePrompts
 
 
 def _write_content(out: _Writer, content: Any, images: _ImagePrompts) -> None:
-    """Message content, as _check_content admits: None, a string, or text/image_url parts."""
+    """Message content, as _check_content admits: None, a string, or text and image parts."""
     if content is None:
         return
     if isinstance(content, str):
@@ -177,8 +188,9 @@ def _write_content(out: _Writer, content: Any, images: _ImagePrompts) -> None:
             out.markup(images.take())
 
 
-def _write_system(out: _Writer, kind: str, text: str) -> None:
-    out.open("message", [("role", "system"), ("type", kind)])
+def _write_system(out: _Writer, kind: Optional[str], text: str) -> None:
+    """A system message the server writes; `kind` is the release's type attribute, if any."""
+    out.open("message", [("role", "system")] + ([("type", kind)] if kind else []))
     out.text(text)
     out.end_message()
 
@@ -207,30 +219,35 @@ def _argument_body(value: Any, kind: str) -> str:
     return value if kind == "string" else _dumps(value, "tool argument")
 
 
-def _parse_arguments(raw: Any) -> dict | str:
-    """The call's arguments as a dict, or their raw text when they are not one."""
+def _parse_arguments(raw: Any, where: str) -> Mapping[str, Any] | str:
+    """The call's arguments as a mapping (empty when there are none), or their
+    text when it is not JSON at all; JSON that is not an object is refused."""
     if raw is None:
         return {}
-    if isinstance(raw, dict):
+    if isinstance(raw, Mapping):
         return raw
     if not isinstance(raw, str):
-        return _dumps(raw, "tool call arguments")
+        raise PromptError(where, f"must be a JSON object or its text, not {_type_name(raw)}")
+    if not raw.strip():
+        return {}
     try:
         parsed = json.loads(raw)
     except ValueError:
         return raw
     except RecursionError:   # valid or not, Python's parser cannot tell past its depth
         raise ValueError("tool call arguments are nested too deeply") from None
-    return parsed if isinstance(parsed, dict) else raw
+    if not isinstance(parsed, dict):
+        raise PromptError(where, f"must encode a JSON object, not {_json_type(parsed)}")
+    return parsed
 
 
-def _write_tool_call(out: _Writer, call: Mapping[str, Any], index: int) -> None:
+def _write_tool_call(out: _Writer, call: Mapping[str, Any], index: int, where: str) -> None:
     function = call.get("function") or {}
     out.open("call", [("tool", function.get("name") or ""), ("index", str(index))])
-    arguments = _parse_arguments(function.get("arguments"))
+    arguments = _parse_arguments(function.get("arguments"), f"{where}.function.arguments")
     if isinstance(arguments, str):
-        # Arguments that are not a JSON object go in verbatim, so the model
-        # sees exactly what it wrote.
+        # Arguments that do not parse go in verbatim, so the model sees
+        # exactly what it wrote.
         out.element("json", [("type", "object")], arguments)
     else:
         for key, value in arguments.items():
@@ -239,12 +256,29 @@ def _write_tool_call(out: _Writer, call: Mapping[str, Any], index: int) -> None:
     out.close("call")
 
 
-def _write_assistant(out: _Writer, message: Mapping[str, Any], images: _ImagePrompts) -> None:
-    out.open("message", [("role", "assistant")])
-    # The think channel is always present in history, empty or not.
-    out.open("think")
-    out.text(message.get("reasoning_content") or "")
-    out.close("think")
+def _message_attrs(role: str, message: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """role, then the participant's name when the message has one."""
+    attrs = [("role", role)]
+    if message.get("name"):
+        attrs.append(("name", message["name"]))
+    return attrs
+
+
+def _reasoning(message: Mapping[str, Any]) -> str:
+    """`reasoning_content`, or its alias `reasoning`; whitespace alone counts as none."""
+    text = message.get("reasoning_content") or message.get("reasoning") or ""
+    return text if text.strip() else ""
+
+
+def _write_assistant(out: _Writer, message: Mapping[str, Any], images: _ImagePrompts,
+                     thinking: bool, where: str) -> None:
+    out.open("message", _message_attrs("assistant", message))
+    # With thinking on, every turn in history has a think channel, empty or
+    # not; with it off, none has, so the history looks like the turn to come.
+    if thinking:
+        out.open("think")
+        out.text(_reasoning(message))
+        out.close("think")
     out.open("response")
     _write_content(out, message.get("content"), images)
     out.close("response")
@@ -252,14 +286,14 @@ def _write_assistant(out: _Writer, message: Mapping[str, Any], images: _ImagePro
     if calls:
         out.open("tools")
         for position, call in enumerate(calls, start=1):
-            _write_tool_call(out, call, position)
+            _write_tool_call(out, call, position, f"{where}.tool_calls[{position - 1}]")
         out.close("tools")
     out.end_message()
 
 
 def _write_plain(out: _Writer, role: str, message: Mapping[str, Any],
                  images: _ImagePrompts) -> None:
-    out.open("message", [("role", role)])
+    out.open("message", _message_attrs(role, message))
     _write_content(out, message.get("content"), images)
     out.end_message()
 
@@ -276,41 +310,47 @@ def _write_system_message(out: _Writer, message: Mapping[str, Any],
         _write_plain(out, "system", message, images)
 
 
-def _ordered_tool_results(run: Sequence[Mapping[str, Any]], calls: Sequence[Mapping[str, Any]],
-                          ) -> list[tuple[Mapping[str, Any], Optional[str]]]:
-    """A run of tool results as (message, tool name), in call order.
+def _call_name(call: Mapping[str, Any]) -> Optional[str]:
+    return (call.get("function") or {}).get("name")
 
-    OpenAI clients may return results in any order; the model expects them in
-    the order of its calls. Results matching no call keep their order after
-    the matched ones. The re-sort happens before numbering, so index is the
-    place in the sorted run, the only numbering a result without a
-    tool_call_id (K3's own message shape) can have.
+
+def _resolve_tool_results(run: Sequence[Mapping[str, Any]], calls: Sequence[Mapping[str, Any]],
+                          answered: int, first: int) -> list[tuple[Mapping[str, Any], str]]:
+    """A run of tool results as (message, tool name), in the order they render.
+
+    `calls` are the calls of the latest assistant turn, `answered` how many
+    results already followed it, `first` the run's place in `messages`.
+    OpenAI clients may return results in any order, and the model expects
+    them in the order of its calls, so a run whose every result names a call
+    by `tool_call_id` is re-sorted; a run with any other result stays as sent,
+    since its results can only be matched by position.
     """
-    position_by_id = {call["id"]: i for i, call in enumerate(calls) if isinstance(call.get("id"), str)}
-    unmatched = len(calls)
+    position_by_id: dict[str, int] = {}
+    for i, call in enumerate(calls):
+        if isinstance(call.get("id"), str):
+            position_by_id.setdefault(call["id"], i)
+    matched = [position_by_id.get(message.get("tool_call_id")) for message in run]
+    order = list(range(len(run)))
+    if None not in matched:
+        order.sort(key=lambda k: matched[k])
+    resolved = []
+    for place, k in enumerate(order):
+        message, at = run[k], answered + place
+        name = ((_call_name(calls[matched[k]]) if matched[k] is not None else None)
+                or message.get("tool") or message.get("name")
+                or (_call_name(calls[at]) if at < len(calls) else None))
+        if not name:
+            raise PromptError(f"messages[{first + k}]", "is a tool result with no tool name: "
+                              "give the tool_call_id of a call in the assistant message before it, "
+                              "or a tool or name field")
+        resolved.append((message, name))
+    return resolved
 
-    def position(message: Mapping[str, Any]) -> int:
-        return position_by_id.get(message.get("tool_call_id"), unmatched)
 
-    ordered = []
-    for message in sorted(run, key=position):
-        at = position(message)
-        if at == unmatched:
-            name = message.get("tool") or message.get("name")
-        else:
-            name = (calls[at].get("function") or {}).get("name")
-        ordered.append((message, name))
-    return ordered
-
-
-def _write_tool_results(out: _Writer, run: Sequence[Mapping[str, Any]],
-                        calls: Sequence[Mapping[str, Any]], images: _ImagePrompts) -> None:
-    for index, (message, name) in enumerate(_ordered_tool_results(run, calls), start=1):
-        attrs = [("role", "tool")]
-        if name:
-            attrs.append(("tool", name))
-        attrs.append(("index", str(index)))
-        out.open("message", attrs)
+def _write_tool_results(out: _Writer, resolved: Sequence[tuple[Mapping[str, Any], str]],
+                        answered: int, images: _ImagePrompts) -> None:
+    for index, (message, name) in enumerate(resolved, start=answered + 1):
+        out.open("message", [("role", "tool"), ("tool", name), ("index", str(index))])
         _write_content(out, message.get("content"), images)
         out.end_message()
 
@@ -336,7 +376,7 @@ def _check_content(content: Any, where: str) -> None:
         kind = part.get("type")
         if kind == "text":
             _check_string(part, "text", f"{where}[{j}]")
-        elif kind != "image_url":
+        elif kind not in IMAGE_PARTS:
             raise ValueError(f"{where}[{j}]: unsupported content part type: {kind!r}")
 
 
@@ -364,8 +404,11 @@ def _check_message(message: Any, where: str) -> None:
     if role not in ROLES:
         raise ValueError(f"{where}: unsupported message role: {role!r}")
     _check_content(message.get("content"), f"{where}.content")
+    if role != "tool":
+        _check_string(message, "name", where)
     if role == "assistant":
         _check_string(message, "reasoning_content", where)
+        _check_string(message, "reasoning", where)
         _check_tool_calls(message.get("tool_calls"), f"{where}.tool_calls")
     elif role == "tool":
         for key in ("tool_call_id", "tool", "name"):
@@ -373,11 +416,15 @@ def _check_message(message: Any, where: str) -> None:
 
 
 def _write_messages(out: _Writer, messages: Sequence[Mapping[str, Any]],
-                    images: _ImagePrompts) -> None:
+                    images: _ImagePrompts, thinking: bool) -> None:
     if not isinstance(messages, (list, tuple)):
         raise ValueError(f"messages must be a list, not {_type_name(messages)}")
     for i, message in enumerate(messages):
         _check_message(message, f"messages[{i}]")
+    # Tool results answer the latest assistant turn's calls, and are numbered
+    # from it, even past a user or system message in between.
+    calls: Sequence[Mapping[str, Any]] = ()
+    answered = 0
     i = 0
     while i < len(messages):
         message = messages[i]
@@ -386,13 +433,14 @@ def _write_messages(out: _Writer, messages: Sequence[Mapping[str, Any]],
             end = i
             while end < len(messages) and messages[end].get("role") == "tool":
                 end += 1
-            previous = messages[i - 1] if i > 0 else {}
-            calls = (previous.get("tool_calls") or []) if previous.get("role") == "assistant" else []
-            _write_tool_results(out, messages[i:end], calls, images)
+            resolved = _resolve_tool_results(messages[i:end], calls, answered, i)
+            _write_tool_results(out, resolved, answered, images)
+            answered += end - i
             i = end
             continue
         if role == "assistant":
-            _write_assistant(out, message, images)
+            calls, answered = message.get("tool_calls") or (), 0
+            _write_assistant(out, message, images, thinking, f"messages[{i}]")
         elif role == "system":
             _write_system_message(out, message, images)
         else:
@@ -409,33 +457,63 @@ def _thinking_effort_text(effort: Optional[str]) -> Optional[str]:
     return _EFFORT_TEXT.format(effort)
 
 
-def _tool_choice_text(tool_choice: Any) -> Optional[str]:
-    # A dict names one function, which K3's prompt cannot express: like auto.
-    if tool_choice is None or tool_choice == "auto" or isinstance(tool_choice, Mapping):
-        return None
+def _named_tool(tool_choice: Mapping[str, Any]) -> str:
+    function = tool_choice.get("function")
+    name = function.get("name") if isinstance(function, Mapping) else None
+    if tool_choice.get("type") != "function" or not isinstance(name, str) or not name:
+        raise ValueError(f"unsupported tool_choice: {tool_choice!r} (name a function as "
+                         "type function, function.name)")
+    return name
+
+
+def _tool_choice_texts(tool_choice: Any) -> list[tuple[Optional[str], str]]:
+    """The system notes for tool_choice, as (message type, text) after the conversation."""
+    if tool_choice is None or tool_choice == "auto":
+        return []
+    if isinstance(tool_choice, Mapping):
+        # The release knows no named choice: `required`, and which tool, in a
+        # plain system note (decoding that enforces it is another matter).
+        name = _named_tool(tool_choice)
+        return [("tool-choice", _TOOL_CHOICE_TEXT["required"]), (None, _NAMED_TOOL_TEXT.format(name))]
     if not isinstance(tool_choice, str) or tool_choice not in _TOOL_CHOICE_TEXT:
         raise ValueError(f"unsupported tool_choice: {tool_choice!r}")
-    return _TOOL_CHOICE_TEXT[tool_choice]
+    return [("tool-choice", _TOOL_CHOICE_TEXT[tool_choice])]
 
 
-def _response_format_text(response_format: Optional[Mapping[str, Any]]) -> Optional[str]:
-    if response_format is None:
+def _schema_of(response_format: Mapping[str, Any]) -> Any:
+    """The schema of a json_schema response_format: OpenAI's `json_schema.schema`,
+    else `json_schema.json_schema`, else `json_schema` is the schema itself."""
+    json_schema = response_format.get("json_schema")
+    if json_schema is None:
         return None
-    if not isinstance(response_format, Mapping):
-        raise ValueError(f"response_format must be an object, not {_type_name(response_format)}")
-    kind = response_format.get("type", "text")
+    if not isinstance(json_schema, Mapping):
+        raise ValueError(f"response_format.json_schema must be an object, not {_type_name(json_schema)}")
+    for key in ("schema", "json_schema"):
+        if key in json_schema:
+            return json_schema[key]
+    return json_schema
+
+
+def _response_format_text(response_format: Optional[Mapping[str, Any]],
+                          response_schema: Any = None) -> Optional[str]:
+    kind = "text"
+    if response_format is not None:
+        if not isinstance(response_format, Mapping):
+            raise ValueError(f"response_format must be an object, not {_type_name(response_format)}")
+        kind = response_format.get("type", "text")
+    if response_schema is not None:
+        # The release's own keyword: the schema alone, as json_schema.
+        if kind != "text":
+            raise ValueError("give response_format or response_schema, not both")
+        kind, schema = "json_schema", response_schema
+    elif kind == "json_schema":
+        schema = _schema_of(response_format)
     if kind == "text":
         return None
     if kind not in ("json_object", "json_schema"):
         raise ValueError(f"unsupported response_format type: {kind!r}")
     text = f"The system is invoked with `response_format={kind}`.\n{_RAW_JSON_RULE}"
-    if kind != "json_schema":
-        return text
-    json_schema = response_format.get("json_schema") or {}
-    if not isinstance(json_schema, Mapping):
-        raise ValueError(f"response_format.json_schema must be an object, not {_type_name(json_schema)}")
-    schema = json_schema.get("schema")
-    if schema is not None:
+    if kind == "json_schema":
         text += f"\n{_SCHEMA_INTRO}```json\n{_compact_json(schema, 'response_format schema')}\n```"
     return text
 
@@ -445,21 +523,23 @@ def build_chat_segments(messages: Sequence[Mapping[str, Any]],
                         add_generation_prompt: bool = True, thinking: bool = True,
                         image_prompts: Optional[Sequence[str]] = None,
                         thinking_effort: Optional[str] = None, tool_choice: Any = None,
-                        response_format: Optional[Mapping[str, Any]] = None) -> list[Segment]:
+                        response_format: Optional[Mapping[str, Any]] = None,
+                        response_schema: Any = None) -> list[Segment]:
     """Render a chat request as K3 XTML segments, in the release encoder's order:
     tool declaration, thinking effort, the conversation, tool choice, response
-    format, then the open assistant turn."""
-    effort_text = _thinking_effort_text(thinking_effort)
-    choice_text = _tool_choice_text(tool_choice)
-    format_text = _response_format_text(response_format)
+    format, then the open assistant turn. thinking_effort means nothing with
+    thinking off, so it is then neither rendered nor checked."""
+    effort_text = _thinking_effort_text(thinking_effort) if thinking else None
+    choice_texts = _tool_choice_texts(tool_choice)
+    format_text = _response_format_text(response_format, response_schema)
     out = _Writer()
     if tools:
         _declare_tools(out, _TOOLS_HEADER, tools)
     if effort_text is not None:
         _write_system(out, "thinking-effort", effort_text)
-    _write_messages(out, messages, _ImagePrompts(image_prompts))
-    if choice_text is not None:
-        _write_system(out, "tool-choice", choice_text)
+    _write_messages(out, messages, _ImagePrompts(image_prompts), thinking)
+    for kind, text in choice_texts:
+        _write_system(out, kind, text)
     if format_text is not None:
         _write_system(out, "response-format", format_text)
     if add_generation_prompt:

@@ -192,6 +192,9 @@ REFUSED = {
                             {"type": "text", "text": "What is this?"},
                             {"type": "image_url", "image_url": {"url": "data:image/png;base64,"}}]}],
                    "messages[1].content[1]"),
+    "release image part": ({}, [{"role": "user", "content": [
+                                    {"type": "image", "image": "data:image/png;base64,"}]}],
+                           "messages[0].content[0]"),
     "tool turn": ({}, [{"role": "user", "content": "Hi"},
                        {"role": "assistant", "content": "Hello"},
                        {"role": "tool", "tool_call_id": "call_1", "content": "42"}],

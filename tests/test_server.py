@@ -1,12 +1,14 @@
 """HTTP over real sockets against the scripted engine: every endpoint, field, error and limit."""
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import socket
 import tempfile
 import threading
 import time
+from typing import Optional
 
 import pytest
 
@@ -171,6 +173,13 @@ def test_unknown_fields_are_ignored(server):
      "messages[0].name"),
     ({"messages": [{"role": "tool", "tool_call_id": "c", "tool": ["f"], "content": "r"}]},
      "messages[0].tool"),
+    ({"messages": [{"role": "user", "content": "x", "name": 5}]}, "messages[0].name"),
+    ({"messages": [{"role": "developer", "content": "x", "name": ["n"]}]}, "messages[0].name"),
+    ({"messages": [*USER, {"role": "assistant", "content": "x", "reasoning": {"r": 1}}]},
+     "messages[1].reasoning"),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "image": 5}]}]},
+     "messages[0].content[0]"),
+    ({"messages": [{"role": "user", "content": [{"type": "image"}]}]}, "messages[0].content[0]"),
     ({"temperature": 2.5}, "temperature"),
     ({"temperature": 10 ** 400}, "temperature"),   # too big for a float: not an overflow
     ({"top_p": 10 ** 400}, "top_p"),
@@ -192,6 +201,7 @@ def test_unknown_fields_are_ignored(server):
     ({"tools": {"type": "function"}}, "tools"),
     ({"tools": [{"type": "function", "function": {}}]}, "tools[0].function"),
     ({"tool_choice": "sometimes"}, "tool_choice"),
+    ({"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "tool_choice"),
     ({"response_format": {"type": "yaml"}}, "response_format"),
     ({"reasoning_effort": "extreme"}, "reasoning_effort"),
     ({"reasoning_effort": 3}, "reasoning_effort"),
@@ -411,6 +421,60 @@ def test_tool_results_are_rendered(server, engine):
     assert any(s.text == "sunny" and not s.markup for s in engine.segments)
 
 
+def test_named_tool_choice_must_be_a_declared_tool(server, engine):
+    choice = {"type": "function", "function": {"name": "get_time"}}
+    err = assert_error(call(server.port, "POST", CHAT, {"messages": USER, "tools": TOOLS,
+                                                        "tool_choice": choice}), 400, param="tool_choice")
+    assert "get_time" in err["message"]
+    choice["function"]["name"] = "get_weather"
+    assert call(server.port, "POST", CHAT, {"messages": USER, "tools": TOOLS,
+                                            "tool_choice": choice}).status == 200
+    # Rendered as `required`, plus a note naming the tool.
+    texts = [s.text for s in engine.segments if not s.markup]
+    assert any("tool_choice=required" in t for t in texts)
+    assert any("`get_weather`" in t and "no other tool" in t for t in texts)
+    assert len(engine.prompts) == 1
+
+
+def _call_turn(arguments: str, call_id: str = "c1") -> dict:
+    return {"role": "assistant", "content": None, "tool_calls": [
+        {"id": call_id, "type": "function", "function": {"name": "get_weather", "arguments": arguments}}]}
+
+
+@pytest.mark.parametrize("arguments", ["[]", "3", '"Paris"', "null"])
+def test_tool_call_arguments_that_are_json_but_not_an_object_are_a_400(server, engine, arguments):
+    body = {"messages": [*USER, _call_turn(arguments)], "tools": TOOLS}
+    err = assert_error(call(server.port, "POST", CHAT, body), 400,
+                       param="messages[1].tool_calls[0].function.arguments")
+    assert "JSON object" in err["message"]
+    assert engine.prompts == []
+
+
+@pytest.mark.parametrize("messages, param", [
+    ([*USER, {"role": "tool", "content": "sunny"}], "messages[1]"),
+    ([*USER, _call_turn("{}"), {"role": "tool", "tool_call_id": "c1", "content": "a"},
+      {"role": "tool", "tool_call_id": "c9", "content": "b"}], "messages[3]"),
+])
+def test_tool_results_without_a_name_to_find_are_a_400(server, engine, messages, param):
+    err = assert_error(call(server.port, "POST", CHAT, {"messages": messages, "tools": TOOLS}), 400,
+                       param=param)
+    assert "tool name" in err["message"]
+    assert engine.prompts == []
+
+
+def test_names_reasoning_and_positional_tool_results_reach_the_prompt(server, engine):
+    messages = [{"role": "system", "content": "s", "name": "policy"},
+                {"role": "user", "content": "q", "name": "ann"},
+                {**_call_turn('{"city": "Paris"}'), "name": "bot", "reasoning": "look it up"},
+                {"role": "tool", "content": "sunny"}]   # no id: the call at its position
+    assert call(server.port, "POST", CHAT, {"messages": messages, "tools": TOOLS}).status == 200
+    prompt = "".join(s.text for s in engine.segments)
+    for role, name in (("system", "policy"), ("user", "ann"), ("assistant", "bot")):
+        assert f'<|open|>message role="{role}" name="{name}"<|sep|>' in prompt
+    assert "<|open|>think<|sep|>look it up<|close|>think" in prompt
+    assert '<|open|>message role="tool" tool="get_weather" index="1"<|sep|>sunny' in prompt
+
+
 # ---- security: injection, auth, body limits -----------------------------------
 
 def test_injected_markup_stays_text(server, engine):
@@ -507,6 +571,105 @@ def test_bad_bodies(server, body):
 def test_nesting_at_the_limit_is_fine(server):
     deep = {"messages": USER, "extra": json.loads("[" * 62 + "]" * 62)}
     assert call(server.port, "POST", CHAT, deep).status == 200
+
+
+# ---- one connection survives its errors -------------------------------------------
+
+RESPONSES_BODY = b'{"model":"demo","input":"hi"}'
+HEALTH = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+def _request(method: str, path: str, body: bytes, *headers: str) -> bytes:
+    head = "".join(f"{h}\r\n" for h in headers)
+    return f"{method} {path} HTTP/1.1\r\nHost: x\r\n{head}\r\n".encode() + body
+
+
+def _with_length(method: str, path: str, body: bytes, *headers: str) -> bytes:
+    return _request(method, path, body, f"Content-Length: {len(body)}", *headers)
+
+
+def _read_response(sock: socket.socket) -> tuple[int, dict, bytes]:
+    resp = http.client.HTTPResponse(sock)
+    resp.begin()
+    return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+
+
+def _then_health(port: int, failing: bytes) -> tuple[int, dict, Optional[bytes]]:
+    """Send `failing`, read its reply, then GET /health on the same socket: the first
+    status and headers, and the health reply's body, or None when the server closed."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(failing)
+        status, headers, _ = _read_response(sock)
+        try:
+            sock.sendall(HEALTH)
+            health_status, _, health = _read_response(sock)
+        except (http.client.RemoteDisconnected, ConnectionError):
+            return status, headers, None
+        assert health_status == 200
+        return status, headers, health
+
+
+EARLY_ERRORS = {
+    # Answered without reading the body: it is read and dropped, and the connection goes on.
+    "404 Responses API": (_with_length("POST", "/v1/responses", RESPONSES_BODY), 404, True),
+    "404 unknown model": (_with_length("GET", "/v1/models/other", b"{}"), 404, True),
+    "405 POST models": (_with_length("POST", "/v1/models", RESPONSES_BODY), 405, True),
+    "405 POST health": (_with_length("POST", "/health", b'{"a": 1}'), 405, True),
+    "405 PUT chat": (_with_length("PUT", CHAT, b'{"messages": []}'), 405, True),
+    "200 GET with a body": (_with_length("GET", "/health", b"ignored"), 200, True),
+    # The body is read: the request fails on what it says.
+    "400 not JSON": (_with_length("POST", CHAT, b"not json"), 400, True),
+    "400 bad field": (_with_length("POST", CHAT, json.dumps({"messages": USER, "n": 3}).encode()), 400,
+                      True),
+    # Where the body ends cannot be known, or is too far to read: the connection closes.
+    "411 chunked": (_request("POST", CHAT, b"5\r\nhello\r\n0\r\n\r\n", "Transfer-Encoding: chunked"),
+                    411, False),
+    "413": (_request("POST", CHAT, b'{"messages": [', f"Content-Length: {MAX_BODY_BYTES + 1}"), 413, False),
+    "404 with a body too large": (_request("POST", "/v1/responses", b"{",
+                                           f"Content-Length: {MAX_BODY_BYTES + 1}"), 404, False),
+    "400 bad Content-Length": (_request("POST", CHAT, RESPONSES_BODY, "Content-Length: +30"), 400, False),
+    "404 bad Content-Length": (_request("POST", "/v1/nothing", RESPONSES_BODY, "Content-Length: 1_0"),
+                               404, False),
+    "501 unknown method": (_with_length("BREW", "/health", RESPONSES_BODY), 501, False),
+}
+
+
+@pytest.mark.parametrize("failing, status, kept", EARLY_ERRORS.values(), ids=EARLY_ERRORS.keys())
+def test_the_next_request_on_the_connection_is_served(server, engine, failing, status, kept):
+    got, headers, health = _then_health(server.port, failing)
+    assert got == status
+    if kept:
+        assert health == b'{"status": "ok"}' and headers.get("connection") != "close"
+    else:
+        # Closed, and said so: never a reply parsed from the middle of a body.
+        assert headers.get("connection") == "close" and health is None
+    assert engine.prompts == []
+
+
+def test_a_refused_api_key_closes_the_connection(engine):
+    with serving(scripted_service(engine), api_key="s3cret") as srv:
+        for failing in (_with_length("POST", CHAT, json.dumps({"messages": USER}).encode()),
+                        _with_length("POST", "/v1/models", RESPONSES_BODY)):
+            got, headers, health = _then_health(srv.port, failing)
+            assert (got, headers.get("connection"), health) == (401, "close", None)
+        # The key-free /health keeps the connection like any other request.
+        assert _then_health(srv.port, _with_length("POST", "/health", b"{}"))[0::2] == \
+            (405, b'{"status": "ok"}')
+    assert engine.prompts == []
+
+
+def test_pipelined_requests_after_an_early_error_are_all_served(server):
+    # What a client that does not wait between requests sends, in one write.
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(_with_length("POST", "/v1/responses", RESPONSES_BODY)
+                     + _with_length("POST", CHAT, json.dumps({"messages": USER}).encode()) + HEALTH)
+        reader = sock.makefile("rb")   # one buffered reader for the three replies
+        statuses = []
+        for _ in range(3):
+            statuses.append(int(reader.readline().split()[1]))
+            headers = dict(line.decode().lower().split(": ", 1) for line in iter(reader.readline, b"\r\n"))
+            reader.read(int(headers["content-length"]))
+    assert statuses == [404, 200, 200]
 
 
 # ---- disconnects and queueing -------------------------------------------------
@@ -667,6 +830,25 @@ def test_data_url_image_is_staged_and_removed(engine, private_tmp):
     assert "<|media_begin|>image 640x480<|media_content|><|media_pad|><|media_end|>" in markup
     pad = engine.specials["<|media_pad|>"]
     assert engine.prompts[0].count(pad) == 4  # expanded by image_expand
+
+
+@pytest.mark.parametrize("form", ["string", "url object"])
+def test_the_release_image_part_is_staged_like_image_url(engine, private_tmp, form):
+    library = ScriptedLibrary(image_size=(640, 480))
+    url = data_url(tiny_png())
+    image = url if form == "string" else {"url": url}
+    parts = [{"type": "image", "image": image}, {"type": "text", "text": "and"},
+             {"type": "image_url", "image_url": {"url": url}}]
+    with serving(scripted_service(engine, library, vision=True)) as srv:
+        resp = call(srv.port, "POST", CHAT, {"messages": [{"role": "user", "content": parts}]})
+        assert resp.status == 200, resp.body
+        assert len(engine.images_added) == 2 and list(private_tmp.iterdir()) == []
+        block = "<|media_begin|>image 640x480<|media_content|><|media_pad|><|media_end|>"
+        assert [s.text for s in engine.segments if s.markup].count(block) == 2
+        parts[0]["image"] = "https://example.com/cat.png" if form == "string" else {"url": 5}
+        assert_error(call(srv.port, "POST", CHAT, {"messages": [{"role": "user", "content": parts}]}),
+                     400, param="messages[0].content[0]")
+    assert len(engine.prompts) == 1
 
 
 def test_bad_images_are_refused_and_cleaned(engine, private_tmp, tmp_path_factory):

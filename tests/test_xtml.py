@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from hypothesis import given, strategies as st
 
-from serve.xtml import (IMAGE_PLACEHOLDER, MARKUP_TOKENS, Segment, build_chat_segments,
-                        escape_attr, image_prompt, render_text, unescape_attr)
+from serve.xtml import (IMAGE_PLACEHOLDER, MARKUP_TOKENS, PromptError, Segment,
+                        build_chat_segments, escape_attr, image_prompt, render_text, unescape_attr)
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "xtml_vectors.json"
@@ -65,57 +65,11 @@ def _tool_results(segments: list[Segment]) -> list[tuple[str, str, str]]:
     return TOOL_RESULT.findall(render_text(segments))
 
 
-def test_tool_results_are_resorted_to_call_order() -> None:
-    messages = [
-        {"role": "user", "content": "go"},
-        {"role": "assistant", "tool_calls": [_call("a", "first", "{}"), _call("b", "second", "{}"),
-                                             _call("c", "third", "{}")]},
-        {"role": "tool", "tool_call_id": "c", "content": "C"},
-        {"role": "tool", "tool_call_id": "zzz", "tool": "stray", "content": "Z"},
-        {"role": "tool", "tool_call_id": "a", "content": "A"},
-        {"role": "tool", "tool_call_id": "yyy", "name": "other", "content": "Y"},
-        {"role": "tool", "tool_call_id": "nope", "content": "N"},
-        {"role": "tool", "tool": "preferred", "name": "fallback", "content": "W"},
-    ]
-    assert _tool_results(build_chat_segments(messages)) == [
-        ("first", "1", "A"), ("third", "2", "C"),
-        ("stray", "3", "Z"), ("other", "4", "Y"), ("", "5", "N"), ("preferred", "6", "W"),
-    ]
-
-
-def test_tool_results_are_numbered_by_place_after_the_resort() -> None:
-    # The release numbers results by position (its own tool messages carry no
-    # tool_call_id to number them by), so an unmatched result must not repeat
-    # the index of the call matched after it.
-    messages = [
-        {"role": "assistant", "tool_calls": [_call("a", "first", "{}"), _call("b", "second", "{}")]},
-        {"role": "tool", "tool_call_id": "elsewhere", "tool": "stray", "content": "Z"},
-        {"role": "tool", "tool_call_id": "b", "content": "B"},
-    ]
-    assert _tool_results(build_chat_segments(messages)) == [("second", "1", "B"), ("stray", "2", "Z")]
-
-
-def test_tool_results_after_a_plain_turn_match_nothing() -> None:
-    messages = [
-        {"role": "assistant", "tool_calls": [_call("a", "first", "{}")]},
-        {"role": "user", "content": "interlude"},
-        {"role": "tool", "tool_call_id": "a", "content": "A"},
-    ]
-    assert _tool_results(build_chat_segments(messages)) == [("", "1", "A")]
-
-
 def test_tool_result_content_parts_are_separate_text_segments() -> None:
     messages = [{"role": "tool", "tool": "t",
                  "content": [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}]}]
     segments = build_chat_segments(messages, add_generation_prompt=False)
     assert texts_of(segments)[-3:] == ["one", "two", "message"]
-
-
-@pytest.mark.parametrize("arguments", ["[1, 2]", "42", '"text"', ""])
-def test_arguments_that_are_not_an_object_are_kept_verbatim(arguments: str) -> None:
-    messages = [{"role": "assistant", "tool_calls": [_call("a", "f", arguments)]}]
-    text = render_text(build_chat_segments(messages, add_generation_prompt=False))
-    assert f'<|open|>json type="object"<|sep|>{arguments}<|close|>json<|sep|>' in text
 
 
 def test_empty_string_argument_has_no_body_segment() -> None:
@@ -162,9 +116,8 @@ def test_effort_precedes_conversation_and_choice_precedes_format() -> None:
     assert "`thinking_effort=high`" in render_text(segments)
 
 
-@pytest.mark.parametrize("kwargs", [{"tool_choice": {"type": "function", "function": {"name": "f"}}},
-                                    {"tool_choice": "auto"}, {"response_format": {"type": "text"}},
-                                    {"tools": []}])
+@pytest.mark.parametrize("kwargs", [{"tool_choice": "auto"}, {"response_format": {"type": "text"}},
+                                    {"tools": []}, {"thinking_effort": None}])
 def test_options_that_add_nothing(kwargs: dict) -> None:
     messages = [{"role": "user", "content": "go"}]
     assert build_chat_segments(messages, **kwargs) == build_chat_segments(messages)
@@ -198,6 +151,189 @@ def test_missing_content_renders_empty() -> None:
     segments = build_chat_segments([{"role": "user"}, {"role": "user", "content": None}],
                                    add_generation_prompt=False)
     assert render_text(segments) == 2 * '<|open|>message role="user"<|sep|><|close|>message<|sep|><|end_of_msg|>'
+
+
+# --- the release encoder's rules beyond the vectors (issue 8), one test each ------
+
+def _open_tag(segments: list[Segment], name: str) -> list[str]:
+    """The texts of the first `<|open|>name ...<|sep|>` header, name and attributes."""
+    pairs_ = [(s.text, s.markup) for s in segments]
+    start = pairs_.index((name, False))
+    return [text for text, _ in pairs_[start:pairs_.index(("<|sep|>", True), start)]]
+
+
+@pytest.mark.parametrize("role", ["system", "user", "assistant"])
+def test_rule_1_name_is_an_attribute_after_role(role: str) -> None:
+    segments = build_chat_segments([{"role": role, "content": "hi", "name": 'Ann "A" <&>'}],
+                                   add_generation_prompt=False)
+    assert _open_tag(segments, "message") == ["message", " role", '="', role, '"',
+                                              " name", '="', "Ann &quot;A&quot; &lt;&amp;&gt;", '"']
+    unnamed = build_chat_segments([{"role": role, "content": "hi", "name": ""}])
+    assert unnamed == build_chat_segments([{"role": role, "content": "hi"}])
+
+
+@pytest.mark.parametrize("message, think", [
+    ({"reasoning": "by alias"}, "by alias"),
+    ({"reasoning_content": "first", "reasoning": "second"}, "first"),
+    ({"reasoning_content": "", "reasoning": "second"}, "second"),
+    ({"reasoning_content": " \n\t", "reasoning": "second"}, ""),
+    ({"reasoning": " \n"}, ""),
+    ({"reasoning_content": " padded "}, " padded "),
+])
+def test_rule_2_reasoning_is_an_alias_and_whitespace_is_none(message: dict, think: str) -> None:
+    turn = {"role": "assistant", "content": "answer", **message}
+    text = render_text(build_chat_segments([turn], add_generation_prompt=False))
+    assert f"<|open|>think<|sep|>{think}<|close|>think<|sep|><|open|>response" in text
+    if not think:
+        assert "" not in texts_of(build_chat_segments([turn]))
+
+
+def test_rule_3_thinking_decides_the_think_channel_of_history() -> None:
+    messages = [{"role": "user", "content": "q"},
+                {"role": "assistant", "content": "a1", "reasoning_content": "because"},
+                {"role": "user", "content": "q2"},
+                {"role": "assistant", "content": "a2"}]
+    on = render_text(build_chat_segments(messages, thinking=True, add_generation_prompt=False))
+    off = render_text(build_chat_segments(messages, thinking=False, add_generation_prompt=False))
+    assert on.count("<|open|>think<|sep|>") == 2
+    assert "<|open|>think<|sep|>because<|close|>think" in on
+    assert "<|open|>think<|sep|><|close|>think<|sep|><|open|>response<|sep|>a2" in on
+    assert "think" not in off and "because" not in off
+    assert off.count('<|open|>message role="assistant"<|sep|><|open|>response<|sep|>') == 2
+
+
+@pytest.mark.parametrize("arguments", ["", None, {}])
+def test_rule_4_empty_arguments_render_a_call_without_a_body(arguments: object) -> None:
+    messages = [{"role": "assistant", "tool_calls": [_call("a", "f", arguments)]}]
+    text = render_text(build_chat_segments(messages, add_generation_prompt=False))
+    assert '<|open|>call tool="f" index="1"<|sep|><|close|>call<|sep|>' in text
+
+
+@pytest.mark.parametrize("arguments, kind", [("[1, 2]", "array"), ("42", "number"), ('"text"', "string"),
+                                             ("null", "null"), (" true ", "boolean"), (["x"], "list")])
+def test_rule_4_arguments_that_are_not_an_object_are_refused(arguments: object, kind: str) -> None:
+    messages = [{"role": "user", "content": "go"},
+                {"role": "assistant", "tool_calls": [_call("a", "f", "{}"), _call("b", "g", arguments)]}]
+    with pytest.raises(PromptError) as raised:
+        build_chat_segments(messages)
+    assert raised.value.field == "messages[1].tool_calls[1].function.arguments"
+    assert kind in str(raised.value)
+
+
+def _assistant_calling(*names: str) -> dict:
+    return {"role": "assistant", "tool_calls": [_call(f"id_{n}", n, "{}") for n in names]}
+
+
+@pytest.mark.parametrize("results, expected", [
+    # Every result names a call: re-sorted into call order, named by the call.
+    ([{"tool_call_id": "id_c", "tool": "ignored", "content": "C"}, {"tool_call_id": "id_a", "content": "A"}],
+     [("a", "1", "A"), ("c", "2", "C")]),
+    # One result without a usable id: the run stays as sent; its own field names it.
+    ([{"tool_call_id": "id_c", "content": "C"}, {"tool_call_id": "nope", "tool": "own", "content": "O"},
+      {"tool_call_id": "id_a", "content": "A"}],
+     [("c", "1", "C"), ("own", "2", "O"), ("a", "3", "A")]),
+    ([{"name": "by_name", "content": "N"}, {"tool_call_id": "id_b", "content": "B"}],
+     [("by_name", "1", "N"), ("b", "2", "B")]),
+    ([{"tool": "first", "name": "second", "content": "T"}], [("first", "1", "T")]),
+    # Nothing to go on: the call at the same position, the first result getting the first call.
+    ([{"content": "1"}, {"tool_call_id": "unknown", "content": "2"}, {"content": "3"}],
+     [("a", "1", "1"), ("b", "2", "2"), ("c", "3", "3")]),
+])
+def test_rule_5_tool_result_names(results: list[dict], expected: list) -> None:
+    messages = [{"role": "user", "content": "go"}, _assistant_calling("a", "b", "c"),
+                *({"role": "tool", **result} for result in results)]
+    assert _tool_results(build_chat_segments(messages, add_generation_prompt=False)) == expected
+
+
+def test_rule_5_results_after_an_interlude_still_answer_the_latest_calls() -> None:
+    messages = [_assistant_calling("a", "b"),
+                {"role": "tool", "tool_call_id": "id_a", "content": "A"},
+                {"role": "user", "content": "and b?"},
+                {"role": "tool", "content": "B"}]
+    assert _tool_results(build_chat_segments(messages)) == [("a", "1", "A"), ("b", "2", "B")]
+
+
+@pytest.mark.parametrize("messages, field", [
+    ([{"role": "user", "content": "go"}, {"role": "tool", "content": "r"}], "messages[1]"),
+    ([_assistant_calling("a"), {"role": "tool", "tool_call_id": "id_a", "content": "r"},
+      {"role": "tool", "tool_call_id": "id_z", "content": "r"}], "messages[2]"),
+    ([_assistant_calling("a"), {"role": "tool", "tool": "", "name": "", "content": "r"},
+      {"role": "tool", "content": "r"}], "messages[2]"),
+])
+def test_rule_5_a_result_with_no_name_to_find_is_refused(messages: list, field: str) -> None:
+    with pytest.raises(PromptError) as raised:
+        build_chat_segments(messages)
+    assert raised.value.field == field
+
+
+SCHEMA_CASE = VECTORS["response_format_json_schema"]
+SCHEMA = SCHEMA_CASE["input"]["response_format"]["json_schema"]["schema"]
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "s", "json_schema": SCHEMA}}},
+    {"response_format": {"type": "json_schema", "json_schema": SCHEMA}},
+    {"response_schema": SCHEMA},
+    {"response_schema": SCHEMA, "response_format": {"type": "text"}},
+], ids=["json_schema.json_schema", "bare", "response_schema", "response_schema with text"])
+def test_rule_6_the_schema_is_found_where_the_release_looks(kwargs: dict) -> None:
+    # Each form renders exactly as the vector's `json_schema.schema` does.
+    segments = build_chat_segments(SCHEMA_CASE["input"]["messages"], **kwargs)
+    assert pairs(segments) == SCHEMA_CASE["segments"]
+
+
+def test_rule_6_schema_wins_over_a_nested_json_schema() -> None:
+    form = {"type": "json_schema", "json_schema": {"schema": SCHEMA, "json_schema": {"type": "string"}}}
+    assert pairs(build_chat_segments(SCHEMA_CASE["input"]["messages"], response_format=form)) == \
+        SCHEMA_CASE["segments"]
+
+
+def test_rule_6_response_schema_and_a_response_format_are_not_both_given() -> None:
+    with pytest.raises(ValueError, match="response_schema"):
+        build_chat_segments([{"role": "user", "content": "go"}], response_schema=SCHEMA,
+                            response_format={"type": "json_object"})
+
+
+@pytest.mark.parametrize("effort", ["high", "medium", "nonsense", 5])
+def test_rule_7_thinking_effort_is_ignored_with_thinking_off(effort: object) -> None:
+    messages = [{"role": "user", "content": "go"}]
+    assert build_chat_segments(messages, thinking=False, thinking_effort=effort) == \
+        build_chat_segments(messages, thinking=False)
+
+
+def test_rule_8_both_image_part_forms_take_the_next_prompt() -> None:
+    first, second = (IMAGE.replace("2x2", size) for size in ("1x1", "3x3"))
+    parts = [{"type": "image", "image": "data:image/png;base64,AA=="}, {"type": "text", "text": "and"},
+             {"type": "image_url", "image_url": {"url": "u"}}]
+    segments = build_chat_segments([{"role": "user", "content": parts}], image_prompts=[first, second])
+    assert [m for m in markup_of(segments) if m not in MARKUP_TOKENS] == [first, second]
+    as_openai = [{"type": "image_url", "image_url": {"url": "v"}}, *parts[1:]]
+    assert segments == build_chat_segments([{"role": "user", "content": as_openai}],
+                                           image_prompts=[first, second])
+
+
+def test_rule_9_a_named_tool_choice_is_required_plus_a_note() -> None:
+    tools = [{"type": "function", "function": {"name": "get_weather"}}]
+    named = build_chat_segments([{"role": "user", "content": "go"}], tools,
+                                tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                                response_format={"type": "json_object"})
+    required = build_chat_segments([{"role": "user", "content": "go"}], tools, tool_choice="required",
+                                   response_format={"type": "json_object"})
+    text, plain = render_text(named), render_text(required)
+    note = ('<|open|>message role="system"<|sep|>You MUST call the tool `get_weather` and no other '
+            'tool in the next message.<|close|>message<|sep|><|end_of_msg|>')
+    # The required note as the release writes it, then the named note, then the rest.
+    choice_end = plain.index("in the next message.<|close|>message<|sep|><|end_of_msg|>") + \
+        len("in the next message.<|close|>message<|sep|><|end_of_msg|>")
+    assert text == plain[:choice_end] + note + plain[choice_end:]
+    assert "\n" not in note
+
+
+@pytest.mark.parametrize("choice", [{"type": "function"}, {"type": "function", "function": {"name": ""}},
+                                    {"type": "tool", "function": {"name": "f"}}, {"function": "f"}])
+def test_rule_9_a_malformed_named_choice_is_refused(choice: dict) -> None:
+    with pytest.raises(ValueError, match="tool_choice"):
+        build_chat_segments([{"role": "user", "content": "go"}], tool_choice=choice)
 
 
 # --- errors -------------------------------------------------------------------
@@ -239,6 +375,9 @@ def test_other_unsupported_requests_raise(kwargs: dict) -> None:
     ([{"role": "user", "content": ["hi"]}], "messages[0].content[0] must be an object"),
     ([{"role": "user", "content": [{"type": "text", "text": 5}]}], "messages[0].content[0].text"),
     ([{"role": "assistant", "content": "x", "reasoning_content": 5}], "messages[0].reasoning_content"),
+    ([{"role": "assistant", "content": "x", "reasoning": ["r"]}], "messages[0].reasoning"),
+    ([{"role": "user", "content": "x", "name": 5}], "messages[0].name"),
+    ([{"role": "system", "content": "x", "name": {"n": 1}}], "messages[0].name"),
     ([{"role": "assistant", "tool_calls": {"id": "a"}}], "messages[0].tool_calls must be a list"),
     ([{"role": "assistant", "tool_calls": ["f"]}], "messages[0].tool_calls[0] must be an object"),
     ([{"role": "assistant", "tool_calls": [{"function": "f"}]}], "messages[0].tool_calls[0].function"),
@@ -285,12 +424,20 @@ def test_argument_values_nested_too_deeply_raise_value_error() -> None:
 
 
 def test_fields_a_role_does_not_render_are_not_checked() -> None:
-    # OpenAI's participant `name` on a user turn is not part of K3's prompt.
-    messages = [{"role": "user", "content": "hi", "name": 5, "reasoning_content": 6}]
+    # Reasoning belongs to assistant turns only.
+    messages = [{"role": "user", "content": "hi", "reasoning_content": 6, "reasoning": 7}]
     assert build_chat_segments(messages) == build_chat_segments([{"role": "user", "content": "hi"}])
 
 
 # --- properties ---------------------------------------------------------------
+
+def _not_json_beside_an_object(text: str) -> bool:
+    """Arguments the release renders: anything but JSON that is not an object."""
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return True
+
 
 # Text that is likely to contain forged structure: specials, quotes, brackets.
 hostile_text = st.lists(st.one_of(st.text(max_size=8), st.sampled_from(SPECIAL_SPELLINGS),
@@ -301,9 +448,10 @@ json_value = st.recursive(st.none() | st.booleans() | st.integers() | st.text(ma
                           lambda inner: st.lists(inner, max_size=3)
                           | st.dictionaries(st.text(max_size=4), inner, max_size=3),
                           max_leaves=6)
+json_object = st.dictionaries(hostile_text, json_value, max_size=3)
 tool_call = st.builds(_call, st.text(max_size=4), hostile_text,
-                      st.one_of(st.dictionaries(hostile_text, json_value, max_size=3),
-                                hostile_text, json_value.map(json.dumps)))
+                      st.one_of(json_object, hostile_text.filter(_not_json_beside_an_object),
+                                json_object.map(json.dumps)))
 plain_message = st.builds(lambda role, content: {"role": role, "content": content},
                           st.sampled_from(["system", "user"]), hostile_text)
 assistant_message = st.builds(
@@ -311,7 +459,7 @@ assistant_message = st.builds(
                                        "reasoning_content": reasoning, "tool_calls": calls},
     hostile_text, hostile_text, st.lists(tool_call, max_size=2))
 tool_message = st.builds(lambda content, name: {"role": "tool", "tool": name, "content": content},
-                         hostile_text, hostile_text)
+                         hostile_text, hostile_text.filter(bool))
 any_message = st.one_of(plain_message, assistant_message, tool_message)
 
 
@@ -373,13 +521,12 @@ def test_attribute_escaping_round_trips(value: str) -> None:
     assert unescape_attr(escaped) == value
 
 
-@given(hostile_text)
+@given(hostile_text.filter(bool))
 def test_attribute_value_is_one_escaped_segment(name: str) -> None:
     messages = [{"role": "tool", "tool": name, "content": "r"}]
     texts = texts_of(build_chat_segments(messages, add_generation_prompt=False))
-    if name:
-        assert texts[texts.index(" tool") + 2] == escape_attr(name)
-        assert unescape_attr(texts[texts.index(" tool") + 2]) == name
+    assert texts[texts.index(" tool") + 2] == escape_attr(name)
+    assert unescape_attr(texts[texts.index(" tool") + 2]) == name
 
 
 @given(st.lists(st.one_of(plain_message, assistant_message), max_size=5))
