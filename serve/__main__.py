@@ -251,11 +251,6 @@ def run_server(lib, engine: Engine, fmt, options: ServiceOptions, args: argparse
         server = Server((args.host, args.port), service, api_key=args.api_key or None, log=log)
     except OSError as e:
         return fail(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}")
-    host = f"[{args.host}]" if ":" in args.host else args.host
-    print(banner(lib, engine, fmt, args, f"http://{host}:{server.port}/v1", options.prefix_cache),
-          flush=True)
-    if isinstance(fmt, NoChatFormat):
-        print("note     /v1/chat/completions is unavailable; /v1/completions works", flush=True)
     # Served while it runs: /health says "warming", and generation requests get a 503.
     warmer = Warmer(service, warm, lambda line: print(line, flush=True)) if warm else None
 
@@ -265,8 +260,14 @@ def run_server(lib, engine: Engine, fmt, options: ServiceOptions, args: argparse
         if warmer is not None:
             warmer.stop()
 
+    # Before the banner: a supervisor may signal as soon as it reads the listen line.
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    print(banner(lib, engine, fmt, args, f"http://{host}:{server.port}/v1", options.prefix_cache),
+          flush=True)
+    if isinstance(fmt, NoChatFormat):
+        print("note     /v1/chat/completions is unavailable; /v1/completions works", flush=True)
     if warmer is not None:
         warmer.start()
     try:
