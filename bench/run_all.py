@@ -6,7 +6,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHES = ["engine_decode.py", "stream_overhead.py", "multiturn.py", "prompt_build.py", "preamble.py"]
+BENCHES = ["engine_decode.py", "stream_overhead.py", "multiturn.py", "prompt_build.py",
+           "snapshot_cost.py", "constrained.py", "preamble.py"]
 
 for name in BENCHES:
     print(f"== {name}", flush=True)

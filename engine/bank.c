@@ -42,7 +42,8 @@ static waste_status check_open_file(int fd, const char *path, const wmanifest *m
         {"n_experts", wle32_get(h + 12), m->n_experts},
         {"stride", wle32_get(h + 16), stride},
         {"payload_bytes", wle32_get(h + 20), payload},
-        {"quant_group", wle32_get(h + 24), m->quant_group},
+        {"quant_group", wle32_get(h + 24), m->expert_q.group},
+        {"quant_kind", wle32_get(h + 28), m->expert_q.kind == WQ_Q4_1 ? 1u : 0u},
     };
     if (memcmp(h, "WBNK", 4) != 0) return wdetail(err, errcap, WASTE_E_FORMAT, "%s: bad magic", path);
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)

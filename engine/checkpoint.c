@@ -14,11 +14,11 @@
 
 /* Bytes of one layer's keys (or values) for pos positions. */
 static size_t plane_bytes(const wmanifest *m, uint32_t pos) {
-    return (size_t)pos * m->hidden * sizeof(float);
+    return (size_t)pos * wmanifest_kv_dim(m) * sizeof(float);
 }
 
 static const float *plane(const wstate *s, const float *base, const wmanifest *m, uint32_t layer) {
-    return base + (size_t)layer * s->ctx * m->hidden;
+    return base + (size_t)layer * s->ctx * wmanifest_kv_dim(m);
 }
 
 static int write_all(FILE *f, const void *p, size_t n, uLong *crc) {
@@ -36,7 +36,7 @@ waste_status wcheckpoint_save(const char *path, uint32_t fingerprint, const wman
     wle32_put(header + 4, VERSION);
     wle32_put(header + 8, fingerprint);
     wle32_put(header + 12, m->n_layers);
-    wle32_put(header + 16, m->hidden);
+    wle32_put(header + 16, wmanifest_kv_dim(m));
     wle32_put(header + 20, s->pos);
     uLong crc = crc32(0L, Z_NULL, 0);
     int ok = write_all(f, header, sizeof header, &crc);
@@ -59,7 +59,7 @@ static waste_status check_header(const uint8_t *h, uint32_t fingerprint, const w
     if (memcmp(h, "WSTA", 4) != 0 || wle32_get(h + 4) != VERSION)
         return wdetail(err, errcap, WASTE_E_FORMAT, "%s: not a waste state file (version %d)", path,
                        VERSION);
-    if (wle32_get(h + 8) != fingerprint || wle32_get(h + 12) != m->n_layers || wle32_get(h + 16) != m->hidden)
+    if (wle32_get(h + 8) != fingerprint || wle32_get(h + 12) != m->n_layers || wle32_get(h + 16) != wmanifest_kv_dim(m))
         return wdetail(err, errcap, WASTE_E_FORMAT, "%s: saved by another model", path);
     return WASTE_OK;
 }

@@ -56,22 +56,95 @@ static waste_status get_name(const json_value *root, const char *key, int requir
     return WASTE_OK;
 }
 
-static waste_status parse_quant(const json_value *root, wmanifest *m, char *err, size_t errcap) {
-    const char *q = json_string(json_get(root, "expert_quant"), NULL);
+/* "f32", "q8g<G>" or "q4_1"; the group must divide every row of the
+ * matrices stored that way (each of the `n_rows` lengths in rows[]). */
+static int parse_quant_text(const char *q, const uint32_t *rows, size_t n_rows, wquant *out) {
     unsigned group = 0;
     char tail;
-    if (q && strcmp(q, "f32") == 0) {
-        m->quant_group = 0;
-        return WASTE_OK;
+    if (!q) return 0;
+    if (strcmp(q, "f32") == 0) {
+        *out = (wquant){WQ_F32, 0};
+        return 1;
     }
-    if (q && sscanf(q, "q8g%u%c", &group, &tail) == 1 && group > 0 && group <= 4096 &&
-        m->hidden % group == 0 && m->expert_ffn % group == 0) {
-        m->quant_group = group;
-        return WASTE_OK;
-    }
+    if (strcmp(q, "q4_1") == 0) *out = (wquant){WQ_Q4_1, 32};
+    else if (sscanf(q, "q8g%u%c", &group, &tail) == 1 && group > 0 && group <= 4096)
+        *out = (wquant){WQ_Q8, group};
+    else
+        return 0;
+    for (size_t i = 0; i < n_rows; i++)
+        if (rows[i] % out->group != 0) return 0;
+    return 1;
+}
+
+static waste_status parse_quant(const json_value *root, const char *key, const char *fallback,
+                                const uint32_t *rows, size_t n_rows, wquant *out, char *err,
+                                size_t errcap) {
+    const json_value *v = json_get(root, key);
+    const char *q = v ? json_string(v, NULL) : fallback;
+    if (parse_quant_text(q, rows, n_rows, out)) return WASTE_OK;
     return wdetail(err, errcap, WASTE_E_FORMAT,
-                   "manifest.json: \"expert_quant\" must be \"f32\" or \"q8g<G>\" with G dividing "
-                   "hidden and expert_ffn");
+                   "manifest.json: \"%s\" must be \"f32\", \"q4_1\" or \"q8g<G>\" with the group "
+                   "dividing every row it quantises", key);
+}
+
+/* A string key with a fixed set of values; absent means the first. */
+static waste_status get_choice(const json_value *root, const char *key, const char *const *choices,
+                               int n_choices, int *out, char *err, size_t errcap) {
+    const json_value *v = json_get(root, key);
+    const char *text = v ? json_string(v, NULL) : choices[0];
+    for (int i = 0; text && i < n_choices; i++)
+        if (strcmp(text, choices[i]) == 0) {
+            *out = i;
+            return WASTE_OK;
+        }
+    return wdetail(err, errcap, WASTE_E_FORMAT, "manifest.json: \"%s\" must be \"%s\"%s%s%s", key,
+                   choices[0], n_choices > 1 ? " or \"" : "", n_choices > 1 ? choices[1] : "",
+                   n_choices > 1 ? "\"" : "");
+}
+
+static waste_status get_flag(const json_value *root, const char *key, int *out, char *err,
+                             size_t errcap) {
+    const json_value *v = json_get(root, key);
+    *out = 0;
+    if (!v || json_bool(v, out)) return WASTE_OK;
+    return wdetail(err, errcap, WASTE_E_FORMAT, "manifest.json: \"%s\" must be true or false", key);
+}
+
+/* The keys a llama container adds, and the shape its layout implies. */
+static waste_status parse_layout(const json_value *root, wmanifest *m, char *err, size_t errcap) {
+    static const char *const rope_styles[] = {"adjacent"};
+    static const char *const pretokenizers[] = {"default", "smollm"};
+    int rope_style;
+    waste_status st;
+    m->n_kv_heads = m->n_heads;
+    if (json_get(root, "n_kv_heads") &&
+        (st = get_u32(root, "n_kv_heads", 1, m->n_heads, &m->n_kv_heads, err, errcap)) != WASTE_OK)
+        return st;
+    if (m->n_heads % m->n_kv_heads != 0)
+        return wdetail(err, errcap, WASTE_E_FORMAT,
+                       "manifest.json: n_kv_heads (%u) must divide n_heads (%u)", m->n_kv_heads,
+                       m->n_heads);
+    if ((st = get_choice(root, "rope_style", rope_styles, 1, &rope_style, err, errcap)) != WASTE_OK ||
+        (st = get_choice(root, "pretokenizer", pretokenizers, 2, &m->pretokenizer, err, errcap)) !=
+            WASTE_OK ||
+        (st = get_flag(root, "tied_embeddings", &m->tied_embeddings, err, errcap)) != WASTE_OK)
+        return st;
+    m->llama = strcmp(m->arch, "llama") == 0;
+    if (m->llama && (m->n_experts != 1 || m->n_dense_layers != 0 || m->shared_expert))
+        return wdetail(err, errcap, WASTE_E_FORMAT,
+                       "manifest.json: arch \"llama\" has one expert per layer, no dense layers and "
+                       "no shared expert");
+    return WASTE_OK;
+}
+
+static waste_status parse_quants(const json_value *root, wmanifest *m, char *err, size_t errcap) {
+    const uint32_t expert_rows[] = {m->hidden, m->expert_ffn}, trunk_rows[] = {m->hidden};
+    waste_status st = parse_quant(root, "expert_quant", NULL, expert_rows, 2, &m->expert_q, err, errcap);
+    if (st == WASTE_OK)
+        st = parse_quant(root, "weight_quant", "f32", trunk_rows, 1, &m->weight_q, err, errcap);
+    if (st == WASTE_OK)
+        st = parse_quant(root, "embed_quant", "f32", trunk_rows, 1, &m->embed_q, err, errcap);
+    return st;
 }
 
 static waste_status check_header(const json_value *root, char *err, size_t errcap) {
@@ -108,11 +181,13 @@ static waste_status parse(const json_value *root, wmanifest *m, char *err, size_
     TRY(get_name(root, "bos_token", 1, m->bos_token, err, errcap));
     TRY(get_name(root, "eos_token", 1, m->eos_token, err, errcap));
     TRY(get_name(root, "media_pad_token", 0, m->media_pad_token, err, errcap));
-    TRY(parse_quant(root, m, err, errcap));
-#undef TRY
+    TRY(get_name(root, "unk_token", 0, m->unk_token, err, errcap));
+    TRY(parse_quants(root, m, err, errcap));
     if (!json_bool(json_get(root, "shared_expert"), &shared))
         return wdetail(err, errcap, WASTE_E_FORMAT, "manifest.json: \"shared_expert\" must be true or false");
     m->shared_expert = shared;
+    TRY(parse_layout(root, m, err, errcap));
+#undef TRY
     if ((uint64_t)m->n_heads * m->head_dim != m->hidden)
         return wdetail(err, errcap, WASTE_E_FORMAT,
                        "manifest.json: n_heads (%u) * head_dim (%u) != hidden (%u)", m->n_heads,
@@ -152,27 +227,68 @@ uint32_t wmanifest_moe_layers(const wmanifest *m) { return m->n_layers - m->n_de
 
 static uint64_t swiglu_params(uint64_t hidden, uint64_t ffn) { return 3 * hidden * ffn; }
 
-/* Weights of one layer outside the experts. */
-static uint64_t layer_trunk_floats(const wmanifest *m, uint32_t layer) {
-    uint64_t h = m->hidden;
-    uint64_t n = 2 * h + 4 * h * h; /* norms + attention */
-    if (layer < m->n_dense_layers) return n + swiglu_params(h, m->dense_ffn);
-    n += (uint64_t)m->n_experts * h;
-    if (m->shared_expert) n += swiglu_params(h, m->expert_ffn);
-    return n;
+uint64_t wquant_bytes(wquant q, uint64_t rows, uint64_t cols) {
+    uint64_t n = rows * cols;
+    switch (q.kind) {
+    case WQ_Q8: return n + 4 * (n / q.group);         /* codes, scales */
+    case WQ_Q4_1: return n / 2 + 8 * (n / q.group);   /* nibbles, scales, minima */
+    default: return 4 * n;
+    }
 }
 
-uint64_t wmanifest_trunk_floats(const wmanifest *m) {
-    uint64_t h = m->hidden;
-    uint64_t n = 2 * (uint64_t)m->vocab_size * h + h; /* embeddings, lm_head, final norm */
-    for (uint32_t l = 0; l < m->n_layers; l++) n += layer_trunk_floats(m, l);
-    return n;
+uint32_t wmanifest_kv_dim(const wmanifest *m) { return m->n_kv_heads * m->head_dim; }
+
+/* Sizes of one layer's trunk tensors, in FORMAT.md's order: weight count
+ * and bytes are accumulated together so the two can never disagree. */
+static void layer_trunk(const wmanifest *m, uint32_t layer, uint64_t *params, uint64_t *bytes) {
+    uint64_t h = m->hidden, kv = wmanifest_kv_dim(m);
+    const wquant f32 = {WQ_F32, 0};
+    const struct { wquant q; uint64_t rows, cols; } t[] = {
+        {f32, 1, h},                /* attn_norm */
+        {m->weight_q, h, h},        /* wq */
+        {m->weight_q, kv, h},       /* wk */
+        {m->weight_q, kv, h},       /* wv */
+        {m->weight_q, h, h},        /* wo */
+        {f32, 1, h},                /* ffn_norm */
+    };
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        *params += t[i].rows * t[i].cols;
+        *bytes += wquant_bytes(t[i].q, t[i].rows, t[i].cols);
+    }
+    uint64_t ffn = 0, rest = 0;
+    if (layer < m->n_dense_layers) ffn = swiglu_params(h, m->dense_ffn);
+    else {
+        if (!m->llama) rest = (uint64_t)m->n_experts * h; /* router */
+        if (m->shared_expert) ffn = swiglu_params(h, m->expert_ffn);
+    }
+    *params += ffn + rest;
+    *bytes += 4 * (ffn + rest);
+}
+
+static void trunk_sizes(const wmanifest *m, uint64_t *params, uint64_t *bytes) {
+    uint64_t h = m->hidden, table = (uint64_t)m->vocab_size * h;
+    uint64_t table_bytes = wquant_bytes(m->embed_q, m->vocab_size, h);
+    int heads = m->tied_embeddings ? 1 : 2; /* tok_embed, lm_head */
+    *params = heads * table + h;            /* + final_norm */
+    *bytes = heads * table_bytes + 4 * h;
+    for (uint32_t l = 0; l < m->n_layers; l++) layer_trunk(m, l, params, bytes);
+}
+
+uint64_t wmanifest_trunk_params(const wmanifest *m) {
+    uint64_t params, bytes;
+    trunk_sizes(m, &params, &bytes);
+    return params;
+}
+
+uint64_t wmanifest_trunk_bytes(const wmanifest *m) {
+    uint64_t params, bytes;
+    trunk_sizes(m, &params, &bytes);
+    return bytes;
 }
 
 uint64_t wmanifest_payload_bytes(const wmanifest *m) {
-    uint64_t weights = swiglu_params(m->hidden, m->expert_ffn);
-    if (m->quant_group == 0) return 4 * weights;
-    return weights + 4 * (weights / m->quant_group);
+    return 2 * wquant_bytes(m->expert_q, m->expert_ffn, m->hidden) +
+           wquant_bytes(m->expert_q, m->hidden, m->expert_ffn);
 }
 
 uint64_t wmanifest_record_stride(const wmanifest *m) {
@@ -181,13 +297,14 @@ uint64_t wmanifest_record_stride(const wmanifest *m) {
 }
 
 uint64_t wmanifest_params_total(const wmanifest *m) {
-    return wmanifest_trunk_floats(m) +
+    return wmanifest_trunk_params(m) +
            (uint64_t)wmanifest_moe_layers(m) * m->n_experts * swiglu_params(m->hidden, m->expert_ffn);
 }
 
-/* A token reads one embedding row, not the whole table. */
+/* A token reads one embedding row, not the whole table (unless it is also
+ * the output head). */
 uint64_t wmanifest_params_active(const wmanifest *m) {
-    uint64_t h = m->hidden;
-    return wmanifest_trunk_floats(m) - (uint64_t)m->vocab_size * h + h +
+    uint64_t h = m->hidden, unread = m->tied_embeddings ? 0 : (uint64_t)m->vocab_size * h - h;
+    return wmanifest_trunk_params(m) - unread +
            (uint64_t)wmanifest_moe_layers(m) * m->top_k * swiglu_params(h, m->expert_ffn);
 }

@@ -13,35 +13,45 @@
 #include "sample.h"
 
 /* Hand out consecutive tensors of the trunk in file order. */
-static const float *take(const float **cursor, uint64_t n) {
-    const float *t = *cursor;
-    *cursor += n;
+static const float *take_f32(const uint8_t **cursor, uint64_t n) {
+    const float *t = (const float *)(const void *)*cursor;
+    *cursor += 4 * n;
+    return t;
+}
+
+static wmat take_mat(const uint8_t **cursor, wquant q, uint64_t rows, uint64_t cols) {
+    wmat t = wmat_view(q, rows, cols, *cursor);
+    *cursor += wquant_bytes(q, rows, cols);
     return t;
 }
 
 static void map_tensors(wweights *w, const wmanifest *m) {
-    uint64_t h = m->hidden;
-    const float *p = w->trunk;
-    w->tok_embed = take(&p, (uint64_t)m->vocab_size * h);
+    uint64_t h = m->hidden, kv = wmanifest_kv_dim(m);
+    const uint8_t *p = w->trunk;
+    w->tok_embed = take_mat(&p, m->embed_q, m->vocab_size, h);
     for (uint32_t l = 0; l < m->n_layers; l++) {
         wlayer *L = &w->layers[l];
         int dense = l < m->n_dense_layers;
-        L->attn_norm = take(&p, h);
-        L->wq = take(&p, h * h);
-        L->wk = take(&p, h * h);
-        L->wv = take(&p, h * h);
-        L->wo = take(&p, h * h);
-        L->ffn_norm = take(&p, h);
-        if (!dense) L->router = take(&p, (uint64_t)m->n_experts * h);
+        L->attn_norm = take_f32(&p, h);
+        L->wq = take_mat(&p, m->weight_q, h, h);
+        L->wk = take_mat(&p, m->weight_q, kv, h);
+        L->wv = take_mat(&p, m->weight_q, kv, h);
+        L->wo = take_mat(&p, m->weight_q, h, h);
+        L->ffn_norm = take_f32(&p, h);
+        if (!dense && !m->llama) L->router = take_f32(&p, (uint64_t)m->n_experts * h);
         if (dense || m->shared_expert) {
             uint64_t ffn = dense ? m->dense_ffn : m->expert_ffn;
-            L->w1 = take(&p, ffn * h);
-            L->w3 = take(&p, ffn * h);
-            L->w2 = take(&p, h * ffn);
+            L->w1 = take_f32(&p, ffn * h);
+            L->w3 = take_f32(&p, ffn * h);
+            L->w2 = take_f32(&p, h * ffn);
         }
     }
-    w->final_norm = take(&p, h);
-    w->lm_head = take(&p, (uint64_t)m->vocab_size * h);
+    w->final_norm = take_f32(&p, h);
+    w->lm_head = m->tied_embeddings ? w->tok_embed : take_mat(&p, m->embed_q, m->vocab_size, h);
+}
+
+void wmodel_embed(const wweights *w, int32_t token, float *out) {
+    wmat_dequant_row(&w->tok_embed, (size_t)token, out);
 }
 
 waste_status wweights_load(wweights *w, const char *dir, const wmanifest *m, char *err, size_t errcap) {
@@ -51,7 +61,7 @@ waste_status wweights_load(wweights *w, const char *dir, const wmanifest *m, cha
     FILE *f = fopen(path, "rb");
     if (!f) return wdetail(err, errcap, WASTE_E_IO, "%s: %s", path, strerror(errno));
     struct stat st;
-    uint64_t want = 4 * wmanifest_trunk_floats(m);
+    uint64_t want = wmanifest_trunk_bytes(m);
     if (fstat(fileno(f), &st) != 0 || (uint64_t)st.st_size != want) {
         fclose(f);
         return wdetail(err, errcap, WASTE_E_FORMAT, "%s: %llu bytes, the manifest implies %llu", path,
@@ -87,20 +97,31 @@ void wweights_free(wweights *w) {
 }
 
 uint64_t wstate_kv_bytes(const wmanifest *m, uint32_t ctx) {
-    return 2ull * m->n_layers * ctx * m->hidden * sizeof(float);
+    return 2ull * m->n_layers * ctx * wmanifest_kv_dim(m) * sizeof(float);
 }
 
 static uint64_t max_ffn(const wmanifest *m) {
     return m->dense_ffn > m->expert_ffn ? m->dense_ffn : m->expert_ffn;
 }
 
-/* Activation floats, in the order wstate_init carves them. */
+/* The widest matmul input: the quantised activation holds one of these. */
+static uint64_t max_cols(const wmanifest *m) {
+    return max_ffn(m) > m->hidden ? max_ffn(m) : m->hidden;
+}
+
+/* Activation floats, in the order wstate_init carves them (the quantised
+ * activation's d and sum come last, its int16 codes after them). */
 static uint64_t activation_floats(const wmanifest *m, uint32_t ctx) {
-    return 5ull * m->hidden + ctx + 2 * max_ffn(m) + m->n_experts + m->vocab_size;
+    return 5ull * m->hidden + ctx + 2 * max_ffn(m) + m->n_experts + m->vocab_size +
+           2 * (max_cols(m) / 32 + 1);
+}
+
+static uint64_t activation_bytes(const wmanifest *m, uint32_t ctx) {
+    return activation_floats(m, ctx) * sizeof(float) + 2 * max_cols(m);
 }
 
 uint64_t wstate_scratch_bytes(const wmanifest *m, uint32_t ctx) {
-    return activation_floats(m, ctx) * sizeof(float) + wsample_scratch_bytes(m->vocab_size);
+    return activation_bytes(m, ctx) + wsample_scratch_bytes(m->vocab_size);
 }
 
 waste_status wstate_init(wstate *s, const wmanifest *m, uint32_t ctx) {
@@ -109,7 +130,7 @@ waste_status wstate_init(wstate *s, const wmanifest *m, uint32_t ctx) {
     s->ctx = ctx;
     s->keys = malloc(kv);
     s->values = malloc(kv);
-    s->arena = malloc((size_t)activation_floats(m, ctx) * sizeof(float));
+    s->arena = malloc((size_t)activation_bytes(m, ctx));
     s->sampler = malloc((size_t)wsample_scratch_bytes(m->vocab_size));
     if (!s->keys || !s->values || !s->arena || !s->sampler) {
         wstate_free(s);
@@ -126,7 +147,10 @@ waste_status wstate_init(wstate *s, const wmanifest *m, uint32_t ctx) {
     s->hb2 = p, p += ffn;
     s->att = p, p += ctx;
     s->router = p, p += m->n_experts;
-    s->logits = p;
+    s->logits = p, p += m->vocab_size;
+    s->xq.d = p, p += max_cols(m) / 32 + 1;
+    s->xq.sum = p, p += max_cols(m) / 32 + 1;
+    s->xq.q = (int16_t *)(void *)p;
     return WASTE_OK;
 }
 
@@ -140,12 +164,13 @@ void wstate_free(wstate *s) {
 
 static void attention(const wmanifest *m, wstate *s, const float *k_cache,
                       const float *v_cache) {
-    size_t h = m->hidden, hd = m->head_dim;
+    size_t kv = wmanifest_kv_dim(m), hd = m->head_dim, group = m->n_heads / m->n_kv_heads;
     float inv_sqrt = 1.0f / sqrtf((float)hd);
     for (size_t head = 0; head < m->n_heads; head++) {
         const float *qh = s->q + head * hd;
+        size_t kv_off = head / group * hd; /* grouped-query: heads share a key/value head */
         for (uint32_t t = 0; t <= s->pos; t++) {
-            const float *kt = k_cache + (size_t)t * h + head * hd;
+            const float *kt = k_cache + (size_t)t * kv + kv_off;
             float dot = 0.0f;
             for (size_t i = 0; i < hd; i++) dot += qh[i] * kt[i];
             s->att[t] = dot * inv_sqrt;
@@ -154,7 +179,7 @@ static void attention(const wmanifest *m, wstate *s, const float *k_cache,
         float *out = s->xb + head * hd;
         memset(out, 0, hd * sizeof *out);
         for (uint32_t t = 0; t <= s->pos; t++) {
-            const float *vt = v_cache + (size_t)t * h + head * hd;
+            const float *vt = v_cache + (size_t)t * kv + kv_off;
             for (size_t i = 0; i < hd; i++) out[i] += s->att[t] * vt[i];
         }
     }
@@ -163,17 +188,17 @@ static void attention(const wmanifest *m, wstate *s, const float *k_cache,
 /* x += wo . attention(rmsnorm(x) * attn_norm) */
 static void attention_block(const wmanifest *m, const wlayer *L, wstate *s, const wpool_team *team,
                             uint32_t layer) {
-    size_t h = m->hidden;
-    size_t offset = ((size_t)layer * s->ctx + s->pos) * h;
-    float *k = s->keys + offset, *v = s->values + offset;
+    size_t h = m->hidden, kv = wmanifest_kv_dim(m);
+    size_t plane = (size_t)layer * s->ctx * kv;
+    float *k = s->keys + plane + (size_t)s->pos * kv, *v = s->values + plane + (size_t)s->pos * kv;
     wops_rmsnorm(s->xb, s->x, L->attn_norm, h, m->norm_eps);
-    wops_matvec(team, s->q, L->wq, s->xb, h, h);
-    wops_matvec(team, k, L->wk, s->xb, h, h);
-    wops_matvec(team, v, L->wv, s->xb, h, h);
+    wmat_mul(team, s->q, &L->wq, s->xb, &s->xq);
+    wmat_mul(team, k, &L->wk, s->xb, &s->xq);
+    wmat_mul(team, v, &L->wv, s->xb, &s->xq);
     wops_rope(s->q, m->n_heads, m->head_dim, s->pos, m->rope_theta);
-    wops_rope(k, m->n_heads, m->head_dim, s->pos, m->rope_theta);
-    attention(m, s, s->keys + (size_t)layer * s->ctx * h, s->values + (size_t)layer * s->ctx * h);
-    wops_matvec(team, s->xb2, L->wo, s->xb, h, h);
+    wops_rope(k, m->n_kv_heads, m->head_dim, s->pos, m->rope_theta);
+    attention(m, s, s->keys + plane, s->values + plane);
+    wmat_mul(team, s->xb2, &L->wo, s->xb, &s->xq);
     for (size_t i = 0; i < h; i++) s->x[i] += s->xb2[i];
 }
 
@@ -186,21 +211,17 @@ static void swiglu_f32(const wpool_team *team, wstate *s, float *out, const floa
     wops_matvec(team, out, w2, s->hb, h, ffn);
 }
 
-/* The same for an expert record's payload (f32 or q8g). */
+/* The same for an expert record's payload, in the manifest's expert format. */
 static void expert_ffn(const wmanifest *m, const wpool_team *team, wstate *s, float *out,
                        const float *in, const uint8_t *payload) {
-    size_t h = m->hidden, ffn = m->expert_ffn, n = h * ffn, g = m->quant_group;
-    if (g == 0) {
-        const float *w = (const float *)payload;
-        swiglu_f32(team, s, out, in, w, w + n, w + 2 * n, h, ffn);
-        return;
-    }
-    size_t mat = n + 4 * (n / g); /* codes, then scales */
-    const uint8_t *w1 = payload, *w3 = payload + mat, *w2 = payload + 2 * mat;
-    wops_matvec_q8(team, s->hb, (const int8_t *)w1, w1 + n, g, in, ffn, h);
-    wops_matvec_q8(team, s->hb2, (const int8_t *)w3, w3 + n, g, in, ffn, h);
+    size_t h = m->hidden, ffn = m->expert_ffn, up = (size_t)wquant_bytes(m->expert_q, ffn, h);
+    wmat w1 = wmat_view(m->expert_q, ffn, h, payload);
+    wmat w3 = wmat_view(m->expert_q, ffn, h, payload + up);
+    wmat w2 = wmat_view(m->expert_q, h, ffn, payload + 2 * up);
+    wmat_mul(team, s->hb, &w1, in, &s->xq);
+    wmat_mul(team, s->hb2, &w3, in, &s->xq);
     wops_swiglu(s->hb, s->hb2, ffn);
-    wops_matvec_q8(team, out, (const int8_t *)w2, w2 + n, g, s->hb, h, ffn);
+    wmat_mul(team, out, &w2, s->hb, &s->xq);
 }
 
 /* Softmax over all experts, keep the top_k (ties: lower index), renormalise. */
@@ -227,8 +248,13 @@ static waste_status moe_ffn(const wmanifest *m, const wlayer *L, wstate *s, cons
     size_t h = m->hidden;
     uint32_t chosen[WM_MAX_TOP_K];
     float weights[WM_MAX_TOP_K];
-    wops_matvec(team, s->router, L->router, s->xb, m->n_experts, h);
-    route(m, s->router, chosen, weights);
+    if (m->llama) { /* a dense FFN stored as the layer's only expert */
+        chosen[0] = 0;
+        weights[0] = 1.0f;
+    } else {
+        wops_matvec(team, s->router, L->router, s->xb, m->n_experts, h);
+        route(m, s->router, chosen, weights);
+    }
     memset(s->moe, 0, h * sizeof *s->moe);
     for (uint32_t k = 0; k < m->top_k; k++) {
         const uint8_t *payload;
@@ -264,7 +290,7 @@ waste_status wmodel_forward(const wmanifest *m, const wweights *w, wstate *s, co
     }
     if (want_logits) {
         wops_rmsnorm(s->xb, s->x, w->final_norm, h, m->norm_eps);
-        wops_matvec(team, s->logits, w->lm_head, s->xb, m->vocab_size, h);
+        wmat_mul(team, s->logits, &w->lm_head, s->xb, &s->xq);
     }
     s->pos++;
     return WASTE_OK;

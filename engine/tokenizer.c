@@ -19,6 +19,8 @@
 
 #include "detail.h"
 #include "json.h"
+#include "manifest.h"
+#include "unicode.h"
 
 enum { KIND_NONE = 0, KIND_BPE = 1, KIND_SPECIAL = 2 };
 
@@ -35,6 +37,10 @@ struct wtok {
     int32_t *specials;       /* ids of special tokens, in file order */
     size_t n_specials;
     uint8_t special_first[256]; /* 1 when some special's text starts with this byte */
+    int pretokenizer;        /* WPRE_* */
+    uint64_t *merge_keys;    /* tokenizer.merges: open-addressing map (left, right) + 1 */
+    int32_t *merge_prio;     /*   -> its line number, the merge's priority */
+    size_t merge_slots;      /* power of two; 0 without tokenizer.merges */
 };
 
 /* ---------------------------------------------------------------- errors */
@@ -188,11 +194,22 @@ static waste_status load_ranks(wtok *t, const char *dir, char *err, size_t errca
     }
     free(scratch);
     free(text);
-    if (st != WASTE_OK) return st;
+    return st;
+}
+
+/* Every byte encodes: as its own token, or as the unknown token. */
+static waste_status check_bytes(wtok *t, const char *unk, char *err, size_t errcap) {
+    int32_t unk_id = unk[0] ? wtok_special_id(t, unk) : -1;
+    if (unk[0] && unk_id < 0)
+        return wdetail(err, errcap, WASTE_E_FORMAT, "manifest unk_token \"%s\" is not in specials.json",
+                       unk);
     for (int b = 0; b < 256; b++)
         if (t->byte_rank[b] < 0) {
-            snprintf(err, errcap, "tokenizer.model: no rank for the single byte 0x%02x", b);
-            return WASTE_E_FORMAT;
+            if (unk_id < 0) {
+                snprintf(err, errcap, "tokenizer.model: no rank for the single byte 0x%02x", b);
+                return WASTE_E_FORMAT;
+            }
+            t->byte_rank[b] = unk_id;
         }
     return WASTE_OK;
 }
@@ -292,16 +309,106 @@ static waste_status check_every_id_defined(const wtok *t, char *err, size_t errc
     return WASTE_OK;
 }
 
+/* ------------------------------------------------------ tokenizer.merges */
+
+static uint64_t merge_key(int32_t left, int32_t right) {
+    return ((uint64_t)(uint32_t)left << 32 | (uint32_t)right) + 1; /* 0 marks an empty slot */
+}
+
+/* The priority of merging token left with token right, or -1. */
+static int32_t merge_priority(const wtok *t, int32_t left, int32_t right) {
+    uint64_t key = merge_key(left, right);
+    size_t mask = t->merge_slots - 1;
+    for (size_t i = (size_t)(key * 0x9E3779B97F4A7C15ull >> 20) & mask;; i = (i + 1) & mask) {
+        if (t->merge_keys[i] == 0) return -1;
+        if (t->merge_keys[i] == key) return t->merge_prio[i];
+    }
+}
+
+/* One "<left id> <right id>" line: both BPE tokens whose concatenation is one. */
+static waste_status load_merge_line(wtok *t, const char *line, size_t n, int32_t prio,
+                                    uint8_t *scratch, char *err, size_t errcap) {
+    unsigned long ids[2];
+    char text[64], tail;
+    if (n >= sizeof text) n = sizeof text - 1;
+    memcpy(text, line, n);
+    text[n] = '\0';
+    if (sscanf(text, "%lu %lu%c", &ids[0], &ids[1], &tail) != 2 || ids[0] >= t->vocab_size ||
+        ids[1] >= t->vocab_size || t->kind[ids[0]] != KIND_BPE || t->kind[ids[1]] != KIND_BPE)
+        return wdetail(err, errcap, WASTE_E_FORMAT,
+                       "tokenizer.merges line %d: expected \"<left id> <right id>\" of two BPE tokens",
+                       prio + 1);
+    size_t a = t->length[ids[0]], b = t->length[ids[1]];
+    memcpy(scratch, t->arena + t->offset[ids[0]], a);
+    memcpy(scratch + a, t->arena + t->offset[ids[1]], b);
+    if (rank_of(t, scratch, a + b) < 0)
+        return wdetail(err, errcap, WASTE_E_FORMAT,
+                       "tokenizer.merges line %d: tokens %lu and %lu do not merge into a token",
+                       prio + 1, ids[0], ids[1]);
+    uint64_t key = merge_key((int32_t)ids[0], (int32_t)ids[1]);
+    size_t mask = t->merge_slots - 1;
+    for (size_t i = (size_t)(key * 0x9E3779B97F4A7C15ull >> 20) & mask;; i = (i + 1) & mask) {
+        if (t->merge_keys[i] == key)
+            return wdetail(err, errcap, WASTE_E_FORMAT, "tokenizer.merges line %d: repeats a merge",
+                           prio + 1);
+        if (t->merge_keys[i] == 0) {
+            t->merge_keys[i] = key;
+            t->merge_prio[i] = prio;
+            return WASTE_OK;
+        }
+    }
+}
+
+/* Optional: without the file, merges go by the rank of their result. */
+static waste_status load_merges(wtok *t, const char *dir, char *err, size_t errcap) {
+    char path[4096], *text;
+    size_t len, lines = 0, longest = 0;
+    if ((size_t)snprintf(path, sizeof path, "%s/tokenizer.merges", dir) >= sizeof path)
+        return wdetail(err, errcap, WASTE_E_ARG, "container path too long");
+    FILE *probe = fopen(path, "rb");
+    if (!probe) return WASTE_OK;
+    fclose(probe);
+    waste_status st = read_whole_file(path, &text, &len, err, errcap);
+    if (st != WASTE_OK) return st;
+    for (size_t i = 0; i < len; i++) lines += text[i] == '\n';
+    for (uint32_t id = 0; id < t->vocab_size; id++)
+        if (t->length[id] > longest) longest = t->length[id];
+    t->merge_slots = 1;
+    while (t->merge_slots < 2 * (lines + 1)) t->merge_slots *= 2;
+    t->merge_keys = calloc(t->merge_slots, sizeof *t->merge_keys);
+    t->merge_prio = malloc(t->merge_slots * sizeof *t->merge_prio);
+    uint8_t *scratch = malloc(2 * longest + 1);
+    if (!t->merge_keys || !t->merge_prio || !scratch || lines >= INT32_MAX)
+        st = wdetail(err, errcap, WASTE_E_OOM, "out of memory for %zu merges", lines);
+    int32_t prio = 0;
+    for (size_t pos = 0; pos < len && st == WASTE_OK; prio++) {
+        const char *nl = memchr(text + pos, '\n', len - pos);
+        size_t end = nl ? (size_t)(nl - text) : len;
+        st = load_merge_line(t, text + pos, end - pos, prio, scratch, err, errcap);
+        pos = end + 1;
+    }
+    free(scratch);
+    free(text);
+    return st;
+}
+
 /* ------------------------------------------------------------ load/free */
 
-waste_status wtok_load(const char *dir, uint32_t vocab_size, wtok **out, char *err,
-                       size_t errcap) {
+waste_status wtok_load(const char *dir, uint32_t vocab_size, wtok **out, char *err, size_t errcap) {
+    const wtok_options defaults = {vocab_size, WPRE_DEFAULT, ""};
+    return wtok_load_with(dir, &defaults, out, err, errcap);
+}
+
+waste_status wtok_load_with(const char *dir, const wtok_options *opt, wtok **out, char *err,
+                            size_t errcap) {
+    uint32_t vocab_size = opt->vocab_size;
     *out = NULL;
     if (!dir || vocab_size < 256 || vocab_size > (1u << 24))
         return wdetail(err, errcap, WASTE_E_FORMAT, "tokenizer: vocab_size out of range");
     wtok *t = calloc(1, sizeof *t);
     if (!t) return wdetail(err, errcap, WASTE_E_OOM, "out of memory");
     t->vocab_size = vocab_size;
+    t->pretokenizer = opt->pretokenizer;
     t->n_slots = 1;
     while (t->n_slots < 2 * (size_t)vocab_size) t->n_slots *= 2;
     t->offset = calloc(vocab_size, sizeof *t->offset);
@@ -316,7 +423,9 @@ waste_status wtok_load(const char *dir, uint32_t vocab_size, wtok **out, char *e
     for (int b = 0; b < 256; b++) t->byte_rank[b] = -1;
     waste_status st = load_ranks(t, dir, err, errcap);
     if (st == WASTE_OK) st = load_specials(t, dir, err, errcap);
+    if (st == WASTE_OK) st = check_bytes(t, opt->unk, err, errcap);
     if (st == WASTE_OK) st = check_every_id_defined(t, err, errcap);
+    if (st == WASTE_OK) st = load_merges(t, dir, err, errcap);
     if (st != WASTE_OK) {
         wtok_free(t);
         return st;
@@ -333,6 +442,8 @@ void wtok_free(wtok *t) {
     free(t->kind);
     free(t->slots);
     free(t->specials);
+    free(t->merge_keys);
+    free(t->merge_prio);
     free(t);
 }
 
@@ -404,13 +515,17 @@ static int scratch_reserve(scratch *s, size_t n) {
     return 1;
 }
 
-/* Pushes the pair starting at symbol pos when its concatenation is a token. */
+/* Pushes the pair starting at symbol pos when it may merge: with
+ * tokenizer.merges when that lists the pair (its priority is the line
+ * number), else when the concatenation is a token (its rank). */
 static void push_pair(const wtok *t, const uint8_t *p, size_t n, scratch *s, size_t *hn,
                       uint32_t pos) {
     uint32_t l = s->len[pos];
     if (pos + l >= n) return;
     uint32_t r = s->len[pos + l];
-    int32_t rank = rank_of(t, p + pos, (size_t)l + r);
+    int32_t rank = t->merge_slots
+                       ? merge_priority(t, rank_of(t, p + pos, l), rank_of(t, p + pos + l, r))
+                       : rank_of(t, p + pos, (size_t)l + r);
     if (rank >= 0) heap_push(s->heap, hn, (pair){rank, pos, l, r});
 }
 
@@ -419,8 +534,11 @@ static waste_status bpe_piece(const wtok *t, const uint8_t *p, size_t n, scratch
         emit(out, t->byte_rank[p[0]]);
         return WASTE_OK;
     }
-    int32_t whole = rank_of(t, p, n);
-    if (whole >= 0) {  /* common case: the pre-token is itself a token */
+    /* Common case: the pre-token is itself a token.  Merge lists (as in
+     * Hugging Face's BPE) do not take that shortcut: a token may be
+     * unreachable by its merges. */
+    int32_t whole = t->merge_slots ? -1 : rank_of(t, p, n);
+    if (whole >= 0) {
         emit(out, whole);
         return WASTE_OK;
     }
@@ -476,8 +594,99 @@ static size_t pretoken_len(const uint8_t *p, size_t n) {
     return j;
 }
 
+/* The code point at p (1 to 4 bytes); a byte that does not start valid
+ * UTF-8 stands alone as a code point of no class. */
+static size_t utf8_next(const uint8_t *p, size_t n, uint32_t *cp) {
+    static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
+    size_t len = p[0] < 0x80 ? 1 : (p[0] >> 5) == 6 ? 2 : (p[0] >> 4) == 14 ? 3 : (p[0] >> 3) == 30 ? 4 : 0;
+    uint32_t c = len == 1 ? p[0] : len == 2 ? p[0] & 0x1F : len == 3 ? p[0] & 0x0F : p[0] & 0x07;
+    if (len == 0 || len > n) goto invalid;
+    for (size_t i = 1; i < len; i++) {
+        if ((p[i] & 0xC0) != 0x80) goto invalid;
+        c = c << 6 | (p[i] & 0x3F);
+    }
+    if (c < min_cp[len] || c > 0x10FFFF || (c >= 0xD800 && c <= 0xDFFF)) goto invalid;
+    *cp = c;
+    return len;
+invalid:
+    *cp = UINT32_MAX;
+    return 1;
+}
+
+static int uni_is_other(uint32_t c) {
+    return !wuni_is_space(c) && !wuni_is_letter(c) && !wuni_is_number(c);
+}
+
+/* Bytes from p that are all of one class (test) and within n. */
+static size_t run_of(const uint8_t *p, size_t n, int (*test)(uint32_t)) {
+    size_t k = 0;
+    while (k < n) {
+        uint32_t c;
+        size_t len = utf8_next(p + k, n - k, &c);
+        if (!test(c)) break;
+        k += len;
+    }
+    return k;
+}
+
+/* One match of GPT-2's pattern  's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+|
+ * ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+  at p, within a piece of n bytes. */
+static size_t gpt2_match(const uint8_t *p, size_t n) {
+    if (p[0] == '\'' && n >= 2) {
+        if (memchr("stmd", p[1], 4)) return 2;
+        if (n >= 3 && (memcmp(p + 1, "re", 2) == 0 || memcmp(p + 1, "ve", 2) == 0 ||
+                       memcmp(p + 1, "ll", 2) == 0))
+            return 3;
+    }
+    size_t skip = p[0] == ' ' && n > 1 ? 1 : 0;
+    uint32_t c;
+    utf8_next(p + skip, n - skip, &c);
+    if (wuni_is_letter(c)) return skip + run_of(p + skip, n - skip, wuni_is_letter);
+    if (wuni_is_number(c)) return skip + run_of(p + skip, n - skip, wuni_is_number);
+    if (uni_is_other(c)) return skip + run_of(p + skip, n - skip, uni_is_other);
+    /* White space: all of it at the piece's end, else all but its last
+     * character, which then starts the next match (unless it is alone). */
+    size_t k = 0, last = 0;
+    while (k < n) {
+        size_t len = utf8_next(p + k, n - k, &c);
+        if (!wuni_is_space(c)) break;
+        last = len;
+        k += len;
+    }
+    return k == n || k == last ? k : k - last;
+}
+
+/* smollm: every number character is a pre-token of its own; the text
+ * between them is split by gpt2_match. */
+static waste_status encode_smollm(const wtok *t, const uint8_t *p, size_t n, scratch *s,
+                                  sink *out) {
+    size_t i = 0;
+    waste_status st = WASTE_OK;
+    while (i < n && st == WASTE_OK) {
+        uint32_t c;
+        size_t len = utf8_next(p + i, n - i, &c), end = i;
+        if (wuni_is_number(c)) {
+            st = bpe_piece(t, p + i, len, s, out);
+            i += len;
+            continue;
+        }
+        while (end < n) {
+            size_t step = utf8_next(p + end, n - end, &c);
+            if (wuni_is_number(c)) break;
+            end += step;
+        }
+        while (i < end && st == WASTE_OK) {
+            size_t m = gpt2_match(p + i, end - i);
+            st = bpe_piece(t, p + i, m, s, out);
+            i += m;
+        }
+    }
+    return st;
+}
+
 static waste_status encode_plain(const wtok *t, const uint8_t *p, size_t n, scratch *s,
                                  sink *out) {
+    if (t->pretokenizer == WPRE_SMOLLM) return encode_smollm(t, p, n, s, out);
     while (n) {
         size_t len = pretoken_len(p, n);
         waste_status st = bpe_piece(t, p, len, s, out);

@@ -8,17 +8,28 @@
 #ifndef WASTE_TOKENIZER_H
 #define WASTE_TOKENIZER_H
 
+#include "manifest.h"
 #include "waste.h"
 
 typedef struct wtok wtok;
 
-/* Load <dir>/tokenizer.model and <dir>/specials.json.  vocab_size is the
- * manifest's: every rank and special id must be below it.
+typedef struct {
+    uint32_t vocab_size; /* the manifest's: every rank and special id is below it */
+    int pretokenizer;    /* WPRE_* (manifest.h) */
+    const char *unk;     /* a special's text that stands for a byte without a token; "" for none */
+} wtok_options;
+
+/* Load <dir>/tokenizer.model, <dir>/specials.json and, when present,
+ * <dir>/tokenizer.merges.  Without an unk token every byte needs a token.
  * Errors: WASTE_E_IO (missing file), WASTE_E_FORMAT (bad line, duplicate or
  * out-of-range id, missing single-byte ranks, bad or repeated special, an id
- * below vocab_size that neither file defines), WASTE_E_OOM. */
-waste_status wtok_load(const char *dir, uint32_t vocab_size, wtok **out,
-                       char *err, size_t errcap);
+ * below vocab_size that neither file defines, a bad merge, an unk that is no
+ * special), WASTE_E_OOM. */
+waste_status wtok_load_with(const char *dir, const wtok_options *opt, wtok **out, char *err,
+                            size_t errcap);
+
+/* wtok_load_with the default pre-tokenizer and no unk token. */
+waste_status wtok_load(const char *dir, uint32_t vocab_size, wtok **out, char *err, size_t errcap);
 
 void wtok_free(wtok *tok);
 

@@ -49,7 +49,7 @@ struct waste_ctx {
     int lock_fd;
     int32_t bos, eos, media_pad;
     uint32_t fingerprint;
-    char quant_summary[64];
+    char quant_summary[96];
     uint64_t tokens_generated;
     double ms_total;
     char detail[DETAIL_MAX];
@@ -82,8 +82,8 @@ const char *waste_version(void) { return ENGINE_VERSION; }
 int waste_version_number(void) { return ENGINE_VERSION_NUMBER; }
 
 const char *waste_build_info(void) {
-    return "waste reference engine " ENGINE_VERSION ": C11 scalar (no SIMD), pthreads, "
-           "container waste-ref v1";
+    return "waste reference engine " ENGINE_VERSION ": C11, AVX2 dot products when the CPU "
+           "has them, pthreads, container waste-ref v1";
 }
 
 /* ------------------------------------------------------------ error detail */
@@ -165,7 +165,7 @@ static waste_status plan(const char *dir, const wmanifest *m, uint32_t ctx, int 
     waste_status st = with_vision ? wvision_plan(dir, m->hidden, &tower, err, errcap) : WASTE_OK;
     if (st != WASTE_OK) return st;
     waste_memplan p = {0};
-    p.trunk_bytes = 4 * wmanifest_trunk_floats(m);
+    p.trunk_bytes = wmanifest_trunk_bytes(m);
     p.state_bytes = wstate_kv_bytes(m, ctx);
     p.scratch_bytes = wstate_scratch_bytes(m, ctx);
     p.min_expert_cache = wmanifest_record_stride(m);
@@ -237,7 +237,8 @@ static waste_status lock_container(waste_ctx *ctx, char *err, size_t errcap) {
 }
 
 static waste_status load_tokenizer(waste_ctx *ctx, char *err, size_t errcap) {
-    waste_status st = wtok_load(ctx->dir, ctx->m.vocab_size, &ctx->tok, err, errcap);
+    const wtok_options opt = {ctx->m.vocab_size, ctx->m.pretokenizer, ctx->m.unk_token};
+    waste_status st = wtok_load_with(ctx->dir, &opt, &ctx->tok, err, errcap);
     if (st != WASTE_OK) return st;
     const struct { const char *key, *text; int32_t *id; int required; } names[] = {
         {"bos_token", ctx->m.bos_token, &ctx->bos, 1},
@@ -275,6 +276,21 @@ static waste_status configure_threads(waste_ctx *ctx, const waste_cfg *cfg, char
     return WASTE_OK;
 }
 
+static void quant_name(wquant q, char *out, size_t cap) {
+    if (q.kind == WQ_Q8) snprintf(out, cap, "Q8G%u", q.group);
+    else snprintf(out, cap, "%s", q.kind == WQ_Q4_1 ? "Q4_1" : "F32");
+}
+
+/* "experts Q8G32, trunk F32", plus the embeddings when they differ. */
+static void describe_quant(const wmanifest *m, char *out, size_t cap) {
+    char experts[16], trunk[16], embed[16];
+    quant_name(m->expert_q, experts, sizeof experts);
+    quant_name(m->weight_q, trunk, sizeof trunk);
+    quant_name(m->embed_q, embed, sizeof embed);
+    if (strcmp(trunk, embed) == 0) snprintf(out, cap, "experts %s, trunk %s", experts, trunk);
+    else snprintf(out, cap, "experts %s, trunk %s, embeddings %s", experts, trunk, embed);
+}
+
 static waste_status open_ctx(waste_ctx *ctx, const char *model_path, const waste_cfg *cfg, char *err,
                              size_t errcap) {
     waste_status st;
@@ -310,8 +326,7 @@ static waste_status open_ctx(waste_ctx *ctx, const char *model_path, const waste
     wexperts_warm(&ctx->x, ctx->usage_path);
     wmedia_init(&ctx->media, ctx->m.hidden, cfg->vision ? ctx_tokens : 0);
     ctx->fingerprint = model_fingerprint(&ctx->m, &ctx->w);
-    if (ctx->m.quant_group) snprintf(ctx->quant_summary, sizeof ctx->quant_summary, "experts Q8G%u, trunk F32", ctx->m.quant_group);
-    else snprintf(ctx->quant_summary, sizeof ctx->quant_summary, "experts F32, trunk F32");
+    describe_quant(&ctx->m, ctx->quant_summary, sizeof ctx->quant_summary);
     return WASTE_OK;
 }
 
@@ -513,7 +528,7 @@ static waste_status check_input(waste_ctx *ctx, const int32_t *tokens, size_t n,
 static waste_status eval_token(waste_ctx *ctx, int32_t token, int want_logits) {
     float *embedding = ctx->s.xb2; /* free until the first layer runs */
     if (token != ctx->media_pad || !wmedia_take_row(&ctx->media, embedding))
-        embedding = (float *)ctx->w.tok_embed + (size_t)token * ctx->m.hidden;
+        wmodel_embed(&ctx->w, token, embedding);
     return wmodel_forward(&ctx->m, &ctx->w, &ctx->s, &ctx->team, &ctx->x, embedding, want_logits,
                           ctx->detail, sizeof ctx->detail);
 }

@@ -11,12 +11,14 @@ import threading
 from pathlib import Path
 from typing import Optional
 
+from . import decode, grammar
 from .chatfmt import NoChatFormat, resolve_chat_format
 from .engine import Engine, EngineConfig, LibraryNotFound, MemPlan, WasteError, load_library
 from .http import Server, stderr_log
 from .identity import state_identity
 from .prefill import DEFAULT_CHUNK
 from .prefix_cache import DEFAULT_MAX_ENTRIES, PrefixCache, PrefixCacheError, default_directory
+from .reply_memory import ReplyMemory
 from .service import Service, ServiceOptions
 from .warm import WarmError, Warmer, warm_requests
 
@@ -106,6 +108,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                         "(repeatable)")
     p.add_argument("--no-prefix-cache", action="store_true",
                    help="prefill every request from scratch")
+    p.add_argument("--keep-reasoning", action="store_true",
+                   help="give a returned reply whose reasoning the client dropped the reasoning "
+                        "this server remembers for it")
     p.add_argument("--quiet", action="store_true", help="no per-request log lines")
     return p.parse_args(argv)
 
@@ -155,12 +160,22 @@ def banner(lib, engine: Engine, fmt, args: argparse.Namespace, url: str,
          if not getattr(fmt, "supports_reasoning", False) else
          f"thinking {'off' if args.no_thinking else 'on'} by default (reasoning_effort overrides)"),
         f"prefix   {describe_cache(cache)}",
+        structure_line(),
         f"listen   {url}",
     ]
     if args.host not in LOOPBACK and not args.api_key:
         lines.append(f"WARNING  listening on {args.host} without --api-key: anyone who can reach "
                      "this port can use the model")
     return "\n".join(lines)
+
+
+def structure_line() -> str:
+    """Whether replies can be held to a format and carry logprobs (optional packages)."""
+    if grammar.missing() is None:
+        return "struct   structured output and logprobs on (llguidance)"
+    what = ("structured output off (logprobs on)" if decode.missing() is None
+            else "structured output and logprobs off")
+    return f"struct   {what}: {grammar.missing()}; to enable: {grammar.ENABLE_HINT}"
 
 
 def default_prefix_cache_bytes(directory: str) -> int:
@@ -237,7 +252,8 @@ def serve(lib, engine: Engine, args: argparse.Namespace, warm: list) -> int:
                                  max_tokens=args.max_tokens, thinking=not args.no_thinking,
                                  vision=args.vision, allow_local_images=args.allow_local_images,
                                  prefix_cache=cache, snapshot_min_tokens=args.prefix_cache_min,
-                                 log=log)
+                                 log=log, reply_memory=ReplyMemory(),
+                                 keep_reasoning=args.keep_reasoning)
         return run_server(lib, engine, fmt, options, args, log, warm)
     finally:
         if cache is not None:
@@ -276,6 +292,7 @@ def run_server(lib, engine: Engine, fmt, options: ServiceOptions, args: argparse
         server.server_close()
         if warmer is not None:
             warmer.join()  # it stops at its next chunk; the engine closes after
+        service.close()   # deferred snapshots stop before the engine closes
     try:
         engine.save_usage()  # what this run learned warms the expert cache of the next
     except WasteError as e:

@@ -17,6 +17,8 @@ THINKING_ON_EFFORTS = ("low", "high", "max")
 THINKING_OFF_EFFORTS = ("none", "minimal", "off")
 MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool")
 IMAGE_PARTS = ("image_url", "image")  # OpenAI's part, and the K3 release's own
+MAX_CHAT_TOP_LOGPROBS = 20
+MAX_COMPLETION_LOGPROBS = 5
 # Per role, the message fields besides content that reach the prompt as text.
 STRING_FIELDS = {"system": ("name",), "developer": ("name",), "user": ("name",),
                  "assistant": ("name", "reasoning_content", "reasoning"),
@@ -71,6 +73,7 @@ class ChatRequest:
     response_format: Optional[dict] = None
     thinking: Optional[bool] = None   # None: the server's default
     thinking_effort: Optional[str] = None
+    logprobs: Optional[int] = None    # None: off; else how many top_logprobs per token
 
 
 @dataclass
@@ -79,6 +82,7 @@ class CompletionRequest:
     sampling: Sampling
     stream: bool = False
     include_usage: bool = False
+    logprobs: Optional[int] = None    # None: off; else how many top_logprobs per token
 
 
 def image_url(part: dict) -> Any:
@@ -281,6 +285,27 @@ def _parse_response_format(value: Any) -> Optional[dict]:
     return None if value["type"] == "text" else value
 
 
+def _parse_chat_logprobs(body: dict) -> Optional[int]:
+    on, top = body.get("logprobs"), body.get("top_logprobs")
+    if on is not None and not isinstance(on, bool):
+        raise invalid("logprobs", "logprobs must be a boolean")
+    if top is not None and (not _is_int(top) or not 0 <= top <= MAX_CHAT_TOP_LOGPROBS):
+        raise invalid("top_logprobs",
+                      f"top_logprobs must be an integer from 0 to {MAX_CHAT_TOP_LOGPROBS}")
+    if top is not None and not on:
+        raise invalid("top_logprobs", "top_logprobs needs logprobs: true")
+    return (top or 0) if on else None
+
+
+def _parse_completion_logprobs(body: dict) -> Optional[int]:
+    value = body.get("logprobs")
+    if value is None:
+        return None
+    if not _is_int(value) or not 0 <= value <= MAX_COMPLETION_LOGPROBS:
+        raise invalid("logprobs", f"logprobs must be an integer from 0 to {MAX_COMPLETION_LOGPROBS}")
+    return value
+
+
 def parse_chat_request(body: dict) -> ChatRequest:
     messages = _parse_messages(body.get("messages"))
     sampling = _parse_sampling(body)
@@ -291,7 +316,8 @@ def parse_chat_request(body: dict) -> ChatRequest:
                        include_usage=include_usage, tools=tools,
                        tool_choice=_parse_tool_choice(body.get("tool_choice"), tools),
                        response_format=_parse_response_format(body.get("response_format")),
-                       thinking=thinking, thinking_effort=effort)
+                       thinking=thinking, thinking_effort=effort,
+                       logprobs=_parse_chat_logprobs(body))
 
 
 def parse_completion_request(body: dict) -> CompletionRequest:
@@ -303,7 +329,8 @@ def parse_completion_request(body: dict) -> CompletionRequest:
     sampling = _parse_sampling(body)
     stream, include_usage = _parse_stream(body)
     return CompletionRequest(prompt=prompt, sampling=sampling, stream=stream,
-                             include_usage=include_usage)
+                             include_usage=include_usage,
+                             logprobs=_parse_completion_logprobs(body))
 
 
 # ---- responses --------------------------------------------------------------
@@ -341,24 +368,25 @@ def chat_message(content: str, reasoning: str, tool_calls: list[dict]) -> dict:
 
 
 def chat_completion(rid: str, created: int, model: str, message: dict,
-                    finish_reason: str, usage: Usage) -> dict:
+                    finish_reason: str, usage: Usage, logprobs: Optional[dict] = None) -> dict:
     return {"id": rid, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": message, "logprobs": None,
+            "choices": [{"index": 0, "message": message, "logprobs": logprobs,
                          "finish_reason": finish_reason}],
             "usage": usage.openai(), "waste": usage.waste}
 
 
 def chat_chunk(rid: str, created: int, model: str, delta: dict,
-               finish_reason: Optional[str] = None) -> dict:
+               finish_reason: Optional[str] = None, logprobs: Optional[dict] = None) -> dict:
     return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None,
+            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs,
                          "finish_reason": finish_reason}]}
 
 
 def text_completion(rid: str, created: int, model: str, text: str,
-                    finish_reason: Optional[str], usage: Optional[Usage] = None) -> dict:
+                    finish_reason: Optional[str], usage: Optional[Usage] = None,
+                    logprobs: Optional[dict] = None) -> dict:
     body = {"id": rid, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": None,
+            "choices": [{"index": 0, "text": text, "logprobs": logprobs,
                          "finish_reason": finish_reason}]}
     if usage is not None:
         body["usage"] = usage.openai()

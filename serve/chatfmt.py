@@ -22,7 +22,7 @@ from .xtml import Segment
 
 XTML_MARKERS = ("<|open|>", "<|sep|>", "<|close|>", "<|end_of_msg|>")
 TEMPLATE_ROLES = ("system", "user", "assistant")
-TEMPLATE_KEYS = (*TEMPLATE_ROLES, "open")
+TEMPLATE_KEYS = (*TEMPLATE_ROLES, "open", "default_system")
 TEMPLATE_LIMITS = "plain conversation only, no tools, no reasoning channel, no images"
 
 # Anything spelled like a control token; each must be a real special of the vocabulary.
@@ -54,6 +54,7 @@ class XtmlFormat:
     supports_images = True
     supports_tools = True
     supports_reasoning = True
+    prompts_response_format = True   # the prompt tells the model the format asked for
 
     def __init__(self, markers: Markers, special_ids: frozenset[int], media_pad: Optional[int]) -> None:
         self.markers = markers
@@ -95,6 +96,9 @@ class ChatTemplate:
     """chat.json's strings: (prefix, suffix) per role, and the prefix that hands over the floor."""
     turns: dict[str, tuple[str, str]]   # "user" and "assistant" always; "system" optional
     open: str
+    # The system message a conversation gets when it does not start with one
+    # (what e.g. SmolLM2's own template inserts); None for no such message.
+    default_system: Optional[str] = None
 
 
 def _parse_template(raw: str) -> ChatTemplate:
@@ -121,7 +125,12 @@ def _parse_template(raw: str) -> ChatTemplate:
         if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(s, str) for s in pair)):
             raise _Refused(f'chat.json: "{role}" must be a [prefix, suffix] pair of strings')
         turns[role] = (pair[0], pair[1])
-    return ChatTemplate(turns, data["open"])
+    default_system = data.get("default_system")
+    if default_system is not None and not isinstance(default_system, str):
+        raise _Refused('chat.json: "default_system" must be a string')
+    if default_system is not None and "system" not in turns:
+        raise _Refused('chat.json: "default_system" needs a "system" turn')
+    return ChatTemplate(turns, data["open"], default_system)
 
 
 def _template_strings(template: ChatTemplate) -> list[str]:
@@ -180,6 +189,7 @@ class TemplateFormat:
     supports_images = False
     supports_tools = False
     supports_reasoning = False
+    prompts_response_format = False  # only a grammar (serve/grammar.py) can hold the reply to it
 
     def __init__(self, path: Path, template: ChatTemplate, stop_tokens: list[int],
                  special_ids: frozenset[int]) -> None:
@@ -219,8 +229,12 @@ class TemplateFormat:
                image_prompts: Optional[Sequence[str]] = None,
                add_generation_prompt: bool = True) -> list[Segment]:
         """Template strings as markup segments, the caller's content always as text."""
-        self._refuse_request_fields(tools, tool_choice, response_format, thinking_effort)
+        self._refuse_request_fields(tools, tool_choice, thinking_effort)
         segments: list[Segment] = []
+        default = self.template.default_system
+        if default is not None and (not messages or _system_role(messages[0]).get("role") != "system"):
+            prefix, suffix = self.template.turns["system"]
+            segments += [Segment(prefix, True), Segment(default, False), Segment(suffix, True)]
         for i, message in enumerate(messages):
             prefix, suffix = self._turn(i, message)
             segments += [Segment(prefix, True),
@@ -236,15 +250,12 @@ class TemplateFormat:
         return [Segment(self.template.open, True)]
 
     @staticmethod
-    def _refuse_request_fields(tools, tool_choice, response_format, thinking_effort) -> None:
+    def _refuse_request_fields(tools, tool_choice, thinking_effort) -> None:
         if tools:
             raise ChatFormatError("tools need the XTML chat format; this container has chat.json",
                                   "tools")
         if tool_choice not in (None, "none", "auto"):
             raise ChatFormatError("tool_choice needs the XTML chat format", "tool_choice")
-        if response_format is not None and (not isinstance(response_format, Mapping)
-                                            or response_format.get("type", "text") != "text"):
-            raise ChatFormatError("response_format needs the XTML chat format", "response_format")
         if thinking_effort is not None:
             raise ChatFormatError("this chat format has no reasoning channel", "reasoning_effort")
 

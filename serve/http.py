@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional
 
 from . import api
 from .api import ApiError
+from .logprobs import chat_logprobs, completion_logprobs, text_length
 from .service import Service
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -242,8 +243,10 @@ class Handler(BaseHTTPRequestHandler):
         self._generate(
             req, self.server.service.chat,
             body=lambda reply: api.chat_completion(rid, created, model, reply.message,
-                                                   reply.finish_reason, reply.usage),
+                                                   reply.finish_reason, reply.usage, reply.logprobs),
             stream=dict(chunk=lambda delta: api.chat_chunk(rid, created, model, delta),
+                        with_logprobs=lambda delta, entries: api.chat_chunk(
+                            rid, created, model, delta, logprobs=chat_logprobs(entries)),
                         final=lambda finish: api.chat_chunk(rid, created, model, {}, finish),
                         usage=lambda usage: api.usage_chunk(rid, created, model,
                                                             "chat.completion.chunk", usage),
@@ -251,11 +254,18 @@ class Handler(BaseHTTPRequestHandler):
 
     def _complete(self, req: api.CompletionRequest) -> None:
         rid, created, model = api.new_id("cmpl"), api.now(), self.server.service.options.model_id
+        offset = [0]   # text_offset continues from chunk to chunk
+
+        def with_logprobs(delta: dict, entries: list) -> dict:
+            logprobs = completion_logprobs(entries, offset[0])
+            offset[0] += sum(text_length(e) for e in entries)
+            return api.text_completion(rid, created, model, delta["text"], None, logprobs=logprobs)
         self._generate(
             req, self.server.service.complete,
             body=lambda reply: api.text_completion(rid, created, model, reply.text,
-                                                   reply.finish_reason, reply.usage),
+                                                   reply.finish_reason, reply.usage, reply.logprobs),
             stream=dict(chunk=lambda text: api.text_completion(rid, created, model, text, None),
+                        with_logprobs=with_logprobs,
                         part=lambda delta: delta["text"],
                         final=lambda finish: api.text_completion(rid, created, model, "", finish),
                         usage=lambda usage: api.usage_chunk(rid, created, model, "text_completion",
@@ -387,12 +397,14 @@ class _StreamSink:
 
     def __init__(self, handler: Handler, *, chunk: Callable[[Any], dict],
                  final: Callable[[str], dict], usage: Optional[Callable[[Any], dict]],
+                 with_logprobs: Callable[[dict, list], dict],
                  first: Optional[dict] = None, part: Callable[[dict], Any] = lambda delta: delta):
         self._handler = handler
         self._encode = sse_encoder(chunk)  # part -> the SSE event of its chunk
         self._part = part          # the service's delta -> what varies in the chunk
         self._final = final        # finish_reason -> the closing chunk
         self._usage = usage        # usage -> the usage chunk, when the client asked for one
+        self._with_logprobs = with_logprobs  # (delta, logprob entries) -> its whole chunk
         self._first = first
         self._writer: Optional[_SocketWriter] = None
 
@@ -411,6 +423,10 @@ class _StreamSink:
             self.emit(self._first)
 
     def emit(self, delta: dict) -> None:
+        if "logprobs" in delta:  # serve/logprobs.py: the entries go beside the delta, not in it
+            delta = dict(delta)
+            self._writer.put(sse_event(self._with_logprobs(delta, delta.pop("logprobs"))))
+            return
         self._writer.put(self._encode(self._part(delta)))
 
     def progress(self, done: int, total: int) -> None:

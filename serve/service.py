@@ -10,20 +10,33 @@ from __future__ import annotations
 
 import codecs
 import secrets
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Protocol, Sequence
+from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
 
-from . import api
+from . import api, decode, grammar
 from .api import ApiError, ChatRequest, CompletionRequest, Sampling, Usage, invalid
 from .chatfmt import ChatFormatError, NoChatFormat
 from .checkpoints import preamble_ends
 from .engine import GenParams, GenResult, Stats, TokenInfo, UnencodableText, WasteError
+from .history_ids import overlay, tokenize_history
 from .images import StagedImages, image_parts, measure
+from .logprobs import LogprobTrail, chat_logprobs, completion_logprobs
 from .prefill import DEFAULT_CHUNK, PrefillCancelled, prefill
 from .prefix_cache import PrefixCache
+from .reply_memory import ReplyMemory
 from .stops import StopFilter
 from .xtml import PromptError, image_prompt
+
+
+# A snapshot after a reply is saved only when it spares the next turn at least this many
+# prompt positions over the one made before the reply (see the README's cost model).
+MIN_SPARED_TOKENS = 16
+# Deferred snapshots evaluate one token at a time: a request arriving meanwhile waits for
+# one token's evaluation at most (about 2 s on K3).
+SETTLE_CHUNK = 1
 
 
 class ReplySink(Protocol):
@@ -53,6 +66,9 @@ class ServiceOptions:
     prefill_chunk: int = DEFAULT_CHUNK
     snapshot_min_tokens: int = 0   # a shorter prompt that restored nothing is not snapshotted
     log: Optional[Callable[[str], None]] = None  # prefill progress of long prompts
+    reply_memory: Optional[ReplyMemory] = None   # None: history is always re-tokenized
+    keep_reasoning: bool = False   # render remembered reasoning into replies a client returns without it
+    eval_logits: bool = True       # False: the engine's waste_eval gives no logits to decode with
 
 
 @dataclass
@@ -61,6 +77,7 @@ class ChatReply:
     finish_reason: str
     usage: Usage
     client_gone: bool
+    logprobs: Optional[dict] = None   # choices[].logprobs, when asked for
 
 
 @dataclass
@@ -69,6 +86,7 @@ class CompletionReply:
     finish_reason: str
     usage: Usage
     client_gone: bool
+    logprobs: Optional[dict] = None
 
 
 @dataclass
@@ -79,6 +97,8 @@ class _Prompt:
     text_ids: list[int] = field(default_factory=list)  # with images: the ids before expansion
     image_start: int = 0                  # with images: where the first placeholder is in text_ids
     image_paths: Sequence[str] = ()       # with images: the files, to queue again after prefill
+    generation: Sequence[int] = ()        # the generation prompt's ids, which open the reply's message
+    conversation: Sequence = ()           # the rendered segments before the generation prompt
 
 
 @dataclass
@@ -91,8 +111,11 @@ class _Run:
     first_token_at: float = 0.0
     last_token_at: float = 0.0
     n_tokens: int = 0
+    tokens: list[int] = field(default_factory=list)  # every generated id
+    unevaluated: int = 0            # of those, how many the state lacks (serve's decoder: the last)
     cached_tokens: int = 0          # prompt positions restored from a snapshot
     stats: Optional[Stats] = None   # engine counters for this request only
+    decoding: dict = field(default_factory=lambda: decode.Report(constrained=False).waste())
 
 
 class Service:
@@ -103,6 +126,13 @@ class Service:
         self.options = options
         self.created = api.now()
         self.warming: Optional[dict] = None   # while --warm runs: what /health reports
+        self._waiting = 0                   # requests waiting for the engine lock
+        self._waiting_lock = threading.Lock()
+        # A snapshot to make when the engine is idle: the history's ids, the reply's rendering
+        # and ids, and how many of those the snapshot saved after generation holds.
+        self._settle: Optional[tuple[list[int], list, list[int], int]] = None
+        self._closed = False
+        self._vocabularies: dict[tuple, Any] = {}   # llguidance's view of the vocabulary, built once
 
     # -- models ---------------------------------------------------------------
 
@@ -130,7 +160,7 @@ class Service:
             raise invalid("tools", f"the {fmt.name} chat format cannot declare tools")
         images = image_parts(req.messages)
         self._check_images(images)
-        with self.engine.lock:
+        with self._engine_turn():
             self._start_empty()
             with StagedImages(self.options.allow_local_images) as staged:
                 paths = [staged.stage(url, param) for param, url in images]
@@ -139,25 +169,28 @@ class Service:
                 # The conversation and the generation prompt are tokenized apart (as
                 # segments always are) so that the end of the conversation, which the
                 # next turn's prompt will repeat, is a known position worth a snapshot.
-                segments = self._render(req, thinking, prompts)
+                messages, replies = self._recall(req, thinking, prompts)
+                conversation = self._render(req, messages, thinking, prompts)
                 try:
-                    history = self.engine.tokenize_segments(segments)
+                    history = tokenize_history(self.engine, conversation, replies)
                 except UnencodableText as e:
                     raise invalid("messages", f"a message cannot be tokenized: {e}") from None
-                ids = history + self.engine.tokenize_segments(
-                    self.chat_format.generation_prompt(thinking))
+                generation = self.engine.tokenize_segments(self.chat_format.generation_prompt(thinking))
+                ids = history + generation
                 for path, (param, _) in zip(paths, images):
                     try:
                         self.engine.image_add(path)  # validates the image, and counts its positions
                     except WasteError as e:
                         self.engine.image_clear()
                         raise invalid(param, f"image could not be encoded: {e}") from None
-                prompt = _Prompt(ids, snapshot_at=[*self._preamble_ends(req, thinking, segments),
-                                                   len(history)])
+                prompt = _Prompt(ids, snapshot_at=[
+                    *self._preamble_ends(req, messages, thinking, conversation, history),
+                    len(history)], generation=generation, conversation=conversation)
                 if paths:
                     prompt = _Prompt(self.engine.image_expand(ids), snapshot_at=prompt.snapshot_at,
                                      text_ids=ids, image_start=ids.index(self.chat_format.media_pad),
-                                     image_paths=paths)
+                                     image_paths=paths, generation=generation,
+                                     conversation=conversation)
                 return self._generate_chat(req, prompt, thinking, sink)
 
     def _thinking(self, req: ChatRequest) -> bool:
@@ -178,9 +211,9 @@ class Service:
         if image_parts(req.messages):
             raise invalid("messages", "a conversation with images is not warmed")
         thinking = self._thinking(req)
-        with self.engine.lock:
+        with self._engine_turn():
             self._start_empty()
-            segments = self._render(req, thinking, [])
+            segments = self._render(req, req.messages, thinking, [])
             history = self.engine.tokenize_segments(segments)
             ids = history + self.engine.tokenize_segments(self.chat_format.generation_prompt(thinking))
             if len(ids) > self.engine.info.ctx_max:
@@ -189,7 +222,8 @@ class Service:
                                code="context_length_exceeded")
             try:
                 restored = prefill(self.engine, ids, len(history), cache=cache,
-                                   snapshot_at=[*self._preamble_ends(req, thinking, segments),
+                                   snapshot_at=[*self._preamble_ends(req, req.messages, thinking,
+                                                                     segments, history),
                                                 len(history)],
                                    chunk=self.options.prefill_chunk, progress=progress,
                                    cancelled=cancelled)
@@ -197,18 +231,24 @@ class Service:
                 self.engine.reset()
         return len(history), restored
 
-    def _preamble_ends(self, req: ChatRequest, thinking: bool, segments: list) -> list[int]:
-        """Token positions where the tool declarations and the leading system messages end."""
+    def _preamble_ends(self, req: ChatRequest, messages: list, thinking: bool, segments: list,
+                       history: list[int]) -> list[int]:
+        """Token positions where the tool declarations and the leading system messages end
+        (those whose tokens begin `history` exactly)."""
         if self.options.prefix_cache is None:
             return []
 
-        def render(messages: list) -> list:
+        def render(part: list) -> list:
             return self.chat_format.render(
-                messages, tools=req.tools, thinking=thinking, add_generation_prompt=False,
+                part, tools=req.tools, thinking=thinking, add_generation_prompt=False,
                 thinking_effort=req.thinking_effort if thinking else None)
 
-        return [len(self.engine.tokenize_segments(segments[:n]))
-                for n in preamble_ends(render, req.messages, segments)]
+        ends = []
+        for n in preamble_ends(render, messages, segments):
+            ids = self.engine.tokenize_segments(segments[:n])
+            if history[:len(ids)] == ids:
+                ends.append(len(ids))
+        return ends
 
     def _check_images(self, images: list[tuple[str, str]]) -> None:
         if not images:
@@ -219,10 +259,41 @@ class Service:
         if not self.chat_format.supports_images:
             raise invalid(param, f"the {self.chat_format.name} chat format cannot carry images")
 
-    def _render(self, req: ChatRequest, thinking: bool, prompts: list[str]) -> list:
+    def _recall(self, req: ChatRequest, thinking: bool, prompts: list[str]) -> tuple[list, list]:
+        """The messages (with --keep-reasoning, remembered reasoning restored) and, for each
+        assistant message that renders as a remembered reply, (its rendering, the reply's ids)."""
+        memory = self.options.reply_memory
+        if memory is None or not len(memory):
+            return req.messages, []
+        messages, replies = list(req.messages), []
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict) or message.get("role") != "assistant":
+                continue
+            rendered = self._render_reply(message, thinking)
+            entry = memory.recall(rendered) if rendered else None
+            if entry is None and rendered and self.options.keep_reasoning:
+                entry = memory.recall_without_reasoning(
+                    rendered, lambda: self._render(req, messages[:i], thinking, prompts))
+                if entry is not None:
+                    message = {k: v for k, v in message.items() if k != "reasoning"}
+                    message["reasoning_content"] = entry.reasoning
+                    messages[i], rendered = message, self._render_reply(message, thinking)
+            if entry is not None:
+                replies.append((rendered, entry.ids))
+        return messages, replies
+
+    def _render_reply(self, message: dict, thinking: bool) -> list:
+        """One assistant message rendered as history; [] when it cannot be rendered on its own
+        (the whole conversation's rendering then reports what is wrong with it)."""
+        try:
+            return self.chat_format.render([message], thinking=thinking, add_generation_prompt=False)
+        except (ChatFormatError, ValueError, RecursionError):
+            return []
+
+    def _render(self, req: ChatRequest, messages: list, thinking: bool, prompts: list[str]) -> list:
         try:
             return self.chat_format.render(
-                req.messages, tools=req.tools, tool_choice=req.tool_choice,
+                messages, tools=req.tools, tool_choice=req.tool_choice,
                 response_format=req.response_format, thinking=thinking,
                 thinking_effort=req.thinking_effort if thinking else None, image_prompts=prompts,
                 add_generation_prompt=False)
@@ -237,6 +308,8 @@ class Service:
 
     def _generate_chat(self, req: ChatRequest, prompt: "_Prompt", thinking: bool,
                        sink: ReplySink) -> ChatReply:
+        ours, sink = self._decoder(req.sampling, req.logprobs, sink, "content",
+                                      self._chat_grammar(req, thinking))
         parser = self.chat_format.new_parser(thinking)
         stops = StopFilter(req.sampling.stop)
         reasoning: list[str] = []
@@ -255,11 +328,20 @@ class Service:
                 elif d.tool_call:
                     sink.emit({"tool_calls": [d.tool_call]})
 
-        def on_piece(token: int, piece: bytes) -> bool:
-            forward(parser.feed_token(token, piece))
-            return stops.hit or parser.ended
+        stop_ids = frozenset(self.chat_format.stop_tokens)
 
-        run, result, ms = self._run(prompt, req.sampling, self.chat_format.stop_tokens, sink, on_piece)
+        def on_piece(token: int, piece: bytes) -> bool:
+            closed = parser.ended
+            forward(parser.feed_token(token, piece))
+            if stops.hit:
+                return True
+            # A stop token ends generation by itself, and an uncancelled generate leaves a
+            # state worth a snapshot. So once the message has closed, the model gets one more
+            # token for the stop token that follows: anything else is cancelled.
+            return closed and token not in stop_ids
+
+        run, result, ms = self._run(prompt, req.sampling, self.chat_format.stop_tokens, sink, on_piece,
+                                    ours)
         if not stops.hit and not run.client_gone:
             forward(parser.finish())
             tail = stops.flush()
@@ -269,13 +351,99 @@ class Service:
         tool_calls = parser.reply.tool_calls
         finish = self._finish_reason(run, result, stops.hit or parser.ended, bool(tool_calls))
         message = api.chat_message("".join(content), "".join(reasoning), tool_calls)
+        if not run.client_gone:
+            self._remember(prompt, thinking, run, result, message)
         return ChatReply(message, finish, self._usage(len(prompt.ids), run, result, ms),
-                         run.client_gone)
+                         run.client_gone, _trail(sink, chat_logprobs))
+
+    def _remember(self, prompt: "_Prompt", thinking: bool, run: _Run, result: GenResult,
+                  message: dict) -> None:
+        """Keep the reply's ids for the history of later turns, and a snapshot of the state
+        that holds them."""
+        memory, cache = self.options.reply_memory, self.options.prefix_cache
+        rendered = self._render_reply(message, thinking) if run.tokens else []
+        ids = [*prompt.generation, *run.tokens]
+        if memory is not None and rendered:
+            reasoning = message.get("reasoning_content") or ""
+            dropped = self._render_reply({k: v for k, v in message.items() if k != "reasoning_content"},
+                                         thinking) if reasoning else rendered
+            memory.remember(rendered, ids, reasoning,
+                            (prompt.conversation, dropped) if dropped != rendered else None)
+        # A full context leaves no room for a next turn; snapshots never reach past images.
+        if cache is None or result.context_full or prompt.image_paths:
+            return
+        held = len(ids) - run.unevaluated   # of the reply's ids, those the state holds
+        saved = 0
+        # A cancelled generate leaves a state the ABI does not describe (it asks for a reset).
+        if not result.cancelled and held >= MIN_SPARED_TOKENS:  # else a save costs more than it spares
+            try:
+                if cache.store([*prompt.ids, *ids[len(prompt.generation):held]], self.engine.save_state):
+                    saved = held
+            except (WasteError, OSError):
+                pass   # a snapshot only spares later requests work
+        if memory is not None and rendered:
+            # The next turn holds the whole message: after a cancel, the reply again up to a
+            # stop string's cut (never past what the client saw); after max_tokens, the closing
+            # markup the model never wrote. The idle engine builds that state.
+            self._settle = (prompt.ids[:len(prompt.ids) - len(prompt.generation)], rendered, ids, saved)
+            threading.Thread(target=self.settle, name="settle", daemon=True).start()
+
+    def settle(self) -> None:
+        """Make the deferred snapshot, in idle time only.
+
+        It restores the longest snapshot of it and evaluates the rest, in small
+        chunks; a request that starts waiting for the engine ends it at the next
+        chunk. Runs on its own thread after a reply; tests call it to wait for it.
+        """
+        with self.engine.lock:
+            job, self._settle = self._settle, None
+            if job is None or self._closed or self._someone_waiting():
+                return
+            history, rendered, ids, saved = job
+            try:
+                tokens = history + overlay(self.engine, rendered, ids)
+                if len(tokens) - len(history) < MIN_SPARED_TOKENS or tokens[len(history):] == ids[:saved]:
+                    return   # too close to the snapshot before the reply, or the one after it
+                self._start_empty()
+                # prefill leaves one token for generate: the last one is evaluated apart.
+                prefill(self.engine, tokens, len(tokens) - 1, cache=self.options.prefix_cache,
+                        chunk=SETTLE_CHUNK, cancelled=self._someone_waiting)
+                self.engine.eval(tokens[-1:])
+                self.options.prefix_cache.store(tokens, self.engine.save_state)
+            except (PrefillCancelled, UnencodableText, WasteError, OSError):
+                pass   # the snapshot only spares the next turn work; that turn goes on without it
+            finally:
+                self._start_empty()
+
+    def close(self) -> None:
+        """No more deferred work: returns once none is running, before the engine closes."""
+        self._closed = True
+        with self.engine.lock:
+            self._settle = None
+
+    def _someone_waiting(self) -> bool:
+        return self._waiting > 0 or self._closed
+
+    @contextmanager
+    def _engine_turn(self) -> Iterator[None]:
+        """Hold the engine for one request; deferred work yields to it and is dropped."""
+        with self._waiting_lock:
+            self._waiting += 1
+        try:
+            self.engine.lock.acquire()
+        finally:
+            with self._waiting_lock:
+                self._waiting -= 1
+        try:
+            self._settle = None
+            yield
+        finally:
+            self.engine.lock.release()
 
     # -- completions ----------------------------------------------------------
 
     def complete(self, req: CompletionRequest, sink: ReplySink) -> CompletionReply:
-        with self.engine.lock:
+        with self._engine_turn():
             self._start_empty()
             # The engine knows whether its container has a BOS to add.
             try:
@@ -287,6 +455,7 @@ class Service:
             return self._generate_text(req, ids, sink)
 
     def _generate_text(self, req: CompletionRequest, ids: list[int], sink: ReplySink) -> CompletionReply:
+        ours, sink = self._decoder(req.sampling, req.logprobs, sink, "text")
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         stops = StopFilter(req.sampling.stop)
         special_ids = frozenset(self.engine.specials.values())
@@ -302,13 +471,56 @@ class Service:
                 show(stops.feed(decoder.decode(piece)))
             return stops.hit
 
-        run, result, ms = self._run(_Prompt(ids), req.sampling, (), sink, on_piece)
+        run, result, ms = self._run(_Prompt(ids), req.sampling, (), sink, on_piece, ours)
         if not stops.hit and not run.client_gone:
             show(stops.feed(decoder.decode(b"", final=True)))
             show(stops.flush())
         finish = self._finish_reason(run, result, stops.hit, False)
         return CompletionReply("".join(text), finish, self._usage(len(ids), run, result, ms),
-                               run.client_gone)
+                               run.client_gone, _trail(sink, completion_logprobs))
+
+    # -- decoding in serve (structure, logprobs) --------------------------------
+
+    def _chat_grammar(self, req: ChatRequest, thinking: bool) -> Optional[Callable[[int], Any]]:
+        """A matcher factory (vocabulary size -> matcher) when the reply is constrained."""
+        fmt = self.chat_format
+        if not grammar.check_available(req, fmt.prompts_response_format, self._decoding_off(grammar.missing())):
+            return None
+        if fmt.name == "xtml":
+            markers = fmt.markers
+            lark = grammar.xtml_grammar(req, grammar.Markup(markers.open, markers.sep, markers.close),
+                                        thinking)
+        else:
+            lark = grammar.json_grammar(req)
+        compiled = grammar.compile_grammar(lark, grammar.grammar_field(req))
+        eos = tuple(fmt.stop_tokens)
+
+        def matcher(n_vocab: int) -> Any:
+            key = (n_vocab, eos)
+            if key not in self._vocabularies:
+                self._vocabularies[key] = grammar.Vocabulary(self.engine, n_vocab, eos)
+            return self._vocabularies[key].matcher(compiled)
+        return matcher
+
+    def _decoder(self, sampling: Sampling, top_logprobs: Optional[int], sink: ReplySink,
+                 text_key: str, matcher: Optional[Callable[[int], Any]] = None):
+        """(decoder, sink): serve's own decoder and a sink that carries logprobs, or
+        (None, sink) for waste_generate when nothing needs the logits."""
+        off = self._decoding_off(decode.missing())
+        if top_logprobs is not None and off is not None:
+            raise invalid("logprobs", f"logprobs are off here ({off}); to enable: {grammar.ENABLE_HINT}",
+                          code="logprobs_unavailable")
+        if matcher is None and top_logprobs is None:
+            return None, sink
+        if top_logprobs is not None:
+            sink = LogprobTrail(sink, frozenset(self.engine.specials.values()), text_key)
+        return decode.Decoder(self.engine, temperature=sampling.temperature, top_k=sampling.top_k,
+                              top_p=sampling.top_p, grammar=matcher, top_logprobs=top_logprobs,
+                              listener=sink if top_logprobs is not None else None), sink
+
+    def _decoding_off(self, missing: Optional[str]) -> Optional[str]:
+        """Why serve cannot decode by itself, or None."""
+        return missing if self.options.eval_logits else "this engine's waste_eval gives no logits"
 
     # -- shared ---------------------------------------------------------------
 
@@ -319,7 +531,7 @@ class Service:
         self.engine.image_clear()
 
     def _run(self, prompt: "_Prompt", sampling: Sampling, stop_tokens, sink: ReplySink,
-             on_piece) -> tuple[_Run, GenResult, float]:
+             on_piece, decoder: Optional[decode.Decoder] = None) -> tuple[_Run, GenResult, float]:
         """Prefill, then generate; `on_piece(token, bytes)` returns True when the reply is done."""
         ids = prompt.ids
         room = self.engine.info.ctx_max - len(ids)
@@ -340,6 +552,7 @@ class Service:
             run.last_token_at = now
             run.last_token = info.token
             run.n_tokens += 1
+            run.tokens.append(info.token)
             if sink.gone():
                 run.client_gone = True
                 return True
@@ -358,7 +571,11 @@ class Service:
             run.client_gone = True
             result = GenResult(n_tokens=0, cancelled=True, context_full=False, detail=None)
         else:
-            result = self.engine.generate(rest, params, on_token)
+            # The one branch: serve decodes itself when a grammar or logprobs need the logits.
+            result = (decoder or self.engine).generate(rest, params, on_token)
+            if decoder is not None:
+                run.decoding = decoder.report.waste()
+                run.unevaluated = 1 if run.tokens else 0
         ms = (time.monotonic() - started) * 1000.0
         run.stats = _stats_delta(before, self.engine.stats())
         return run, result, ms
@@ -420,7 +637,8 @@ class Service:
             "experts_hit": s.experts_hit, "experts_missed": s.experts_missed,
             "expert_hit_rate": s.experts_hit / looked_up if looked_up else 0.0,
             "bytes_read": s.bytes_read, "direct_io": s.direct_io, "ms": round(ms, 3),
-            "tokens_per_second": round(tps, 3), "context_full": result.context_full})
+            "tokens_per_second": round(tps, 3), "context_full": result.context_full,
+            **run.decoding})
 
 
 def _stats_delta(before: Stats, after: Stats) -> Stats:
@@ -430,3 +648,8 @@ def _stats_delta(before: Stats, after: Stats) -> Stats:
                  bytes_read=after.bytes_read - before.bytes_read,
                  sec_total=after.sec_total - before.sec_total,
                  sec_io=after.sec_io - before.sec_io, direct_io=after.direct_io)
+
+
+def _trail(sink: Any, shape: Callable[[list], dict]) -> Optional[dict]:
+    """The reply's logprobs in `shape`, when the sink is a LogprobTrail (they were asked for)."""
+    return shape(sink.entries) if isinstance(sink, LogprobTrail) else None

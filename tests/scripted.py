@@ -211,7 +211,9 @@ class ScriptedEngine:
 
     def _play(self, prompt: list[int], params: GenParams, on_token) -> GenResult:
         prompt = self.state + prompt   # what a real engine's state would hold
-        self.state = []
+        # Each token goes into the state before its callback; a cancelled generate
+        # leaves none (serve's Engine resets it).
+        self.state = list(prompt)
         self.prompts.append(prompt)
         self.params.append(params)
         script = self.replies.pop(0) if len(self.replies) > 1 else self.replies[0]
@@ -231,7 +233,9 @@ class ScriptedEngine:
                              bytes_read=4096, ms_total=1.0, ms_io=0.5)
             n += 1
             self._count(info)
+            self.state.append(token)
             if on_token(info, piece.encode()):
+                self.state = []
                 return GenResult(n, cancelled=True, context_full=False, detail=None)
             if token in params.stop_tokens or token == self.specials.get("[EOS]"):
                 break
@@ -260,6 +264,7 @@ def scripted_service(engine: Optional[ScriptedEngine] = None, library: Optional[
                      model_dir: str = "/nonexistent", **options: Any) -> Service:
     engine = engine or ScriptedEngine()
     options.setdefault("model_id", "scripted")
+    options.setdefault("eval_logits", False)   # a script has no logits: waste_generate plays it
     return Service(engine, library or ScriptedLibrary(), resolve_chat_format(engine, model_dir),
                    ServiceOptions(**options))
 
@@ -269,11 +274,15 @@ def real_service(lib_path, container, *, vision: bool = False, **options: Any) -
     """The real engine on a container, closed afterwards."""
     lib = load_library(str(lib_path))
     engine = Engine(lib, container, EngineConfig(vision=vision))
+    service = None
     try:
         options.setdefault("model_id", "real")
-        yield Service(engine, lib, resolve_chat_format(engine, container),
-                      ServiceOptions(vision=vision, **options))
+        service = Service(engine, lib, resolve_chat_format(engine, container),
+                          ServiceOptions(vision=vision, **options))
+        yield service
     finally:
+        if service is not None:
+            service.close()   # deferred work stops before the engine closes
         engine.close()
 
 

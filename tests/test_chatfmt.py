@@ -102,6 +102,11 @@ BROKEN_TEMPLATES = {
                       '"system" must be a [prefix, suffix] pair of strings'),
     "open not a string": ({**KIMI_CHAT, "open": ["<|im_assistant|>"]}, '"open" must be a string'),
     "misspelt key": ({**KIMI_CHAT, "sytem": ["", ""]}, "unknown key 'sytem'"),
+    "default system not a string": ({**KIMI_CHAT, "default_system": 1},
+                                    '"default_system" must be a string'),
+    "default system without a system turn": (
+        {**{k: v for k, v in KIMI_CHAT.items() if k != "system"}, "default_system": "Hi"},
+        '"default_system" needs a "system" turn'),
 }
 
 
@@ -145,6 +150,26 @@ def test_resolution_never_raises(tmp_path):
 # ----------------------------------------------------------------- rendering
 
 
+@pytest.mark.parametrize("first", [{"role": "user", "content": "Hi"}, None])
+def test_default_system_opens_a_conversation_without_one(kimi, tmp_path, first):
+    chat = resolve_chat_format(kimi, with_chat_json(tmp_path, {**KIMI_CHAT, "default_system": "Be kind."}))
+    messages = [first] if first else []
+    system = [Segment("<|im_system|>system<|im_middle|>", True), Segment("Be kind.", False),
+              Segment("<|im_end|>", True)]
+    rendered = chat.render(messages, thinking=False)
+    assert rendered[:3] == system
+    assert rendered[-1] == Segment("<|im_assistant|>assistant<|im_middle|>", True)
+    assert len(rendered) == (7 if first else 4)
+
+
+@pytest.mark.parametrize("role", ["system", "developer"])
+def test_default_system_yields_to_the_callers_system_message(kimi, tmp_path, role):
+    chat = resolve_chat_format(kimi, with_chat_json(tmp_path, {**KIMI_CHAT, "default_system": "Be kind."}))
+    rendered = chat.render([{"role": role, "content": "Be brief."}], thinking=False)
+    assert Segment("Be kind.", False) not in rendered
+    assert rendered[1] == Segment("Be brief.", False)
+
+
 def test_template_renders_turns_as_markup_and_content_as_text(template):
     messages = [{"role": "developer", "content": "Be brief."},
                 {"role": "user", "content": [{"type": "text", "text": "Hi "},
@@ -176,7 +201,9 @@ def test_markup_in_content_stays_text(template, kimi):
 def test_fields_the_template_can_carry_are_accepted(template):
     messages = [{"role": "user", "content": "Hi"}]
     for extra in ({"tool_choice": "none"}, {"tool_choice": "auto"}, {"tools": []},
-                  {"response_format": {"type": "text"}}):
+                  {"response_format": {"type": "text"}},
+                  # Not written into the prompt: only a grammar holds the reply to it.
+                  {"response_format": {"type": "json_object"}}):
         assert template.render(messages, thinking=True, **extra)[-1].text == template.template.open
 
 
@@ -186,7 +213,6 @@ REFUSED = {
     "tool choice": ({"tool_choice": "required"}, None, "tool_choice"),
     "named tool": ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, None,
                    "tool_choice"),
-    "json mode": ({"response_format": {"type": "json_object"}}, None, "response_format"),
     "image part": ({}, [{"role": "user", "content": "Hi"},
                         {"role": "user", "content": [
                             {"type": "text", "text": "What is this?"},

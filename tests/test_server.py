@@ -95,7 +95,8 @@ def test_blocking_chat_shape(server, engine):
     waste = body["waste"]
     assert set(waste) == {"prompt_tokens", "completion_tokens", "experts_hit", "experts_missed",
                           "expert_hit_rate", "bytes_read", "direct_io", "ms", "tokens_per_second",
-                          "context_full", "cached_tokens"}
+                          "context_full", "cached_tokens", "constrained", "mask_ms", "mask_changed"}
+    assert waste["constrained"] is False and waste["mask_changed"] == 0
     n = usage["completion_tokens"]
     assert (waste["experts_hit"], waste["experts_missed"]) == (3 * n, n)
     assert waste["expert_hit_rate"] == pytest.approx(0.75)

@@ -45,7 +45,7 @@ def lib(tmp_path_factory) -> ctypes.CDLL:
     subprocess.run(["cc", "-std=c11", "-Wall", "-Wextra", "-Wpedantic", "-Wshadow", "-O1", "-g",
                     "-D_GNU_SOURCE", "-fPIC", "-shared", "-o", str(out),
                     str(ROOT / "engine" / "tokenizer.c"), str(ROOT / "engine" / "json.c"),
-                    str(ROOT / "engine" / "detail.c")],
+                    str(ROOT / "engine" / "detail.c"), str(ROOT / "engine" / "unicode.c")],
                    check=True, capture_output=True)
     so = ctypes.CDLL(str(out))
     vp, sz, i32 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int32

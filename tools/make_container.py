@@ -2,7 +2,8 @@
 """Write a small, deterministic reference container (engine/FORMAT.md).
 
     make_container.py OUT [--flavour k3|kimi-linear|plain] [--vision]
-                          [--seed N] [--quant f32|q8g32] [--force]
+                          [--seed N] [--quant f32|q8g32] [--vocab N] [--force]
+    make_container.py OUT --from-gguf FILE.gguf [--force]
 
 The model is random but shaped like a real one: a byte-level BPE trained on a
 built-in corpus, a 4-layer MoE trunk and one expert bank per MoE layer.  The
@@ -15,20 +16,21 @@ from __future__ import annotations
 import argparse
 import base64
 import heapq
-import json
+import itertools
 import math
 import os
 import random
 import shutil
-import struct
 import sys
 import tempfile
-import zlib
 from array import array
 from pathlib import Path
 
-PAGE = 4096
-RECORD_HEADER = 64
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gguf_container  # noqa: E402
+from container_io import publish, write_bank, write_json  # noqa: E402
+from gguf import GGUFError  # noqa: E402
+
 BPE_VOCAB = 1280  # 256 single bytes + up to 1024 merges
 
 SHAPES = {
@@ -399,25 +401,6 @@ def expert_payload(rng: random.Random, quant_group: int) -> bytes:
     return b"".join(quantize_q8(m, quant_group) for m in mats)
 
 
-def round_up(n: int, to: int) -> int:
-    return (n + to - 1) // to * to
-
-
-def write_bank(path: Path, rng: random.Random, layer: int, quant_group: int) -> None:
-    n_experts = SHAPES["n_experts"]
-    payloads = [expert_payload(rng, quant_group) for _ in range(n_experts)]
-    payload_bytes = len(payloads[0])
-    stride = round_up(RECORD_HEADER + payload_bytes, PAGE)
-    with open(path, "wb") as f:
-        header = struct.pack("<4s7I", b"WBNK", 1, layer, n_experts, stride, payload_bytes,
-                             quant_group, 0)
-        f.write(header.ljust(PAGE, b"\0"))
-        for expert, payload in enumerate(payloads):
-            record = struct.pack("<4s4I", b"WEXP", layer, expert, payload_bytes,
-                                 zlib.crc32(payload)).ljust(RECORD_HEADER, b"\0")
-            f.write((record + payload).ljust(stride, b"\0"))
-
-
 def vision_tensors(rng: random.Random):
     """Yield vision.bin's tensors in FORMAT.md's order."""
     v, p, m, h = VISION["vision_hidden"], VISION["patch_size"], VISION["merge"], SHAPES["hidden"]
@@ -434,15 +417,31 @@ def quant_group_of(quant: str) -> int:
     return 0 if quant == "f32" else int(quant[len("q8g"):])
 
 
-def write_json(path: Path, value) -> None:
-    path.write_text(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n",
-                    encoding="utf-8")
+def filler_tokens(known: list[bytes], count: int) -> list[bytes]:
+    """`count` word-like tokens (" abc", "abcd", ...) not already in `known`, in a fixed order:
+    a production-sized vocabulary (K3 has 163,840 ids) for benchmarks over the whole vocabulary."""
+    seen, out = set(known) | FORBIDDEN_TOKENS, []
+    letters = [bytes([c]) for c in range(ord("a"), ord("z") + 1)]
+    length = 2
+    while len(out) < count:
+        for prefix in (b" ", b""):
+            for combo in itertools.product(letters, repeat=length):
+                token = prefix + b"".join(combo)
+                if token not in seen:
+                    seen.add(token)
+                    out.append(token)
+                    if len(out) == count:
+                        return out
+        length += 1
+    return out
 
 
-def write_container(out: Path, flavour: str, vision: bool, seed: int, quant: str) -> int:
+def write_container(out: Path, flavour: str, vision: bool, seed: int, quant: str,
+                    vocab_size: int = 0) -> int:
     """Write every file of the container into directory out; returns vocab_size."""
     specials, bos, eos, media_pad, chat = FLAVOURS[flavour]
     tokens = train_bpe(CORPUS, BPE_VOCAB)
+    tokens += filler_tokens(tokens, max(0, vocab_size - len(tokens) - len(specials)))
     special_ids = list(range(len(tokens), len(tokens) + len(specials)))
     vocab = len(tokens) + len(specials)
     rng = random.Random(seed)
@@ -463,7 +462,9 @@ def write_container(out: Path, flavour: str, vision: bool, seed: int, quant: str
             f.write(tensor.tobytes())
     (out / "experts").mkdir()
     for layer in range(SHAPES["n_dense_layers"], SHAPES["n_layers"]):
-        write_bank(out / "experts" / f"layer-{layer:03d}.bank", rng, layer, quant_group_of(quant))
+        group = quant_group_of(quant)
+        payloads = [expert_payload(rng, group) for _ in range(SHAPES["n_experts"])]
+        write_bank(out / "experts" / f"layer-{layer:03d}.bank", layer, payloads, group)
 
     if vision:
         write_json(out / "vision.json", VISION)
@@ -471,17 +472,6 @@ def write_container(out: Path, flavour: str, vision: bool, seed: int, quant: str
             for tensor in vision_tensors(rng):
                 f.write(tensor.tobytes())
     return vocab
-
-
-def publish(tmp: Path, out: Path) -> None:
-    """Move the finished temp dir to out, replacing an old one only at the end."""
-    if not out.exists():
-        os.rename(tmp, out)
-        return
-    aside = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old-"))
-    os.rename(out, aside / "old")
-    os.rename(tmp, out)
-    shutil.rmtree(aside)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -492,7 +482,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0, help="PRNG seed for the weights")
     ap.add_argument("--quant", choices=["f32", "q8g32"], default="q8g32",
                     help="expert weight format")
+    ap.add_argument("--vocab", type=int, default=0, metavar="N",
+                    help="pad the vocabulary with word-like tokens to N ids (e.g. 163840, K3's)")
     ap.add_argument("--force", action="store_true", help="replace a non-empty OUT")
+    ap.add_argument("--from-gguf", type=Path, metavar="FILE",
+                    help="convert this llama GGUF instead of writing a random model")
     args = ap.parse_args(argv)
     out = args.out
     if out.exists() and not out.is_dir():
@@ -501,6 +495,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         ap.error(f"{out} is not empty (use --force to replace it)")
     if not out.resolve().parent.is_dir():
         ap.error(f"parent directory of {out} does not exist")
+    if args.from_gguf and not args.from_gguf.is_file():
+        ap.error(f"{args.from_gguf} is not a file")
     return args
 
 
@@ -509,14 +505,24 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out.resolve()
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
     try:
-        vocab = write_container(tmp, args.flavour, args.vision, args.seed, args.quant)
+        if args.from_gguf:
+            manifest = gguf_container.convert(args.from_gguf, tmp)
+            summary = (f"{manifest['flavour']} from {args.from_gguf.name}, vocab "
+                       f"{manifest['vocab_size']}, FFNs {manifest['expert_quant']}")
+        else:
+            vocab = write_container(tmp, args.flavour, args.vision, args.seed, args.quant, args.vocab)
+            summary = (f"{args.flavour}, vocab {vocab}, experts {args.quant}"
+                       + (", vision" if args.vision else ""))
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; a container is ordinary data
         publish(tmp, out)
+    except (gguf_container.ConversionError, GGUFError) as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        print(f"make_container.py: {args.from_gguf}: {exc}", file=sys.stderr)
+        return 1
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    print(f"{args.out}: {args.flavour}, vocab {vocab}, experts {args.quant}"
-          + (", vision" if args.vision else ""))
+    print(f"{args.out}: {summary}")
     return 0
 
 

@@ -1,0 +1,36 @@
+/*
+ * matmul.h -- weight matrices in any stored format (FORMAT.md, "Weight
+ * formats") and their products with an activation vector.  Rows are split
+ * across the thread team as in ops.h; the inner dot products are dot.h's.
+ */
+#ifndef WASTE_MATMUL_H
+#define WASTE_MATMUL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "dot.h"
+#include "manifest.h"
+#include "pool.h"
+
+/* A weight matrix as stored (FORMAT.md, "Weight formats"). */
+typedef struct {
+    wquant q;
+    size_t rows, cols;
+    const uint8_t *data;    /* f32 values, int8 codes or q4_1 nibble pairs */
+    const uint8_t *scales;  /* q8 and q4_1: one f32 per group (unaligned for odd q8 groups) */
+    const uint8_t *minima;  /* q4_1: one f32 per group */
+} wmat;
+
+/* The matrix stored as q at p (rows x cols); the next one starts at
+ * p + wquant_bytes(q, rows, cols). */
+wmat wmat_view(wquant q, size_t rows, size_t cols, const uint8_t *p);
+
+/* out[cols] = row `row` of w, dequantised. */
+void wmat_dequant_row(const wmat *w, size_t row, float *out);
+
+/* out[rows] = W . x for any stored format.  Blocked formats with groups of
+ * 32 quantise x into xq (room for cols codes and cols/32 blocks, see dot.h)
+ * and take integer dot products; f32 and other q8 groups use x as is. */
+void wmat_mul(const wpool_team *team, float *out, const wmat *w, const float *x, wqvec *xq);
+
+#endif
