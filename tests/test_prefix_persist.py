@@ -229,21 +229,30 @@ def test_long_stretches_are_checkpointed_at_a_bounded_spacing(k3_engine, tmp_pat
 
 
 def test_a_short_prompt_that_shares_nothing_is_not_snapshotted(tmp_path):
-    engine = ScriptedEngine([xtml_answer("ok")])
-    cache = PrefixCache(1 << 20, str(tmp_path))
-    service = scripted_service(engine, thinking=False, prefix_cache=cache, snapshot_min_tokens=200)
     short = [{"role": "user", "content": "hi"}]
-    with serving(service) as srv:
-        assert call(srv.port, "POST", CHAT, {"messages": short}).status == 200
-        assert len(cache) == 0
-        long = [{"role": "user", "content": "x" * 300}]
-        assert call(srv.port, "POST", CHAT, {"messages": long}).status == 200
-        assert len(cache) == 1
-        # A short continuation of something cached is worth a snapshot: it restored.
-        turn = long + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "y"}]
-        body = call(srv.port, "POST", CHAT, {"messages": turn}).json()
-        assert cached(body) > 0 and len(cache) == 2
-    cache.close()
+    long = [{"role": "user", "content": "x" * 300}]
+    turn = long + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "y"}]
+
+    def entries_after_each(min_tokens: int) -> list[int]:
+        cache = PrefixCache(1 << 20, str(tmp_path / str(min_tokens)))
+        service = scripted_service(ScriptedEngine([xtml_answer("ok")]), thinking=False,
+                                   prefix_cache=cache, snapshot_min_tokens=min_tokens)
+        counts = []
+        with serving(service) as srv:
+            for messages in (short, long, turn):
+                body = call(srv.port, "POST", CHAT, {"messages": messages}).json()
+                counts.append(len(cache))
+        service.close()
+        cache.close()
+        assert cached(body) > 0   # the last turn restored
+        return counts
+
+    every, some = entries_after_each(0), entries_after_each(200)
+    # The short prompt's conversation is not saved (the snapshot after its reply,
+    # which a next turn would use, still is); the long one's is, and so is that of
+    # a short turn that restored something.
+    assert some[0] == every[0] - 1
+    assert [b - a for a, b in zip(some, some[1:])] == [b - a for a, b in zip(every, every[1:])]
 
 
 # -- warming ------------------------------------------------------------------------------
