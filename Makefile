@@ -23,7 +23,7 @@ DEMO_PY  := $(DEMO_VENV)/bin/python
 HOST     ?= 127.0.0.1
 PORT     ?= 8000
 
-.PHONY: all demo demo-k3 check test asan bench clean
+.PHONY: all demo demo-k3 check test asan bench soak clean chromium
 
 all: $(LIB)
 
@@ -68,8 +68,14 @@ demo: $(LIB) $(DEMO) $(DEMO_VENV)/.ok
 demo-k3: $(LIB) $(DEMO) $(DEMO_VENV)/.ok
 	$(DEMO_PY) -m serve $(DEMO) --host $(HOST) --port $(PORT) --vision
 
-test: $(LIB) $(VENV)/.ok
+test: $(LIB) $(VENV)/.ok chromium
 	$(VPY) -m pytest -q tests
+
+# The chat page's tests drive Debian's chromium; installed once, when root can. Without it they skip.
+chromium:
+	@if ! command -v chromium >/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	  || echo "chromium could not be installed: the browser tests will skip"; fi
 
 asan: build/libwaste-asan.so $(VENV)/.ok
 	WASTE_LIB=$(CURDIR)/build/libwaste-asan.so \
@@ -78,6 +84,10 @@ asan: build/libwaste-asan.so $(VENV)/.ok
 	$(VPY) -m pytest -q -p no:cacheprovider tests/test_abi.py
 
 check: test asan
+
+# The soak and fault tests at full scale (make check runs them short).
+soak: $(LIB) $(VENV)/.ok
+	$(VPY) -m pytest -q -m soak --soak tests
 
 bench: $(LIB) $(DEMO) $(VENV)/.ok
 	$(VPY) bench/run_all.py

@@ -8,13 +8,14 @@ import shutil
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
-from typing import Optional
+from typing import NoReturn, Optional
 
 from . import decode, grammar
 from .chatfmt import NoChatFormat, resolve_chat_format
 from .engine import Engine, EngineConfig, LibraryNotFound, MemPlan, WasteError, load_library
-from .http import Server, stderr_log
+from .http import DEFAULT_MAX_CONNECTIONS, DEFAULT_REQUEST_TIMEOUT, Server, stderr_log
 from .identity import state_identity
 from .prefill import DEFAULT_CHUNK
 from .prefix_cache import DEFAULT_MAX_ENTRIES, PrefixCache, PrefixCacheError, default_directory
@@ -23,6 +24,7 @@ from .service import Service, ServiceOptions
 from .warm import WarmError, Warmer, warm_requests
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
+DRAIN_SECONDS = 10.0  # at shutdown, for cut replies to reach their clients
 SIZE = re.compile(r"(\d+)([KMGT]?)(I?B)?", re.IGNORECASE)
 UNITS = {"": 0, "K": 10, "M": 20, "G": 30, "T": 40}
 
@@ -59,6 +61,22 @@ def positive(text: str) -> int:
     return value
 
 
+def seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < 1e6:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}")
+    return value
+
+
+def directory(text: str) -> str:
+    if not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"not a directory: {text!r}")
+    return os.path.realpath(text)
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:
         # One line, not argparse's usage block: the mistake is what the user needs to see.
@@ -86,8 +104,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=positive, default=4096,
                    help="reply cap when a request sets none (default 4096)")
     p.add_argument("--no-thinking", action="store_true", help="answer without the think channel by default")
-    p.add_argument("--allow-local-images", action="store_true",
-                   help="let clients name image files on this machine")
+    p.add_argument("--allow-local-images", type=directory, metavar="DIR",
+                   help="let clients name image files under DIR (symlinks resolved)")
     p.add_argument("--plan", action="store_true", help="print the memory plan and exit")
     # No default here: load_library tries $WASTE_LIB itself, after --lib.
     p.add_argument("--lib", help="libwaste path (default $WASTE_LIB, then ./libwaste.so)")
@@ -112,6 +130,14 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                    help="give a returned reply whose reasoning the client dropped the reasoning "
                         "this server remembers for it")
     p.add_argument("--quiet", action="store_true", help="no per-request log lines")
+    p.add_argument("--max-connections", type=positive, default=DEFAULT_MAX_CONNECTIONS,
+                   help=f"open connections at most; more get a 503 (default {DEFAULT_MAX_CONNECTIONS})")
+    p.add_argument("--max-queue", type=non_negative, default=ServiceOptions.max_queue,
+                   help="requests that may wait for the engine; more get a 503 "
+                        f"(default {ServiceOptions.max_queue})")
+    p.add_argument("--request-timeout", type=seconds, default=DEFAULT_REQUEST_TIMEOUT,
+                   help="seconds a client has to send a whole request, headers and body "
+                        f"(default {DEFAULT_REQUEST_TIMEOUT:g})")
     return p.parse_args(argv)
 
 
@@ -253,7 +279,7 @@ def serve(lib, engine: Engine, args: argparse.Namespace, warm: list) -> int:
                                  vision=args.vision, allow_local_images=args.allow_local_images,
                                  prefix_cache=cache, snapshot_min_tokens=args.prefix_cache_min,
                                  log=log, reply_memory=ReplyMemory(),
-                                 keep_reasoning=args.keep_reasoning)
+                                 keep_reasoning=args.keep_reasoning, max_queue=args.max_queue)
         return run_server(lib, engine, fmt, options, args, log, warm)
     finally:
         if cache is not None:
@@ -264,17 +290,26 @@ def run_server(lib, engine: Engine, fmt, options: ServiceOptions, args: argparse
                log, warm: list) -> int:
     service = Service(engine, lib, fmt, options)
     try:
-        server = Server((args.host, args.port), service, api_key=args.api_key or None, log=log)
+        server = Server((args.host, args.port), service, api_key=args.api_key or None, log=log,
+                        max_connections=args.max_connections, request_timeout=args.request_timeout)
     except OSError as e:
         return fail(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}")
+    stopping, hurry = threading.Event(), threading.Event()
     # Served while it runs: /health says "warming", and generation requests get a 503.
     warmer = Warmer(service, warm, lambda line: print(line, flush=True)) if warm else None
 
     def stop(signum, frame) -> None:
-        # shutdown() waits for serve_forever to return, so it cannot run on this (the serving) thread.
-        threading.Thread(target=server.shutdown, daemon=True).start()
+        if hurry.is_set() or stopping.is_set():
+            hurry.set()  # a second signal: stop waiting
+            return
+        stopping.set()
         if warmer is not None:
-            warmer.stop()
+            warmer.stop()   # at its next prefill chunk
+
+        def begin() -> None:
+            service.stop()    # queued requests get a 503, running ones stop at their next token
+            server.shutdown()  # waits for serve_forever to return: not on this (the serving) thread
+        threading.Thread(target=begin, daemon=True).start()
 
     # Before the banner: a supervisor may signal as soon as it reads the listen line.
     signal.signal(signal.SIGTERM, stop)
@@ -290,15 +325,33 @@ def run_server(lib, engine: Engine, fmt, options: ServiceOptions, args: argparse
         server.serve_forever()
     finally:
         server.server_close()
-        if warmer is not None:
-            warmer.join()  # it stops at its next chunk; the engine closes after
-        service.close()   # deferred snapshots stop before the engine closes
+    # The engine may be closed only once no call runs on it: wait for the request holding it.
+    while not service.wait_idle(0.1):
+        if hurry.is_set():
+            abandon(options.prefix_cache)
+    # Then give cut replies a moment to send their last events.
+    drained_by = time.monotonic() + DRAIN_SECONDS
+    while not server.wait_requests(0.1) and not hurry.is_set() and time.monotonic() < drained_by:
+        pass
+    while warmer is not None and warmer.is_alive():  # it stops at its next chunk
+        warmer.join(0.1)
+        if hurry.is_set():
+            abandon(options.prefix_cache)
+    service.close()   # deferred snapshots stop before the engine closes
     try:
         engine.save_usage()  # what this run learned warms the expert cache of the next
     except WasteError as e:
         print(f"serve: warning: the expert hotlist was not saved: {e}", file=sys.stderr)
     print("serve: stopped", file=sys.stderr)
     return 0
+
+
+def abandon(cache: Optional[PrefixCache]) -> NoReturn:
+    """A second signal while a request still runs on the engine: leave without closing it."""
+    if cache is not None:
+        cache.close()
+    print("serve: stopped without waiting for the running request", file=sys.stderr, flush=True)
+    os._exit(1)  # returning would close the engine under the running call
 
 
 if __name__ == "__main__":

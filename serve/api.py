@@ -29,13 +29,15 @@ class ApiError(Exception):
     """A request that ends in an OpenAI-shaped error response."""
 
     def __init__(self, status: int, message: str, param: Optional[str] = None,
-                 code: Optional[str] = None, kind: str = "invalid_request_error"):
+                 code: Optional[str] = None, kind: str = "invalid_request_error",
+                 headers: Optional[dict[str, str]] = None):
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
         self.kind = kind
+        self.headers = headers or {}  # extra response headers, e.g. Retry-After
 
     def body(self) -> dict:
         return error_body(self.message, self.kind, self.param, self.code)
@@ -74,6 +76,7 @@ class ChatRequest:
     thinking: Optional[bool] = None   # None: the server's default
     thinking_effort: Optional[str] = None
     logprobs: Optional[int] = None    # None: off; else how many top_logprobs per token
+    request_id: str = ""              # the HTTP request's id, for log lines
 
 
 @dataclass
@@ -83,6 +86,7 @@ class CompletionRequest:
     stream: bool = False
     include_usage: bool = False
     logprobs: Optional[int] = None    # None: off; else how many top_logprobs per token
+    request_id: str = ""
 
 
 def image_url(part: dict) -> Any:

@@ -11,6 +11,7 @@ request (tokenize, generate, reset) so requests never interleave.
 from __future__ import annotations
 
 import array
+import base64
 import ctypes
 import json
 import os
@@ -464,6 +465,25 @@ def read_specials(model_path: str | os.PathLike) -> dict[str, int]:
         return {}
 
 
+def read_longest_token(model_path: str | os.PathLike) -> int:
+    """Bytes in the vocabulary's longest token (tokenizer.model and specials.json); 0 if unknown.
+
+    It bounds how few tokens a text can become, so an oversized prompt can be
+    refused without tokenizing it.
+    """
+    longest = max((len(text.encode()) for text in read_specials(model_path)), default=0)
+    try:
+        with open(Path(model_path) / "tokenizer.model", "rb") as f:
+            for line in f:
+                # base64 of n bytes is 4 * ceil(n / 3) characters: decode only the longest
+                encoded = line.split(None, 1)[0] if line.strip() else b""
+                if len(encoded) * 3 // 4 > longest:
+                    longest = max(longest, len(base64.b64decode(encoded)))
+    except (OSError, ValueError):
+        return 0
+    return longest
+
+
 class Engine:
     """One open model (a waste_ctx). Not thread-safe: see `lock`."""
 
@@ -489,6 +509,7 @@ class Engine:
             raise
         self.info: ModelInfo = _from_struct(ModelInfo, info)
         self.specials: dict[str, int] = read_specials(model_path)
+        self.longest_token: int = read_longest_token(model_path)
 
     def _make_cfg(self, cfg: EngineConfig) -> CfgStruct:
         if cfg.cache_policy not in CACHE_POLICIES:

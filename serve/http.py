@@ -6,7 +6,9 @@ a reply is being written.
 """
 from __future__ import annotations
 
+import errno
 import hmac
+import io
 import json
 import queue
 import select
@@ -17,34 +19,149 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Optional
 
-from . import api
+from . import api, metrics
 from .api import ApiError
+from .engine_queue import RETRY_AFTER_SECONDS, ClientGone
 from .logprobs import chat_logprobs, completion_logprobs, text_length
+from .page import CONTENT_TYPE as PAGE_TYPE, chat_page
 from .service import Service
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
+DEFAULT_MAX_CONNECTIONS = 64
+DEFAULT_REQUEST_TIMEOUT = 60.0  # seconds for a whole request's headers and body, idle time included
+MAX_ACCEPT_BACKOFF = 1.0        # seconds between accept attempts while descriptors are exhausted
+# accept() failures that persist while the listening socket stays readable
+_RESOURCE_ERRORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+_HANGUP = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0)
 MAX_JSON_DEPTH = 64
+MAX_JSON_CONTAINERS = 50_000  # objects and arrays in one body ('{' and '[' bytes)
+MAX_JSON_ITEMS = 1_000_000     # members and elements in one body (',' bytes)
 SEND_GAP = 0.01  # seconds between two sends of one stream, at most (see _SocketWriter)
 MODELS_PREFIX = "/v1/models/"
 ROUTES = {"/health": "GET", "/v1/models": "GET",
-          "/v1/chat/completions": "POST", "/v1/completions": "POST"}
+          "/v1/chat/completions": "POST", "/v1/completions": "POST",
+          "/": "GET", "/metrics": "GET"}
+OPEN_PATHS = ("/health", "/")  # no API key: they hold no data (the page asks for the key itself)
 
 
 class Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 128  # the listen backlog: a burst of connects must not wait for SYN retries
 
     def __init__(self, address: tuple[str, int], service: Service, *, api_key: Optional[str] = None,
-                 log: Optional[Callable[[str], None]] = None, socket_timeout: float = 30.0):
+                 log: Optional[Callable[[str], None]] = None, socket_timeout: float = 30.0,
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                 request_timeout: float = DEFAULT_REQUEST_TIMEOUT):
         self.service = service
         self.api_key = api_key
         self.log = log
-        self.socket_timeout = socket_timeout  # bounds a client that declares more body than it sends
+        self.socket_timeout = socket_timeout  # bounds each send to a client that stopped reading
+        self.max_connections = max_connections
+        self.request_timeout = request_timeout
+        self._count = threading.Condition()
+        self._connections = 0  # open, each with its thread
+        self._requests = 0     # being answered
+        self._backoff = 0.0
         super().__init__(address, Handler)
 
     @property
     def port(self) -> int:
         return self.server_address[1]
+
+    def error_log(self, line: str) -> None:
+        """Failures are logged even with --quiet: the client was only told a request id."""
+        (self.log or stderr_log)(line)
+
+    # -- connections --------------------------------------------------------------------
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        try:
+            accepted = super().get_request()
+        except OSError as e:
+            if e.errno in _RESOURCE_ERRORS:
+                # The pending connection keeps the socket readable: retrying at once spins a core.
+                if not self._backoff:
+                    self.error_log(f"accept failed: {e.strerror}; backing off until it succeeds")
+                self._backoff = min(MAX_ACCEPT_BACKOFF, max(0.01, self._backoff * 2))
+                time.sleep(self._backoff)
+            raise
+        self._backoff = 0.0
+        return accepted
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._count:
+            full = self._connections >= self.max_connections
+            if not full:
+                self._connections += 1
+        if full:
+            self._refuse(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._closed_one()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._closed_one()
+
+    def _closed_one(self) -> None:
+        with self._count:
+            self._connections -= 1
+
+    def _refuse(self, request: socket.socket) -> None:
+        """A 503 without a thread: written whole into the empty send buffer, then closed."""
+        body = json.dumps(api.error_body(f"the server has {self.max_connections} connections open; "
+                                         "try again later", "server_error",
+                                         code="too_many_connections")).encode()
+        head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\nRetry-After: {RETRY_AFTER_SECONDS}\r\n"
+                "Connection: close\r\n\r\n")
+        try:
+            request.setblocking(False)
+            request.send(head.encode() + body)
+            request.shutdown(socket.SHUT_WR)
+            while request.recv(65536):  # what the client sent, so closing does not reset
+                pass
+        except OSError:
+            pass
+        request.close()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        error = sys.exc_info()[1]
+        if isinstance(error, (ConnectionError, TimeoutError)):
+            # A client that resets or stalls is ordinary: one line, not a traceback.
+            if self.log is not None:
+                self.log(f"{client_address[0]} connection ended: {error.strerror or error}")
+            return
+        super().handle_error(request, client_address)
+
+    # -- requests, for shutdown ---------------------------------------------------------
+
+    def request_started(self) -> None:
+        with self._count:
+            self._requests += 1
+
+    def request_finished(self) -> None:
+        with self._count:
+            self._requests -= 1
+            self._count.notify_all()
+
+    def wait_requests(self, timeout: float) -> bool:
+        """Wait until no request is being answered (cut streams send their last events)."""
+        with self._count:
+            return self._count.wait_for(lambda: self._requests == 0, timeout)
+
+
+def endpoint_label(path: str) -> str:
+    """The endpoint a path counts under in /metrics: a route, never a client's arbitrary path."""
+    if path in ROUTES:
+        return path
+    return MODELS_PREFIX + "{model}" if path.startswith(MODELS_PREFIX) else "other"
 
 
 def stderr_log(line: str) -> None:
@@ -52,22 +169,44 @@ def stderr_log(line: str) -> None:
 
 
 def json_depth(value: Any) -> int:
-    """Nesting depth of a parsed JSON value, without recursion."""
-    deepest, stack = 0, [(value, 1)]
+    """Nesting depth of a parsed JSON value, without recursion.
+
+    One iterator per open level, so the walk costs memory in the depth, not
+    in the number of values.
+    """
+    deepest, stack = 0, [iter([value])]
     while stack:
-        item, depth = stack.pop()
-        if isinstance(item, (dict, list)):
-            deepest = max(deepest, depth)
-            children = item.values() if isinstance(item, dict) else item
-            stack.extend((child, depth + 1) for child in children)
+        for item in stack[-1]:
+            if isinstance(item, (dict, list)):
+                stack.append(iter(item.values() if isinstance(item, dict) else item))
+                deepest = max(deepest, len(stack) - 1)
+                break
+        else:
+            stack.pop()
     return deepest
 
 
-def parse_json_object(raw: bytes) -> dict:
+def check_json_size(raw: bytes | bytearray) -> None:
+    """Refuse, before parsing, a body whose values would cost far more memory than its bytes.
+
+    A 64 MB body of tiny objects parses into gigabytes of Python values. The
+    counts are of raw bytes, so braces and commas inside strings count too: a
+    body refused for them is text far too long for any context anyway.
+    """
+    containers, items = raw.count(b"{") + raw.count(b"["), raw.count(b",")
+    if containers > MAX_JSON_CONTAINERS or items > MAX_JSON_ITEMS:
+        raise ApiError(413, f"request body has more than {MAX_JSON_CONTAINERS} objects and arrays "
+                            f"or more than {MAX_JSON_ITEMS} values", code="request_too_large")
+
+
+def decode_body(raw: bytes | bytearray) -> str:
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError:
         raise ApiError(400, "request body is not valid UTF-8", code="invalid_body") from None
+
+
+def parse_json_text(text: str) -> dict:
     try:
         value = json.loads(text)
     except RecursionError:  # Python's parser recurses once per nesting level
@@ -103,6 +242,28 @@ def sse_encoder(chunk: Callable[[Any], dict]) -> Callable[[Any], bytes]:
     return lambda part: head + _JSON.encode(part).encode() + tail
 
 
+class _DeadlineReader(io.RawIOBase):
+    """The connection's reads, each bounded by what is left of the request's deadline.
+
+    A per-read timeout lets a client that trickles a byte at a time hold its
+    thread forever (slowloris); this bounds the whole request instead.
+    """
+
+    def __init__(self, handler: "Handler"):
+        super().__init__()
+        self._handler = handler
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self._handler.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request took longer than its deadline")
+        self._handler.connection.settimeout(left)
+        return self._handler.connection.recv_into(buffer)
+
+
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "serve"
@@ -111,13 +272,26 @@ class Handler(BaseHTTPRequestHandler):
     def setup(self) -> None:
         self.timeout = self.server.socket_timeout
         super().setup()
+        self.deadline = 0.0
+        self.request_id = "-"
+        self.rfile.close()  # the plain socket file, replaced by one that keeps the deadline
+        self.rfile = io.BufferedReader(_DeadlineReader(self))
         # Asked once per generated token, so registered once per connection; poll,
         # because select() cannot watch a descriptor numbered 1024 or above.
         self._hangup = select.poll()
-        self._hangup.register(self.connection, select.POLLIN | select.POLLHUP | select.POLLERR)
+        self._hangup.register(self.connection, select.POLLIN | _HANGUP)
+
+    def handle_one_request(self) -> None:
+        # Headers and body, and the idle wait before them, share one deadline.
+        self.deadline = time.monotonic() + self.server.request_timeout
+        super().handle_one_request()
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # one line per request is written by _log instead
+
+    def send_response(self, code: int, message: Optional[str] = None) -> None:
+        super().send_response(code, message)
+        self.send_header("X-Request-Id", self.request_id)
 
     # -- dispatch -----------------------------------------------------------------------
 
@@ -139,34 +313,65 @@ class Handler(BaseHTTPRequestHandler):
     def do_OPTIONS(self) -> None:
         self._dispatch("OPTIONS")
 
+    def do_HEAD(self) -> None:
+        self._dispatch("HEAD")  # _send leaves the body out
+
     def _dispatch(self, method: str) -> None:
         # For the request's log line; the sinks update them as the reply goes out.
         self._started = time.monotonic()
         self.status = 0
         self.tokens = 0
+        self.request_id = api.new_id("req")
+        self.connection.settimeout(self.timeout)  # sends are bounded per send, not by the deadline
         self._body_read = False
         path = self.path.split("?", 1)[0]
+        self.server.request_started()
         try:
             self._route(method, path)
+        except ClientGone:
+            self.status = 499  # nginx's code for a client that left before its answer
+            self.close_connection = True
         except ApiError as e:
-            self._send_json(e.status, e.body())
+            self._send_json(e.status, self.error_body(e), e.headers)
         except Exception as e:  # anything unexpected is the server's fault, and must not kill it
-            self._send_json(500, api.error_body(f"internal error: {e}", "server_error"))
+            self._send_json(500, self.error_body(e))
         finally:
+            self.server.request_finished()
             self._log(method, path)
+            self.server.service.metrics.request(endpoint_label(path), self.status)
+
+    def error_body(self, error: Exception) -> dict:
+        """A client error as it is; a server error generic, its details only in the log."""
+        if isinstance(error, ApiError) and error.status < 500:
+            return error.body()
+        if isinstance(error, ApiError):
+            return api.error_body(f"{error.message} (request id {self.request_id})", error.kind,
+                                  error.param, error.code)
+        self.server.error_log(f"{self.request_id} internal error: {type(error).__name__}: {error}")
+        return api.error_body(f"internal error (request id {self.request_id})", "server_error")
 
     def _route(self, method: str, path: str) -> None:
         allowed = "GET" if path.startswith(MODELS_PREFIX) else ROUTES.get(path)
+        if path not in OPEN_PATHS:
+            self._check_auth()  # before the 404, so that endpoints cannot be enumerated
         if allowed is None:
             raise ApiError(404, f"no such endpoint: {path}", code="not_found")
-        if path != "/health":
-            self._check_auth()
+        if method == "HEAD" and allowed == "GET":
+            method = "GET"
         if method != allowed:
             raise ApiError(405, f"{path} accepts {allowed} only", code="method_not_allowed")
         warming = self.server.service.warming
         if path == "/health":
             # 503 while warming: load balancers send nothing to a server that is not ready.
             self._send_json(503 if warming else 200, warming or {"status": "ok"})
+        elif path == "/":
+            page, policy = chat_page()
+            self._send(200, PAGE_TYPE, page, {"Content-Security-Policy": policy,
+                                              "X-Content-Type-Options": "nosniff",
+                                              "Referrer-Policy": "no-referrer",
+                                              "Cache-Control": "no-cache"})
+        elif path == "/metrics":
+            self._send(200, metrics.CONTENT_TYPE, self.server.service.metrics.render())
         elif path == "/v1/models":
             self._send_json(200, {"object": "list", "data": [self.server.service.model()]})
         elif path.startswith(MODELS_PREFIX):
@@ -183,8 +388,10 @@ class Handler(BaseHTTPRequestHandler):
         key = self.server.api_key
         if not key:
             return
-        given = self.headers.get("Authorization", "").encode()
-        if not hmac.compare_digest(given, f"Bearer {key}".encode()):
+        scheme, _, given = self.headers.get("Authorization", "").strip().partition(" ")
+        # The scheme is case-insensitive (RFC 7235); the key is compared in constant time.
+        if not (hmac.compare_digest(given.strip().encode(), key.encode())
+                and scheme.lower() == "bearer"):
             self.close_connection = True  # the body, if any, is left unread
             raise ApiError(401, "missing or wrong API key (send Authorization: Bearer <key>)",
                            code="invalid_api_key")
@@ -199,7 +406,13 @@ class Handler(BaseHTTPRequestHandler):
     # -- request bodies -----------------------------------------------------------------
 
     def _read_json(self) -> dict:
-        return parse_json_object(self._read_body())
+        # Decoded apart so that the raw body is freed before parsing starts: a large body
+        # then costs its text and its parsed values, not the bytes as well.
+        body = self._read_body()
+        check_json_size(body)
+        text = decode_body(body)
+        del body
+        return parse_json_text(text)
 
     def _read_body(self) -> bytes:
         # Any refusal here leaves unread bytes on the connection, so it is closed;
@@ -220,21 +433,26 @@ class Handler(BaseHTTPRequestHandler):
         if length > MAX_BODY_BYTES:
             raise ApiError(413, f"request body is larger than {MAX_BODY_BYTES >> 20} MB",
                            code="request_too_large")
-        chunks, got = [], 0
-        try:
-            while got < length:
-                chunk = self.rfile.read(min(length - got, 1 << 20))
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                got += len(chunk)
-        except (socket.timeout, OSError):
-            pass
+        body, got = bytearray(length), 0  # read in place: no second copy of a large body
+        with memoryview(body) as view:
+            try:
+                while got < length:
+                    n = self.rfile.readinto(view[got:got + (1 << 20)])
+                    if not n:
+                        break
+                    got += n
+            except TimeoutError:
+                raise ApiError(408, f"the request was not received within "
+                                    f"{self.server.request_timeout:g} seconds",
+                               code="request_timeout") from None
+            except OSError:
+                pass
         if got < length:
             raise ApiError(400, f"request body ended after {got} of {length} declared bytes",
                            code="incomplete_body")
+        self.connection.settimeout(self.timeout)
         self.close_connection = asked_to_close
-        return b"".join(chunks)
+        return body
 
     # -- generation ---------------------------------------------------------------------
 
@@ -274,10 +492,13 @@ class Handler(BaseHTTPRequestHandler):
     def _generate(self, req: Any, run: Callable[[Any, Any], Any], *, body: Callable[[Any], dict],
                   stream: dict[str, Any]) -> None:
         """Run a request blocking (one JSON body) or streaming (the sink's chunk builders)."""
+        req.request_id = self.request_id
         if not req.stream:
             reply = run(req, _BlockingSink(self))
             self.tokens = reply.usage.completion_tokens
-            if not reply.client_gone:
+            if reply.client_gone:
+                self.status = 499
+            else:
                 self._send_json(200, body(reply))
             return
         if not req.include_usage:
@@ -299,25 +520,39 @@ class Handler(BaseHTTPRequestHandler):
         except ApiError:
             pass  # a body whose end cannot be found, or too large: _read_body closes the connection
 
-    def _send_json(self, status: int, payload: Any) -> None:
+    def _send_json(self, status: int, payload: Any, headers: Optional[dict[str, str]] = None) -> None:
+        self._send(status, "application/json", json.dumps(payload, ensure_ascii=False).encode(),
+                   headers)
+
+    def _send(self, status: int, content_type: str, body: bytes,
+              headers: Optional[dict[str, str]] = None) -> None:
         self._discard_body()
-        body = json.dumps(payload, ensure_ascii=False).encode()
         self.status = status
         try:
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             if self.close_connection:
                 self.send_header("Connection", "close")
             self.end_headers()
-            self.wfile.write(body)
+            if self.command != "HEAD":  # HEAD gets the GET's headers, and no body
+                self.wfile.write(body)
         except OSError:
             self.close_connection = True  # the client is gone; nothing left to tell it
 
     def client_gone(self) -> bool:
-        """Non-blocking: has the peer closed its end? (readable, yet nothing to read)."""
+        """Non-blocking: has the peer closed its end?
+
+        A hangup flag says so even when unread bytes (say a pipelined request)
+        are waiting; without one, readable yet nothing to read does.
+        """
         try:
-            return bool(self._hangup.poll(0)) and self.connection.recv(1, socket.MSG_PEEK) == b""
+            events = self._hangup.poll(0)
+            if not events:
+                return False
+            return bool(events[0][1] & _HANGUP) or self.connection.recv(1, socket.MSG_PEEK) == b""
         except OSError:
             return True
 
@@ -325,7 +560,7 @@ class Handler(BaseHTTPRequestHandler):
         if self.server.log is not None:
             ms = (time.monotonic() - self._started) * 1000.0
             self.server.log(f"{self.address_string()} {method} {path} {self.status} "
-                            f"tokens={self.tokens} {ms:.0f}ms")
+                            f"tokens={self.tokens} {ms:.0f}ms id={self.request_id}")
 
 
 class _BlockingSink:
@@ -341,6 +576,9 @@ class _BlockingSink:
         pass
 
     def progress(self, done: int, total: int) -> None:
+        pass
+
+    def queued(self, ahead: int) -> None:
         pass
 
     def gone(self) -> bool:
@@ -409,6 +647,13 @@ class _StreamSink:
         self._writer: Optional[_SocketWriter] = None
 
     def start(self) -> None:
+        self._open()
+        if self._first is not None:
+            self.emit(self._first)
+
+    def _open(self) -> None:
+        if self._writer is not None:
+            return  # already open: the request waited in line
         h = self._handler
         h.status = 200
         h.close_connection = True  # the stream ends when the connection does
@@ -419,8 +664,11 @@ class _StreamSink:
         h.end_headers()
         self._writer = _SocketWriter(h.wfile)
         self._writer.start()
-        if self._first is not None:
-            self.emit(self._first)
+
+    def queued(self, ahead: int) -> None:
+        # The stream opens while the request waits, so the client learns its place in line.
+        self._open()
+        self._writer.put(f": queue {ahead}\n\n".encode())
 
     def emit(self, delta: dict) -> None:
         if "logprobs" in delta:  # serve/logprobs.py: the entries go beside the delta, not in it
@@ -440,14 +688,18 @@ class _StreamSink:
         """Runs the generation; errors before the first byte are ordinary HTTP errors."""
         try:
             reply = generate()
+        except ClientGone:
+            if self._writer is not None:
+                self._writer.close()
+            raise
         except Exception as e:
             if self._writer is None:
                 raise
-            error = e.body() if isinstance(e, ApiError) else api.error_body(str(e), "server_error")
-            self._close_stream([error])
+            self._close_stream([self._handler.error_body(e)])
             return
         self._handler.tokens = reply.usage.completion_tokens
         if reply.client_gone:
+            self._handler.status = 499
             self._writer.close()
             return
         events = [self._final(reply.finish_reason)]

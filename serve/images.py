@@ -3,7 +3,9 @@
 Data URLs are decoded into private temp files that live exactly as long as
 the request. Remote URLs are refused outright: fetching them would let any
 client make the server issue requests on its network (SSRF). Local paths
-would let any client read the server's files, so they need an opt-in.
+would let any client read the server's files, so they need an opt-in naming
+one directory; anything else is refused with one message, whatever the
+reason, so that a client cannot learn which paths exist.
 """
 from __future__ import annotations
 
@@ -12,12 +14,13 @@ import binascii
 import os
 import re
 import tempfile
-from typing import Callable
+from typing import Callable, Optional
 
 from .api import ApiError, IMAGE_PARTS, image_url, invalid
 from .engine import WasteError
 
 MAX_IMAGE_BYTES = 32 * 1024 * 1024
+LOCAL_REFUSED = "image path is not a readable image in the allowed directory"
 DATA_URL = re.compile(r"data:image/(png|jpeg|jpg|gif|webp);base64,(.*)", re.DOTALL | re.IGNORECASE)
 
 
@@ -37,9 +40,10 @@ def image_parts(messages: list[dict]) -> list[tuple[str, str]]:
 class StagedImages:
     """Temp files for one request's images; use as a context manager so they are always removed."""
 
-    def __init__(self, allow_local: bool):
-        self._allow_local = allow_local
+    def __init__(self, local_dir: Optional[str]):
+        self._local_dir = os.path.realpath(local_dir) if local_dir else None
         self._temp_paths: list[str] = []
+        self._local_paths: set[str] = set()
 
     def __enter__(self) -> "StagedImages":
         return self
@@ -63,13 +67,27 @@ class StagedImages:
                                  "request forgery); send the image as a base64 data: URL")
         if lowered.startswith("data:"):
             raise invalid(param, "image data URLs must be data:image/(png|jpeg|gif|webp);base64,...")
-        if not self._allow_local:
+        if self._local_dir is None:
             raise invalid(param, "local image paths are disabled; start the server with "
-                                 "--allow-local-images, or send a base64 data: URL")
+                                 "--allow-local-images DIR, or send a base64 data: URL")
         path = url[len("file://"):] if lowered.startswith("file://") else url
-        if "://" in path or not os.path.isfile(path):
-            raise invalid(param, "image path does not name a readable file")
-        return path
+        if "://" in path or "\0" in path:
+            raise invalid(param, LOCAL_REFUSED)
+        real = os.path.realpath(os.path.join(self._local_dir, path))  # symlinks and .. resolved
+        if os.path.commonpath([real, self._local_dir]) != self._local_dir or not os.path.isfile(real):
+            raise invalid(param, LOCAL_REFUSED)
+        self._local_paths.add(real)
+        return real
+
+    def measure(self, dimensions: Callable[[str], tuple[int, int]], path: str,
+                param: str) -> tuple[int, int]:
+        """`measure`, except that a local file that is no image gets the one refusal message."""
+        try:
+            return measure(dimensions, path, param)
+        except ApiError:
+            if path in self._local_paths:
+                raise invalid(param, LOCAL_REFUSED) from None
+            raise
 
     @staticmethod
     def _decode(payload: str, param: str) -> bytes:

@@ -21,9 +21,11 @@ from .api import ApiError, ChatRequest, CompletionRequest, Sampling, Usage, inva
 from .chatfmt import ChatFormatError, NoChatFormat
 from .checkpoints import preamble_ends
 from .engine import GenParams, GenResult, Stats, TokenInfo, UnencodableText, WasteError
+from .engine_queue import EngineQueue, shutting_down
 from .history_ids import overlay, tokenize_history
-from .images import StagedImages, image_parts, measure
+from .images import StagedImages, image_parts
 from .logprobs import LogprobTrail, chat_logprobs, completion_logprobs
+from .metrics import Metrics
 from .prefill import DEFAULT_CHUNK, PrefillCancelled, prefill
 from .prefix_cache import PrefixCache
 from .reply_memory import ReplyMemory
@@ -54,6 +56,41 @@ class ReplySink(Protocol):
     def gone(self) -> bool:
         """True once the client has disconnected: generation stops at the next token."""
 
+    def queued(self, ahead: int) -> None:
+        """The request waits for the engine behind `ahead` others (the running one included);
+        called again when that number changes."""
+
+
+class _Watched:
+    """The sink as a running request sees it: also gone once the server is shutting down.
+
+    Every generation loop already stops when its sink is gone, so this is how
+    shutdown reaches all of them, at their next token or prefill chunk.
+    """
+
+    def __init__(self, sink: ReplySink, stopping: threading.Event):
+        self._sink = sink
+        self._stopping = stopping
+        self.cut = False  # gone() said yes because of shutdown
+
+    def start(self) -> None:
+        self._sink.start()
+
+    def progress(self, done: int, total: int) -> None:
+        self._sink.progress(done, total)
+
+    def emit(self, delta: dict) -> None:
+        self._sink.emit(delta)
+
+    def queued(self, ahead: int) -> None:
+        self._sink.queued(ahead)
+
+    def gone(self) -> bool:
+        if self._stopping.is_set():
+            self.cut = True
+            return True
+        return self._sink.gone()
+
 
 @dataclass
 class ServiceOptions:
@@ -61,7 +98,7 @@ class ServiceOptions:
     max_tokens: int = 4096
     thinking: bool = True          # the default when a request does not say
     vision: bool = False
-    allow_local_images: bool = False
+    allow_local_images: Optional[str] = None    # a directory clients may name image files in
     prefix_cache: Optional[PrefixCache] = None   # None: prefill every request from scratch
     prefill_chunk: int = DEFAULT_CHUNK
     snapshot_min_tokens: int = 0   # a shorter prompt that restored nothing is not snapshotted
@@ -69,6 +106,7 @@ class ServiceOptions:
     reply_memory: Optional[ReplyMemory] = None   # None: history is always re-tokenized
     keep_reasoning: bool = False   # render remembered reasoning into replies a client returns without it
     eval_logits: bool = True       # False: the engine's waste_eval gives no logits to decode with
+    max_queue: int = 32            # requests that may wait for the engine; more get a 503
 
 
 @dataclass
@@ -108,6 +146,7 @@ class _Run:
     max_tokens: int
     client_gone: bool = False
     last_token: int = -1
+    started_at: float = 0.0         # when prefill began, after any wait for the engine
     first_token_at: float = 0.0
     last_token_at: float = 0.0
     n_tokens: int = 0
@@ -133,6 +172,36 @@ class Service:
         self._settle: Optional[tuple[list[int], list, list[int], int]] = None
         self._closed = False
         self._vocabularies: dict[tuple, Any] = {}   # llguidance's view of the vocabulary, built once
+        self.queue = EngineQueue(options.max_queue)
+        self._stopping = threading.Event()
+        self._request_id = ""  # of the request holding the engine, for its log lines
+        self.metrics = Metrics(engine.stats(), self.queue_length, options.prefix_cache)
+
+    def queue_length(self) -> int:
+        """Requests waiting in line for the engine (what /metrics reports)."""
+        return len(self.queue)
+
+    # -- shutdown -------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Refuse new and queued work; what runs stops at its next token or prefill chunk."""
+        self._stopping.set()
+        self._closed = True  # and deferred snapshot work at its next chunk
+        self.queue.close()
+
+    def wait_idle(self, timeout: Optional[float] = None) -> bool:
+        """After stop(): True once no request uses the engine (it may then be closed)."""
+        return self.queue.wait_idle(timeout)
+
+    @contextmanager
+    def _turn(self, request_id: str, sink: ReplySink) -> Iterator[_Watched]:
+        """Wait in line for the engine and hold it; a run cut by shutdown ends in its 503."""
+        watched = _Watched(sink, self._stopping)
+        with self.queue.turn(watched), self._engine_turn():
+            self._request_id = request_id
+            yield watched
+        if watched.cut:
+            raise shutting_down()
 
     # -- models ---------------------------------------------------------------
 
@@ -160,17 +229,18 @@ class Service:
             raise invalid("tools", f"the {fmt.name} chat format cannot declare tools")
         images = image_parts(req.messages)
         self._check_images(images)
-        with self._engine_turn():
+        with self._turn(req.request_id, sink) as sink:
             self._start_empty()
             with StagedImages(self.options.allow_local_images) as staged:
                 paths = [staged.stage(url, param) for param, url in images]
-                prompts = [image_prompt(*measure(self.library.image_dimensions, path, param))
+                prompts = [image_prompt(*staged.measure(self.library.image_dimensions, path, param))
                            for path, (param, _) in zip(paths, images)]
                 # The conversation and the generation prompt are tokenized apart (as
                 # segments always are) so that the end of the conversation, which the
                 # next turn's prompt will repeat, is a known position worth a snapshot.
                 messages, replies = self._recall(req, thinking, prompts)
                 conversation = self._render(req, messages, thinking, prompts)
+                self._check_fits(sum(len(segment.text) for segment in conversation), "messages")
                 try:
                     history = tokenize_history(self.engine, conversation, replies)
                 except UnencodableText as e:
@@ -443,7 +513,8 @@ class Service:
     # -- completions ----------------------------------------------------------
 
     def complete(self, req: CompletionRequest, sink: ReplySink) -> CompletionReply:
-        with self._engine_turn():
+        self._check_fits(len(req.prompt), "prompt")
+        with self._turn(req.request_id, sink) as sink:
             self._start_empty()
             # The engine knows whether its container has a BOS to add.
             try:
@@ -530,6 +601,19 @@ class Service:
         self.engine.reset()
         self.engine.image_clear()
 
+    def _check_fits(self, chars: int, param: str) -> None:
+        """Refuse text that cannot fit before tokenizing it (which costs memory in proportion).
+
+        No token is longer than the vocabulary's longest, and `chars` characters
+        are at least as many UTF-8 bytes, so they make at least chars / longest tokens.
+        """
+        longest, ctx = self.engine.longest_token, self.engine.info.ctx_max
+        least = -(-chars // longest) if longest else 0
+        if least > ctx - 1:
+            raise ApiError(400, f"the prompt is at least {least} tokens; the context holds {ctx} "
+                                "including at least one generated token",
+                           param=param, code="context_length_exceeded")
+
     def _run(self, prompt: "_Prompt", sampling: Sampling, stop_tokens, sink: ReplySink,
              on_piece, decoder: Optional[decode.Decoder] = None) -> tuple[_Run, GenResult, float]:
         """Prefill, then generate; `on_piece(token, bytes)` returns True when the reply is done."""
@@ -564,7 +648,7 @@ class Service:
 
         before = self.engine.stats()
         sink.start()
-        started = time.monotonic()
+        started = run.started_at = time.monotonic()
         try:
             rest = self._prefill(prompt, run, sink)
         except PrefillCancelled:
@@ -577,7 +661,9 @@ class Service:
                 run.decoding = decoder.report.waste()
                 run.unevaluated = 1 if run.tokens else 0
         ms = (time.monotonic() - started) * 1000.0
-        run.stats = _stats_delta(before, self.engine.stats())
+        after = self.engine.stats()
+        self.metrics.engine_stats(after)
+        run.stats = _stats_delta(before, after)
         return run, result, ms
 
     def _prefill(self, prompt: "_Prompt", run: _Run, sink: ReplySink) -> list[int]:
@@ -589,13 +675,15 @@ class Service:
                 return  # one chunk is over before anyone could be waiting on it
             sink.progress(done, total)
             if log is not None:
-                log(f"prefill {done}/{total}")
+                log(f"{self._request_id} prefill {done}/{total}")
 
         def run_prefill(tokens: list[int], upto: int) -> None:
             run.cached_tokens = prefill(self.engine, tokens, upto, cache=cache,
                                         snapshot_at=prompt.snapshot_at, chunk=chunk,
                                         progress=progress, cancelled=sink.gone,
                                         min_snapshot=self.options.snapshot_min_tokens)
+            if cache is not None:
+                self.metrics.prefix_lookup(run.cached_tokens > 0)
 
         try:
             if not prompt.image_paths:
@@ -625,10 +713,12 @@ class Service:
             return "length"
         return "tool_calls" if has_tool_calls else "stop"
 
-    @staticmethod
-    def _usage(prompt_tokens: int, run: _Run, result: GenResult, ms: float) -> Usage:
+    def _usage(self, prompt_tokens: int, run: _Run, result: GenResult, ms: float) -> Usage:
         decode_s = run.last_token_at - run.first_token_at
         tps = (run.n_tokens - 1) / decode_s if run.n_tokens > 1 and decode_s > 0 else 0.0
+        self.metrics.reply(prompt_tokens, run.cached_tokens, run.n_tokens,
+                           run.first_token_at - run.started_at if run.n_tokens else None,
+                           tps if tps else None)
         s = run.stats
         looked_up = s.experts_hit + s.experts_missed
         return Usage(prompt_tokens, run.n_tokens, cached_tokens=run.cached_tokens, waste={

@@ -75,3 +75,20 @@ def k3_engine(lib, k3_container):
     from serve.engine import Engine, EngineConfig
     with Engine(lib, k3_container, EngineConfig()) as opened:
         yield opened
+
+
+# ---- soak scale -------------------------------------------------------------------
+
+def pytest_addoption(parser) -> None:
+    parser.addoption("--soak", action="store_true",
+                     help="run the soak and fault tests at full scale (make soak)")
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", "soak: a soak or fault test; short unless --soak is given")
+
+
+@pytest.fixture
+def soak(request) -> bool:
+    """True under `make soak`: the soak tests then run at their full counts."""
+    return request.config.getoption("--soak")

@@ -89,6 +89,7 @@ class ScriptedEngine:
                               params_total=1000, params_active=300, arch="scripted",
                               quant_summary="experts q8g32")
         self.specials = {text: SPECIAL_BASE + i for i, text in enumerate(specials)}
+        self.longest_token = max(len(text.encode()) for text in specials)  # ordinary tokens are bytes
         self._by_id = {i: t.encode() for t, i in self.specials.items()}
         self._piece_ids: dict[bytes, int] = {}
         self.replies = [list(r) for r in replies] or [xtml_answer("hello")]
@@ -383,3 +384,39 @@ def raw_exchange(port: int, data: bytes, *, shut_write: bool = False) -> bytes:
 
 def status_of(raw: bytes) -> int:
     return int(raw.split(b" ", 2)[1])
+
+
+# ---- raw sockets, for requests left open while a test watches them ----------------
+
+
+def post_open(port: int, body: dict, path: str = "/v1/chat/completions") -> socket.socket:
+    """A request sent on a raw socket (the server closes after replying); the test reads it."""
+    data = json.dumps(body).encode()
+    s = socket.create_connection(("127.0.0.1", port), timeout=60)
+    s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+              f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    return s
+
+
+def read_until(s: socket.socket, marker: bytes, got: bytes = b"") -> bytes:
+    """Reads on until `marker` has arrived; returns all read so far, `got` included."""
+    while marker not in got:
+        data = s.recv(65536)
+        assert data, f"closed before {marker!r}: {got[-300:]!r}"
+        got += data
+    return got
+
+
+def read_all(s: socket.socket, got: bytes = b"") -> bytes:
+    """Reads to the end and closes; returns the whole response, `got` included."""
+    with s:
+        while data := s.recv(65536):
+            got += data
+    return got
+
+
+def sse_data(raw: bytes) -> list:
+    """The SSE payloads of a raw HTTP response, parsed; "[DONE]" stays a string."""
+    body = raw.split(b"\r\n\r\n", 1)[1].decode()
+    return [b[6:] if b[6:] == "[DONE]" else json.loads(b[6:])
+            for b in body.split("\n\n") if b.startswith("data: ")]

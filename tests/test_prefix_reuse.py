@@ -153,7 +153,9 @@ def test_stream_shows_prefill_progress_as_comments():
     assert all(int(frac.split("/")[1]) == total for _, frac in progress)
     assert done == sorted(done) and done[0] == 64 and done[-1] == total - 1
     assert engine.evals[:-1] == [64] * (len(engine.evals) - 1)
-    assert [line for line in lines if line.startswith("prefill")] == [f"prefill {d}/{total}" for d in done]
+    # Each log line names the request it belongs to.
+    rid = resp.headers["x-request-id"]
+    assert [line for line in lines if " prefill " in line] == [f"{rid} prefill {d}/{total}" for d in done]
     # The comments come after the role chunk, before the answer, and disturb nothing.
     events = resp.events()
     assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}

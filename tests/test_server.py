@@ -215,7 +215,7 @@ def test_invalid_fields_are_named(server, engine, fields, param):
 
 def test_tool_call_arguments_nested_too_deeply_are_a_400(server, engine):
     call_ = {"id": "c1", "type": "function",
-             "function": {"name": "f", "arguments": "[" * 100000 + "]" * 100000}}
+             "function": {"name": "f", "arguments": "[" * 40000 + "]" * 40000}}
     body = {"messages": [*USER, {"role": "assistant", "content": None, "tool_calls": [call_]}]}
     assert_error(call(server.port, "POST", CHAT, body), 400, param="messages")
     assert engine.prompts == []
@@ -513,11 +513,11 @@ def test_declared_oversize_body_is_refused_unread(server):
 
 
 def test_body_shorter_than_declared(engine):
-    with serving(scripted_service(engine), socket_timeout=0.5) as srv:
+    with serving(scripted_service(engine), request_timeout=0.5) as srv:
         head = f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n".encode()
         closed = raw_exchange(srv.port, head + b'{"messages": ', shut_write=True)
-        stalled = raw_exchange(srv.port, head + b'{"messages": ')  # client stays, timeout ends it
-        assert status_of(closed) == 400 and status_of(stalled) == 400
+        stalled = raw_exchange(srv.port, head + b'{"messages": ')  # client stays, the deadline ends it
+        assert status_of(closed) == 400 and status_of(stalled) == 408
         assert call(srv.port, "GET", "/health").status == 200
     assert engine.prompts == []
 
@@ -562,7 +562,7 @@ def test_missing_length_and_chunked_bodies(server):
     b"[1, 2]",                                      # not an object
     b'"hi"',
     b'{"messages": [{"role": "user", "content": "hi"}], "a":' + b"[" * 70 + b"]" * 70 + b"}",
-    b'{"a":' + b"[" * 100000 + b"]" * 100000 + b"}",  # deep enough to hit Python's recursion limit
+    b'{"a":' + b"[" * 40000 + b"]" * 40000 + b"}",  # deep enough to hit Python's recursion limit
 ])
 def test_bad_bodies(server, body):
     assert_error(call(server.port, "POST", CHAT, body), 400, code="invalid_body")
@@ -858,8 +858,8 @@ def test_bad_images_are_refused_and_cleaned(engine, private_tmp, tmp_path_factor
     with serving(scripted_service(engine, vision=True)) as srv:
         cases = [("http://169.254.169.254/latest", "not fetched"),
                  ("https://example.com/cat.png", "not fetched"),
-                 (str(local), "allow-local-images"),
-                 (f"file://{local}", "allow-local-images"),
+                 (str(local), "allow-local-images DIR"),
+                 (f"file://{local}", "allow-local-images DIR"),
                  ("data:image/png;base64,@@notbase64@@", "base64"),
                  (data_url(b"GIF89a not a png"), "could not be read"),
                  ("data:text/html;base64,PGI+", "data")]
@@ -873,11 +873,29 @@ def test_bad_images_are_refused_and_cleaned(engine, private_tmp, tmp_path_factor
 def test_local_images_with_the_flag(engine, tmp_path):
     local = tmp_path / "x.png"
     local.write_bytes(tiny_png())
-    with serving(scripted_service(engine, vision=True, allow_local_images=True)) as srv:
-        assert call(srv.port, "POST", CHAT, {"messages": image_message(str(local))}).status == 200
-        assert call(srv.port, "POST", CHAT, {"messages": image_message(f"file://{local}")}).status == 200
-    assert engine.images_added == [str(local), str(local)]
+    (tmp_path / "link.png").symlink_to(local)
+    with serving(scripted_service(engine, vision=True, allow_local_images=str(tmp_path))) as srv:
+        for url in (str(local), f"file://{local}", "x.png", "link.png"):
+            assert call(srv.port, "POST", CHAT, {"messages": image_message(url)}).status == 200, url
+    assert engine.images_added == [str(local)] * 4  # symlinks resolved
     assert local.exists()  # the client's own file is never removed
+
+
+def test_local_images_outside_the_directory_get_one_uniform_refusal(engine, tmp_path):
+    allowed, outside = tmp_path / "allowed", tmp_path / "outside"
+    allowed.mkdir()
+    outside.mkdir()
+    (outside / "secret.png").write_bytes(tiny_png())
+    (allowed / "notes.txt").write_text("not an image")
+    (allowed / "sub").mkdir()
+    (allowed / "escape.png").symlink_to(outside / "secret.png")
+    refused = [str(outside / "secret.png"), "../outside/secret.png", "escape.png",
+               f"file://{outside}/secret.png", "/proc/self/environ", "/etc/passwd",
+               str(allowed / "missing.png"), "notes.txt", "sub", "/"]
+    with serving(scripted_service(engine, vision=True, allow_local_images=str(allowed))) as srv:
+        messages = {assert_error(call(srv.port, "POST", CHAT, {"messages": image_message(url)}), 400,
+                                 param="messages[0].content[1]")["message"] for url in refused}
+    assert len(messages) == 1 and engine.images_added == [], messages
 
 
 def test_images_of_a_failed_request_never_reach_the_next(engine):
@@ -908,12 +926,17 @@ def fail_at(index: int):
 
 def test_engine_error_mid_stream_is_an_sse_error(engine):
     engine.before_token = fail_at(2)
-    with serving(scripted_service(engine)) as srv:
+    lines: list[str] = []
+    with serving(scripted_service(engine), log=lines.append) as srv:
         resp = call(srv.port, "POST", CHAT, {"messages": USER, "stream": True})
         assert resp.status == 200
         events = resp.events()
         assert events[-1] == "[DONE]"
-        assert events[-2]["error"]["type"] == "server_error" and "short read" in events[-2]["error"]["message"]
+        # The client gets a generic message with the request id; the details are in the log.
+        rid = resp.headers["x-request-id"]
+        assert events[-2]["error"] == {"message": f"internal error (request id {rid})",
+                                       "type": "server_error", "param": None, "code": None}
+        assert any(line.startswith(f"{rid} internal error") and "short read" in line for line in lines)
         assert events[1]["choices"][0]["delta"] == {"reasoning_content": "Let me "}
         engine.before_token = None
         assert call(srv.port, "POST", CHAT, {"messages": USER}).status == 200

@@ -1,0 +1,123 @@
+"""The line for the engine: first come, first served, bounded, and closable at shutdown.
+
+The engine runs one request at a time. A plain lock hands it to whichever
+waiting thread the scheduler wakes first, so under load a request could wait
+without bound; here each request takes a ticket and the engine goes to the
+oldest one. The line has a fixed length: beyond it a request is refused at
+once (503 with Retry-After) instead of waiting for hours behind a slow model.
+"""
+from __future__ import annotations
+
+import threading
+from collections import deque
+from contextlib import contextmanager
+from typing import Iterator, Protocol
+
+from .api import ApiError
+
+RETRY_AFTER_SECONDS = 5
+POLL_SECONDS = 0.25  # how often a waiting request asks whether its client is still there
+
+
+class Waiter(Protocol):
+    def queued(self, ahead: int) -> None: ...
+
+    def gone(self) -> bool: ...
+
+
+class ClientGone(Exception):
+    """The client went away while its request waited in line."""
+
+
+def overloaded(message: str) -> ApiError:
+    return ApiError(503, message, code="server_overloaded", kind="server_error",
+                    headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+
+
+def shutting_down() -> ApiError:
+    return ApiError(503, "the server is shutting down", code="server_shutting_down",
+                    kind="server_error")
+
+
+class EngineQueue:
+    def __init__(self, max_waiting: int):
+        if max_waiting < 0:
+            raise ValueError("max_waiting must be >= 0")
+        self.max_waiting = max_waiting
+        self._cond = threading.Condition()
+        self._line: deque[object] = deque()
+        self._busy = False
+        self._closed = False
+
+    def __len__(self) -> int:
+        """Requests waiting (not counting the one that holds the engine)."""
+        return len(self._line)
+
+    @contextmanager
+    def turn(self, waiter: Waiter) -> Iterator[None]:
+        """Waits for the engine in arrival order and holds it for the block.
+
+        While waiting, `waiter.queued(ahead)` hears the number of requests in
+        front (the running one included) each time it changes. Raises the 503s
+        of a full line or of shutdown, or ClientGone.
+        """
+        ticket = object()
+        with self._cond:
+            if self._closed:
+                raise shutting_down()
+            if (self._busy or self._line) and len(self._line) >= self.max_waiting:
+                raise overloaded(f"{len(self._line)} requests are already waiting for the engine; "
+                                 "try again later")
+            self._line.append(ticket)
+        try:
+            self._wait(ticket, waiter)
+        except BaseException:
+            with self._cond:
+                if ticket in self._line:
+                    self._line.remove(ticket)
+                    self._cond.notify_all()  # those behind it moved up
+            raise
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+
+    def _wait(self, ticket: object, waiter: Waiter) -> None:
+        told = 0
+        while True:
+            with self._cond:
+                ahead = self._ahead(ticket)
+                if ahead and ahead == told:
+                    self._cond.wait(POLL_SECONDS)
+                    ahead = self._ahead(ticket)
+                if not ahead:
+                    return
+            # Outside the lock: both may touch the client's socket.
+            if waiter.gone():
+                raise ClientGone()
+            if ahead != told:
+                waiter.queued(ahead)
+                told = ahead
+
+    def _ahead(self, ticket: object) -> int:
+        """Requests in front of `ticket`; 0 means it now holds the engine. Under _cond."""
+        if self._closed:
+            raise shutting_down()
+        if not self._busy and self._line[0] is ticket:
+            self._line.popleft()
+            self._busy = True
+            return 0
+        return self._line.index(ticket) + int(self._busy)  # O(line), and the line is bounded
+
+    def close(self) -> None:
+        """Admit no one again: waiting requests and later arrivals get the shutdown 503."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """After close(): wait until the request holding the engine lets go. True when it has."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._busy, timeout)

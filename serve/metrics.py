@@ -1,0 +1,152 @@
+"""The server's Prometheus metrics, and their text exposition (format 0.0.4) for GET /metrics.
+
+Counters and histograms are updated where their event happens: the HTTP
+layer counts requests, the service counts each reply's tokens and timings
+and each prefix-cache lookup.  What only exists as current state (the queue,
+the prefix cache's size, the engine's expert counters) is read when scraped,
+through the callables given at construction.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+import threading
+from typing import Callable, Optional, Sequence
+
+from .engine import Stats
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# From a fast local model (tens of ms) to an expert-streaming one (minutes).
+TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+# From under a token per second (K3 off an SSD) to the demo model's thousands.
+RATE_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000)
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def _labels(pairs: Sequence[tuple[str, str]]) -> str:
+    if not pairs:
+        return ""
+    escaped = (value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+               for _, value in pairs)
+    return "{" + ",".join(f'{name}="{value}"' for (name, _), value in zip(pairs, escaped)) + "}"
+
+
+def _family(name: str, kind: str, help_text: str, samples: list[tuple[str, Sequence, float]]) -> str:
+    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+    lines += [f"{name}{suffix}{_labels(labels)} {_number(value)}" for suffix, labels, value in samples]
+    return "\n".join(lines) + "\n"
+
+
+class _Histogram:
+    def __init__(self, bounds: Sequence[float]):
+        self.bounds = tuple(bounds) + (math.inf,)
+        self.counts = [0] * len(self.bounds)   # per bucket, not cumulative
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1  # the first bound >= value
+        self.total += value
+
+    def samples(self) -> list[tuple[str, Sequence, float]]:
+        out, running = [], 0
+        for bound, count in zip(self.bounds, self.counts):
+            running += count
+            le = "+Inf" if bound == math.inf else repr(float(bound))  # as Prometheus' own clients write it
+            out.append(("_bucket", [("le", le)], running))
+        return out + [("_sum", [], self.total), ("_count", [], running)]
+
+
+class Metrics:
+    """Every metric of one server. Thread-safe: request threads update it while it is scraped."""
+
+    def __init__(self, engine_stats: Stats, queue_length: Callable[[], int], prefix_cache=None):
+        self._queue_length = queue_length
+        self._cache = prefix_cache                 # a PrefixCache, or None when it is off
+        self._lock = threading.Lock()
+        self._requests: dict[tuple[str, str], int] = {}
+        self._tokens = {"prompt": 0, "cached": 0, "completion": 0}
+        self._prefix = {"hits": 0, "misses": 0}
+        self._ttft = _Histogram(TTFT_BUCKETS)
+        self._rate = _Histogram(RATE_BUCKETS)
+        # The engine's counters as of its last finished request: a waste_ctx must not be
+        # called while another thread generates on it, and a generation can take minutes.
+        self._engine = engine_stats
+
+    # -- updates --------------------------------------------------------------------------
+
+    def request(self, endpoint: str, status: int) -> None:
+        with self._lock:
+            key = (endpoint, str(status))
+            self._requests[key] = self._requests.get(key, 0) + 1
+
+    def reply(self, prompt: int, cached: int, completion: int, ttft: Optional[float],
+              rate: Optional[float]) -> None:
+        """One finished (or cancelled) generation; ttft and rate are None when not measured."""
+        with self._lock:
+            self._tokens["prompt"] += prompt
+            self._tokens["cached"] += cached
+            self._tokens["completion"] += completion
+            if ttft is not None:
+                self._ttft.observe(ttft)
+            if rate is not None:
+                self._rate.observe(rate)
+
+    def prefix_lookup(self, hit: bool) -> None:
+        with self._lock:
+            self._prefix["hits" if hit else "misses"] += 1
+
+    def engine_stats(self, stats: Stats) -> None:
+        """The engine's cumulative counters, read by the thread that holds the engine."""
+        with self._lock:
+            self._engine = stats
+
+    # -- exposition -----------------------------------------------------------------------
+
+    def render(self) -> bytes:
+        queued = self._queue_length()
+        cache = self._cache
+        with self._lock:
+            requests = sorted(self._requests.items())
+            tokens, prefix, engine = dict(self._tokens), dict(self._prefix), self._engine
+            ttft, rate = self._ttft.samples(), self._rate.samples()
+        parts = [
+            _family("serve_requests_total", "counter", "HTTP requests answered, by endpoint and "
+                    "status (499: the client left before its answer)",
+                    [("", [("endpoint", e), ("status", s)], n) for (e, s), n in requests]),
+        ]
+        for kind, what in (("prompt", "Prompt tokens of finished generations"),
+                           ("cached", "Prompt tokens restored from a prefix snapshot, not prefilled"),
+                           ("completion", "Tokens generated")):
+            parts.append(_family(f"serve_{kind}_tokens_total", "counter", what, [("", [], tokens[kind])]))
+        parts += [
+            _family("serve_time_to_first_token_seconds", "histogram",
+                    "From the start of prefill (after any queue wait) to the first generated token",
+                    ttft),
+            _family("serve_decode_tokens_per_second", "histogram",
+                    "Decode rate of each generation of two tokens or more", rate),
+            _family("serve_queue_length", "gauge", "Requests waiting for the engine",
+                    [("", [], queued)]),
+        ]
+        for name, what, value in (
+                ("expert_hits", "Expert lookups served from the expert cache", engine.experts_hit),
+                ("expert_misses", "Expert lookups read from disk", engine.experts_missed),
+                ("bytes_read", "Bytes of expert weights read from disk", engine.bytes_read)):
+            parts.append(_family(f"serve_engine_{name}_total", "counter",
+                                 f"{what} (waste_get_stats, as of the last finished request)",
+                                 [("", [], value)]))
+        if cache is not None:
+            parts += [
+                _family("serve_prefix_cache_entries", "gauge", "Prefix snapshots held",
+                        [("", [], len(cache))]),
+                _family("serve_prefix_cache_bytes", "gauge", "Disk bytes held by prefix snapshots",
+                        [("", [], cache.used_bytes)]),
+                _family("serve_prefix_cache_hits_total", "counter",
+                        "Prompts that restored a prefix snapshot", [("", [], prefix["hits"])]),
+                _family("serve_prefix_cache_misses_total", "counter",
+                        "Prompts prefilled without a snapshot", [("", [], prefix["misses"])]),
+            ]
+        return "".join(parts).encode()
