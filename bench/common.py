@@ -86,10 +86,13 @@ def server(container: Path, *flags: str, lib: Optional[str] = None,
            cpus: Optional[set[int]] = None) -> Iterator[int]:
     """`python3 -m serve` in its own process on an ephemeral port; yields the port.
 
-    Each server learns its own expert hotlist, so one run never warms the next."""
+    Each server learns its own expert hotlist, and keeps its prefix snapshots
+    apart unless --prefix-cache-dir says otherwise, so one run never warms the next."""
     hotlist = tempfile.TemporaryDirectory(prefix="bench-usage-")
     args = [sys.executable, "-m", "serve", str(container), "--port", "0", "--quiet",
             "--usage", os.path.join(hotlist.name, "usage.waste"), *flags]
+    if "--prefix-cache-dir" not in flags:
+        args += ["--prefix-cache-dir", os.path.join(hotlist.name, "prefix")]
     if lib:
         args += ["--lib", lib]
     pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None

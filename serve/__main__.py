@@ -7,7 +7,6 @@ import re
 import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -17,9 +16,12 @@ from . import decode, grammar
 from .chatfmt import NoChatFormat, resolve_chat_format
 from .engine import Engine, EngineConfig, LibraryNotFound, MemPlan, WasteError, load_library
 from .http import DEFAULT_MAX_CONNECTIONS, DEFAULT_REQUEST_TIMEOUT, Server, stderr_log
-from .prefix_cache import PrefixCache
+from .identity import state_identity
+from .prefill import DEFAULT_CHUNK
+from .prefix_cache import DEFAULT_MAX_ENTRIES, PrefixCache, PrefixCacheError, default_directory
 from .reply_memory import ReplyMemory
 from .service import Service, ServiceOptions
+from .warm import WarmError, Warmer, warm_requests
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 DRAIN_SECONDS = 10.0  # at shutdown, for cut replies to reach their clients
@@ -110,7 +112,18 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--exclusive-open", action="store_true", help="refuse a container another process owns")
     p.add_argument("--prefix-cache", type=parse_size, default=None, metavar="SIZE",
                    help="disk for prefix snapshots, e.g. 8G (default: a quarter of the free "
-                        "temporary space, at most 16G)")
+                        "space where they go, at most 16G)")
+    p.add_argument("--prefix-cache-dir", metavar="DIR",
+                   help="where prefix snapshots persist (default $XDG_CACHE_HOME/serve, "
+                        "else ~/.cache/serve)")
+    p.add_argument("--prefix-cache-entries", type=positive, default=DEFAULT_MAX_ENTRIES,
+                   metavar="N", help=f"most snapshots kept (default {DEFAULT_MAX_ENTRIES})")
+    p.add_argument("--prefix-cache-min", type=non_negative, default=DEFAULT_CHUNK, metavar="N",
+                   help="a prompt shorter than N tokens that restored nothing is not "
+                        f"snapshotted (default {DEFAULT_CHUNK}, one prefill chunk)")
+    p.add_argument("--warm", action="append", metavar="REQUEST.json",
+                   help="before serving, prefill and checkpoint this saved chat request "
+                        "(repeatable)")
     p.add_argument("--no-prefix-cache", action="store_true",
                    help="prefill every request from scratch")
     p.add_argument("--keep-reasoning", action="store_true",
@@ -145,6 +158,16 @@ def describe_plan(plan: MemPlan) -> str:
     return "\n".join(f"  {name:<18} {gib(value):>12}  ({value} bytes)" for name, value in rows)
 
 
+def describe_cache(cache: Optional[PrefixCache]) -> str:
+    if cache is None:
+        return "off"
+    text = (f"{gib(cache.capacity_bytes)}, {cache.max_entries} snapshots at most, in {cache.root} "
+            f"({len(cache)} kept, {gib(cache.used_bytes)})")
+    if cache.reclaimed:
+        text += f"; reclaimed {cache.reclaimed} left by dead processes"
+    return text
+
+
 def banner(lib, engine: Engine, fmt, args: argparse.Namespace, url: str,
            cache: Optional[PrefixCache]) -> str:
     info, mem = engine.info, engine.memory_used()
@@ -162,7 +185,7 @@ def banner(lib, engine: Engine, fmt, args: argparse.Namespace, url: str,
         ("thinking unavailable (this chat format has no reasoning channel)"
          if not getattr(fmt, "supports_reasoning", False) else
          f"thinking {'off' if args.no_thinking else 'on'} by default (reasoning_effort overrides)"),
-        f"prefix   {'off' if cache is None else gib(cache.capacity_bytes) + ' of snapshots in ' + cache.directory}",
+        f"prefix   {describe_cache(cache)}",
         structure_line(),
         f"listen   {url}",
     ]
@@ -181,17 +204,25 @@ def structure_line() -> str:
     return f"struct   {what}: {grammar.missing()}; to enable: {grammar.ENABLE_HINT}"
 
 
-def default_prefix_cache_bytes() -> int:
+def default_prefix_cache_bytes(directory: str) -> int:
     """A quarter of the free space where snapshots go, capped: they are a cache, not the point."""
-    free = shutil.disk_usage(tempfile.gettempdir()).free
-    return min(free // 4, 16 << 30)
+    existing = Path(directory).absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    return min(shutil.disk_usage(existing).free // 4, 16 << 30)
 
 
-def open_prefix_cache(args: argparse.Namespace) -> Optional[PrefixCache]:
+def open_prefix_cache(args: argparse.Namespace, lib, engine: Engine) -> Optional[PrefixCache]:
+    """The persistent snapshot store, namespaced by what this engine's states mean."""
     if args.no_prefix_cache:
         return None
-    size = default_prefix_cache_bytes() if args.prefix_cache is None else args.prefix_cache
-    return PrefixCache(size) if size > 0 else None
+    directory = args.prefix_cache_dir or str(default_directory())
+    size = default_prefix_cache_bytes(directory) if args.prefix_cache is None else args.prefix_cache
+    if size <= 0:
+        return None
+    usage = args.usage or os.path.join(args.model, "usage.waste")
+    return PrefixCache(size, directory, max_entries=args.prefix_cache_entries,
+                       identity=state_identity(lib, engine, args.model, skip=[usage]))
 
 
 def fail(message: str) -> int:
@@ -209,6 +240,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"serve: warning: skipped {skipped}", file=sys.stderr)
     if not Path(args.model).is_dir():
         return fail(f"{args.model}: not a model container directory")
+    try:
+        warm = warm_requests(args.warm)
+    except WarmError as e:
+        return fail(str(e))
     if args.plan:
         try:
             plan = lib.plan_memory(args.model, args.ctx)
@@ -224,29 +259,35 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (WasteError, ValueError) as e:
         return fail(f"cannot open {args.model}: {e}")
     try:
-        return serve(lib, engine, args)
+        return serve(lib, engine, args, warm)
     finally:
         engine.close()
 
 
-def serve(lib, engine: Engine, args: argparse.Namespace) -> int:
+def serve(lib, engine: Engine, args: argparse.Namespace, warm: list) -> int:
     fmt = resolve_chat_format(engine, args.model)
     log = None if args.quiet else stderr_log
-    cache = open_prefix_cache(args)
+    if warm and args.no_prefix_cache:
+        return fail("--warm needs the prefix cache (drop --no-prefix-cache)")
+    try:
+        cache = open_prefix_cache(args, lib, engine)
+    except (PrefixCacheError, OSError) as e:
+        return fail(f"prefix cache: {e}")
     try:
         options = ServiceOptions(model_id=args.model_id or default_model_id(args.model),
                                  max_tokens=args.max_tokens, thinking=not args.no_thinking,
                                  vision=args.vision, allow_local_images=args.allow_local_images,
-                                 prefix_cache=cache, log=log, reply_memory=ReplyMemory(),
+                                 prefix_cache=cache, snapshot_min_tokens=args.prefix_cache_min,
+                                 log=log, reply_memory=ReplyMemory(),
                                  keep_reasoning=args.keep_reasoning, max_queue=args.max_queue)
-        return run_server(lib, engine, fmt, options, args, log)
+        return run_server(lib, engine, fmt, options, args, log, warm)
     finally:
         if cache is not None:
             cache.close()
 
 
 def run_server(lib, engine: Engine, fmt, options: ServiceOptions, args: argparse.Namespace,
-               log) -> int:
+               log, warm: list) -> int:
     service = Service(engine, lib, fmt, options)
     try:
         server = Server((args.host, args.port), service, api_key=args.api_key or None, log=log,
@@ -254,19 +295,23 @@ def run_server(lib, engine: Engine, fmt, options: ServiceOptions, args: argparse
     except OSError as e:
         return fail(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}")
     stopping, hurry = threading.Event(), threading.Event()
+    # Served while it runs: /health says "warming", and generation requests get a 503.
+    warmer = Warmer(service, warm, lambda line: print(line, flush=True)) if warm else None
 
     def stop(signum, frame) -> None:
         if hurry.is_set() or stopping.is_set():
             hurry.set()  # a second signal: stop waiting
             return
         stopping.set()
+        if warmer is not None:
+            warmer.stop()   # at its next prefill chunk
 
         def begin() -> None:
             service.stop()    # queued requests get a 503, running ones stop at their next token
             server.shutdown()  # waits for serve_forever to return: not on this (the serving) thread
         threading.Thread(target=begin, daemon=True).start()
 
-    # Before the banner: whoever reads it may signal at once.
+    # Before the banner: a supervisor may signal as soon as it reads the listen line.
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     host = f"[{args.host}]" if ":" in args.host else args.host
@@ -274,6 +319,8 @@ def run_server(lib, engine: Engine, fmt, options: ServiceOptions, args: argparse
           flush=True)
     if isinstance(fmt, NoChatFormat):
         print("note     /v1/chat/completions is unavailable; /v1/completions works", flush=True)
+    if warmer is not None:
+        warmer.start()
     try:
         server.serve_forever()
     finally:
@@ -286,6 +333,10 @@ def run_server(lib, engine: Engine, fmt, options: ServiceOptions, args: argparse
     drained_by = time.monotonic() + DRAIN_SECONDS
     while not server.wait_requests(0.1) and not hurry.is_set() and time.monotonic() < drained_by:
         pass
+    while warmer is not None and warmer.is_alive():  # it stops at its next chunk
+        warmer.join(0.1)
+        if hurry.is_set():
+            abandon(options.prefix_cache)
     service.close()   # deferred snapshots stop before the engine closes
     try:
         engine.save_usage()  # what this run learned warms the expert cache of the next

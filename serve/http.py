@@ -380,8 +380,10 @@ class Handler(BaseHTTPRequestHandler):
             method = "GET"
         if method not in allowed.split(", "):
             raise ApiError(405, f"{path} accepts {allowed} only", code="method_not_allowed")
+        warming = self.server.service.warming
         if path == "/health":
-            self._send_json(200, {"status": "ok"})
+            # 503 while warming: load balancers send nothing to a server that is not ready.
+            self._send_json(503 if warming else 200, warming or {"status": "ok"})
         elif path == "/":
             page, policy = chat_page()
             self._send(200, PAGE_TYPE, page, {"Content-Security-Policy": policy,
@@ -394,6 +396,9 @@ class Handler(BaseHTTPRequestHandler):
             self._send_json(200, {"object": "list", "data": [self.server.service.model()]})
         elif path.startswith(MODELS_PREFIX):
             self._get_model(path[len(MODELS_PREFIX):])
+        elif warming:
+            raise ApiError(503, "the server is warming its prefix cache (--warm); try again later",
+                           code="warming", kind="server_error")
         elif path == "/v1/chat/completions":
             self._chat(api.parse_chat_request(self._read_json()))
         elif path == MESSAGES:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Sequence
 
+from .checkpoints import SPACING, spaced
 from .engine import WasteError
 from .prefix_cache import PrefixCache
 
@@ -23,12 +24,17 @@ class PrefillCancelled(Exception):
 def prefill(engine, tokens: Sequence[int], upto: int, *, cache: Optional[PrefixCache] = None,
             snapshot_at: Sequence[int] = (), chunk: int = DEFAULT_CHUNK,
             progress: Optional[Callable[[int, int], None]] = None,
-            cancelled: Optional[Callable[[], bool]] = None) -> int:
+            cancelled: Optional[Callable[[], bool]] = None, min_snapshot: int = 0,
+            spacing: int = SPACING) -> int:
     """Restore the longest cached prefix of tokens[:upto], evaluate the rest of it.
 
-    `snapshot_at` lists positions worth a snapshot (e.g. the end of the
-    conversation before the generation prompt); those past `upto` are not
-    reached.  Returns how many positions came from a snapshot.
+    `snapshot_at` lists positions worth a snapshot (e.g. the end of the tools
+    block, of the system prompt, of the conversation before the generation
+    prompt); every multiple of `spacing` is one too.  Those past `upto` are
+    not reached.  A prompt shorter than `min_snapshot` that restored nothing
+    saves nothing: re-prefilling it costs little, and a prompt that shares
+    nothing with the cache is most likely asked once.  Returns
+    how many positions came from a snapshot.
     """
     if not 0 <= upto < len(tokens):
         raise ValueError("prefill must leave at least one prompt token to generate")
@@ -42,8 +48,12 @@ def prefill(engine, tokens: Sequence[int], upto: int, *, cache: Optional[PrefixC
             except WasteError:
                 cache.drop(snap)
                 engine.reset()
+            else:
+                cache.note_restored(pos)
     cached = pos
-    marks = sorted({p for p in snapshot_at if pos < p <= upto}) if cache is not None else []
+    worth_it = cache is not None and (cached > 0 or upto >= min_snapshot)
+    marks = sorted({p for p in [*snapshot_at, *spaced(pos, upto, spacing)]
+                    if pos < p <= upto}) if worth_it else []
     for target in marks + [upto]:
         while pos < target:
             if cancelled is not None and cancelled():

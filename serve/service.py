@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
 from . import api, decode, grammar
 from .api import ApiError, ChatRequest, CompletionRequest, Sampling, Usage, invalid
 from .chatfmt import ChatFormatError, NoChatFormat
+from .checkpoints import preamble_ends
 from .engine import GenParams, GenResult, Stats, TokenInfo, UnencodableText, WasteError
 from .engine_queue import EngineQueue, shutting_down
 from .history_ids import overlay, tokenize_history
@@ -100,6 +101,7 @@ class ServiceOptions:
     allow_local_images: Optional[str] = None    # a directory clients may name image files in
     prefix_cache: Optional[PrefixCache] = None   # None: prefill every request from scratch
     prefill_chunk: int = DEFAULT_CHUNK
+    snapshot_min_tokens: int = 0   # a shorter prompt that restored nothing is not snapshotted
     log: Optional[Callable[[str], None]] = None  # prefill progress of long prompts
     reply_memory: Optional[ReplyMemory] = None   # None: history is always re-tokenized
     keep_reasoning: bool = False   # render remembered reasoning into replies a client returns without it
@@ -163,6 +165,7 @@ class Service:
         self.chat_format = chat_format
         self.options = options
         self.created = api.now()
+        self.warming: Optional[dict] = None   # while --warm runs: what /health reports
         self._waiting = 0                   # requests waiting for the engine lock
         self._waiting_lock = threading.Lock()
         # A snapshot to make when the engine is idle: the history's ids, the reply's rendering
@@ -274,8 +277,9 @@ class Service:
             except WasteError as e:
                 self.engine.image_clear()
                 raise invalid(param, f"image could not be encoded: {e}") from None
-        prompt = _Prompt(ids, snapshot_at=[len(history)], generation=generation,
-                         conversation=conversation)
+        prompt = _Prompt(ids, snapshot_at=[
+            *self._preamble_ends(req, messages, thinking, conversation, history),
+            len(history)], generation=generation, conversation=conversation)
         if paths:
             prompt = _Prompt(self.engine.image_expand(ids), snapshot_at=prompt.snapshot_at,
                              text_ids=ids, image_start=ids.index(self.chat_format.media_pad),
@@ -290,6 +294,55 @@ class Service:
                               f"the {self.chat_format.name} chat format has no reasoning channel")
             return False
         return self.options.thinking if req.thinking is None else req.thinking
+
+    def warm(self, req: ChatRequest, progress: Callable[[int, int], None],
+             cancelled: Callable[[], bool]) -> tuple[int, int]:
+        """Prefill and checkpoint a request's conversation as chat() would, and answer
+        nothing.  Returns (positions the conversation holds, positions restored)."""
+        cache = self.options.prefix_cache
+        if cache is None or isinstance(self.chat_format, NoChatFormat):
+            raise invalid("messages", "warming needs the prefix cache and a chat format")
+        if image_parts(req.messages):
+            raise invalid("messages", "a conversation with images is not warmed")
+        thinking = self._thinking(req)
+        with self._engine_turn():
+            self._start_empty()
+            segments = self._render(req, req.messages, thinking, [])
+            history = self.engine.tokenize_segments(segments)
+            ids = history + self.engine.tokenize_segments(self.chat_format.generation_prompt(thinking))
+            if len(ids) > self.engine.info.ctx_max:
+                raise ApiError(400, f"the prompt is {len(ids)} tokens; the context holds "
+                                    f"{self.engine.info.ctx_max}", param="messages",
+                               code="context_length_exceeded")
+            try:
+                restored = prefill(self.engine, ids, len(history), cache=cache,
+                                   snapshot_at=[*self._preamble_ends(req, req.messages, thinking,
+                                                                     segments, history),
+                                                len(history)],
+                                   chunk=self.options.prefill_chunk, progress=progress,
+                                   cancelled=cancelled)
+            finally:
+                self.engine.reset()
+        return len(history), restored
+
+    def _preamble_ends(self, req: ChatRequest, messages: list, thinking: bool, segments: list,
+                       history: list[int]) -> list[int]:
+        """Token positions where the tool declarations and the leading system messages end
+        (those whose tokens begin `history` exactly)."""
+        if self.options.prefix_cache is None:
+            return []
+
+        def render(part: list) -> list:
+            return self.chat_format.render(
+                part, tools=req.tools, thinking=thinking, add_generation_prompt=False,
+                thinking_effort=req.thinking_effort if thinking else None)
+
+        ends = []
+        for n in preamble_ends(render, messages, segments):
+            ids = self.engine.tokenize_segments(segments[:n])
+            if history[:len(ids)] == ids:
+                ends.append(len(ids))
+        return ends
 
     def _check_images(self, images: list[tuple[str, str]]) -> None:
         if not images:
@@ -651,7 +704,8 @@ class Service:
         def run_prefill(tokens: list[int], upto: int) -> None:
             run.cached_tokens = prefill(self.engine, tokens, upto, cache=cache,
                                         snapshot_at=prompt.snapshot_at, chunk=chunk,
-                                        progress=progress, cancelled=sink.gone)
+                                        progress=progress, cancelled=sink.gone,
+                                        min_snapshot=self.options.snapshot_min_tokens)
             if cache is not None:
                 self.metrics.prefix_lookup(run.cached_tokens > 0)
 

@@ -27,6 +27,12 @@ def make_container(out: Path, *args: str) -> Path:
     return out
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_cache_home(tmp_path_factory) -> None:
+    """Servers started by tests keep their prefix snapshots out of the user's cache."""
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
+
+
 @pytest.fixture(scope="session")
 def lib_path() -> Path:
     path = library_path()

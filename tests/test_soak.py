@@ -36,13 +36,15 @@ pytestmark = [pytest.mark.soak,
 class Served:
     """`python3 -m serve` on an ephemeral port, its stderr in a file."""
 
-    def __init__(self, proc: subprocess.Popen, port: int, banner: list[str], log: Path):
-        self.proc, self.port, self.banner, self._log = proc, port, banner, log
+    def __init__(self, proc: subprocess.Popen, port: int, banner: list[str], log: Path,
+                 prefix: Path):
+        self.proc, self.port, self.banner, self._log, self.prefix = proc, port, banner, log, prefix
 
     @property
     def snapshots(self) -> Optional[str]:
-        line = next(line for line in self.banner if line.startswith("prefix"))
-        return line.rsplit(" in ", 1)[1] if " in " in line else None
+        """This server's own work in the snapshot directory (the snapshots outlive it)."""
+        found = list(self.prefix.glob(f"work-{self.proc.pid}-*"))
+        return str(found[0]) if found else None
 
     def log(self) -> str:
         return self._log.read_text()
@@ -80,7 +82,8 @@ def serve(container: Path, lib_path: Path, tmp_path: Path, *args: str,
     with open(log, "w") as err:
         proc = subprocess.Popen(
             [sys.executable, "-m", "serve", str(container), "--lib", str(lib_path), "--port", "0",
-             "--usage", str(tmp_path / "usage.waste"), *args],
+             "--usage", str(tmp_path / "usage.waste"), "--prefix-cache-dir", str(tmp_path / "prefix"),
+             *args],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True, env=env,
             preexec_fn=limits if nofile or fsize else None)
     try:
@@ -89,10 +92,11 @@ def serve(container: Path, lib_path: Path, tmp_path: Path, *args: str,
             line = proc.stdout.readline()
             assert line, log.read_text()
             banner.append(line.strip())
-        yield Served(proc, int(banner[-1].rsplit(":", 1)[1].split("/")[0]), banner, log)
+        yield Served(proc, int(banner[-1].rsplit(":", 1)[1].split("/")[0]), banner, log,
+                     tmp_path / "prefix")
     finally:
         if proc.poll() is None:
-            proc.terminate()  # an orderly stop removes the snapshot directory
+            proc.terminate()  # an orderly stop removes its snapshot work directory
             try:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
@@ -300,9 +304,10 @@ def test_mixed_requests_leave_nothing_behind(lib_path, k3_container, tmp_path, s
         settle(srv.fds, fds, 1, "descriptors")
         grown_kb = srv.status("VmRSS") - rss
         assert grown_kb < 16 * 1024, f"RSS grew {grown_kb} kB"
-        snapshots = Path(srv.snapshots)
-        assert sum(f.stat().st_size for f in snapshots.iterdir()) <= cap
-        assert srv.stop() == 0 and not snapshots.exists()
+        work = Path(srv.snapshots)
+        entries = [f for f in srv.prefix.glob("*/*/*") if len(f.parent.parent.name) == 32]
+        assert entries and sum(f.stat().st_size for f in entries) <= cap
+        assert srv.stop() == 0 and not work.exists()
 
 
 # ---- limits --------------------------------------------------------------------------

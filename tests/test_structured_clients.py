@@ -86,7 +86,7 @@ def test_without_llguidance_structure_is_off_and_says_how_to_enable_it(lib_path,
                                           "response_format": {"type": "json_object"}}).json()
         assert loose["waste"]["constrained"] is False
         logprobs = call(port, "POST", CHAT, {"messages": ASK, "max_tokens": 2, "logprobs": True,
-                                             **NO_THINKING}).json()
+                                             "seed": 1, **NO_THINKING}).json()
         assert len(logprobs["choices"][0]["logprobs"]["content"]) == 2
 
 

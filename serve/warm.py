@@ -1,0 +1,94 @@
+"""`--warm REQUEST.json`: prefill and checkpoint saved requests' preambles before serving.
+
+An agent's preamble (tool declarations, system prompt) can take hours to
+prefill on an expert-streaming model.  Warming pays for it once, at start-up
+(or overnight), into the persistent prefix cache; meanwhile /health says
+"warming" and chat requests are refused with a 503.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from typing import Callable, Optional
+
+from . import api
+from .api import ApiError, ChatRequest
+from .engine import WasteError
+from .prefill import PrefillCancelled
+
+
+class WarmError(Exception):
+    """A --warm file that is not a usable request body."""
+
+
+def load_request(path: str) -> ChatRequest:
+    """A saved chat completions body, validated as the server would."""
+    try:
+        with open(path, "rb") as f:
+            body = json.loads(f.read().decode("utf-8"))
+    except (OSError, ValueError) as e:
+        raise WarmError(f"--warm {path}: {getattr(e, 'strerror', None) or e}") from None
+    if not isinstance(body, dict):
+        raise WarmError(f"--warm {path}: not a JSON object")
+    if "messages" not in body and "input" in body:
+        raise WarmError(f"--warm {path}: a Responses body; this server warms chat completions "
+                        "bodies only")
+    try:
+        return api.parse_chat_request(body)
+    except ApiError as e:
+        raise WarmError(f"--warm {path}: {e.body()['error']['message']}") from None
+
+
+class Warmer(threading.Thread):
+    """Warms each request in turn on the service, reporting on `log` and in service.warming."""
+
+    def __init__(self, service, requests: list[tuple[str, ChatRequest]],
+                 log: Callable[[str], None]):
+        super().__init__(name="warm", daemon=True)
+        self._service = service
+        self._requests = requests
+        self._log = log
+        self._halt = threading.Event()
+        self.failed = 0
+        service.warming = self._status(0, 0, 0)
+
+    def stop(self) -> None:
+        """Stop at the next prefill chunk (shutdown)."""
+        self._halt.set()
+
+    def _status(self, done: int, position: int, total: int) -> dict:
+        return {"status": "warming", "requests_done": done, "requests": len(self._requests),
+                "prefilled": position, "prompt_tokens": total}
+
+    def run(self) -> None:
+        try:
+            for n, (path, req) in enumerate(self._requests):
+                if self._halt.is_set():
+                    return
+                self._warm_one(n, path, req)
+        finally:
+            self._service.warming = None
+        self._log(f"warm     done: {len(self._requests) - self.failed} of "
+                  f"{len(self._requests)} warmed; serving")
+
+    def _warm_one(self, n: int, path: str, req: ChatRequest) -> None:
+        label = f"warm     {n + 1}/{len(self._requests)} {path}"
+
+        def progress(done: int, total: int) -> None:
+            self._service.warming = self._status(n, done, total)
+            self._log(f"{label}: {done}/{total} positions")
+
+        try:
+            held, restored = self._service.warm(req, progress, self._halt.is_set)
+        except PrefillCancelled:
+            return
+        except (ApiError, WasteError, OSError) as e:
+            self.failed += 1
+            message = e.body()["error"]["message"] if isinstance(e, ApiError) else str(e)
+            self._log(f"{label}: not warmed: {message}")
+            return
+        self._log(f"{label}: {held} positions checkpointed ({restored} were already cached)")
+
+
+def warm_requests(paths: Optional[list[str]]) -> list[tuple[str, ChatRequest]]:
+    return [(path, load_request(path)) for path in paths or []]
