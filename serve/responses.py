@@ -91,6 +91,11 @@ def _parse(body: dict, store: ResponseStore) -> _Request:
     return _Request(translation, conversation.messages[start:], namespaced)
 
 
+def parse_request(body: dict, store: ResponseStore) -> Translation:
+    """A Responses body -> the internal chat request (for --warm, which has no exchange)."""
+    return _parse(body, store).translation
+
+
 def _input(conversation: Conversation, value: Any, store: ResponseStore,
            qualified: dict[tuple[str, str], str]) -> None:
     if isinstance(value, str):

@@ -11,18 +11,45 @@ import json
 import threading
 from typing import Callable, Optional
 
-from . import api
+from . import anthropic, api, responses
 from .api import ApiError, ChatRequest
 from .engine import WasteError
 from .prefill import PrefillCancelled
+from .response_store import ResponseStore
+
+# Keys only an Anthropic Messages body has (a chat completions body has none of them).
+ANTHROPIC_KEYS = ("system", "stop_sequences", "thinking", "output_config", "context_management")
 
 
 class WarmError(Exception):
     """A --warm file that is not a usable request body."""
 
 
+def dialect_of(body: dict) -> str:
+    """Which API a saved body was written for, by the fields only that API has."""
+    if "input" in body or "instructions" in body:
+        return "responses"
+    tools = body.get("tools")
+    if any(key in body for key in ANTHROPIC_KEYS) or (
+            isinstance(tools, list) and any(isinstance(t, dict) and "input_schema" in t for t in tools)):
+        return "anthropic"
+    return "chat"
+
+
+def parse_body(body: dict) -> ChatRequest:
+    """Any of the three APIs' request bodies, as the internal chat request."""
+    kind = dialect_of(body)
+    if kind == "responses":
+        # A fresh store: a saved body's previous_response_id cannot refer to this process.
+        return responses.parse_request(body, ResponseStore()).request
+    if kind == "anthropic":
+        return anthropic.parse_request(body).request
+    return api.parse_chat_request(body)
+
+
 def load_request(path: str) -> ChatRequest:
-    """A saved chat completions body, validated as the server would."""
+    """A saved chat completions, Anthropic Messages or Responses body, validated as the
+    server would validate it."""
     try:
         with open(path, "rb") as f:
             body = json.loads(f.read().decode("utf-8"))
@@ -30,11 +57,8 @@ def load_request(path: str) -> ChatRequest:
         raise WarmError(f"--warm {path}: {getattr(e, 'strerror', None) or e}") from None
     if not isinstance(body, dict):
         raise WarmError(f"--warm {path}: not a JSON object")
-    if "messages" not in body and "input" in body:
-        raise WarmError(f"--warm {path}: a Responses body; this server warms chat completions "
-                        "bodies only")
     try:
-        return api.parse_chat_request(body)
+        return parse_body(body)
     except ApiError as e:
         raise WarmError(f"--warm {path}: {e.body()['error']['message']}") from None
 

@@ -21,7 +21,7 @@ from serve.api import parse_chat_request
 from serve.identity import SMALL_FILE, container_digest, state_identity
 from serve.prefill import prefill
 from serve.prefix_cache import PrefixCache
-from serve.warm import Warmer
+from serve.warm import Warmer, dialect_of
 from test_e2e import cli_server, run_cli
 
 CHAT = "/v1/chat/completions"
@@ -329,15 +329,64 @@ def test_the_warmer_reports_what_it_could_not_warm(tmp_path):
     cache.close()
 
 
+def anthropic_body(directory: str, question: str) -> dict:
+    """The shape Claude Code sends: system blocks, input_schema tools, max_tokens."""
+    return {"model": "k3", "max_tokens": 8, "thinking": {"type": "disabled"},
+            "system": [{"type": "text", "text": f"You are a coding agent in {directory}."}],
+            "tools": [{"name": t["function"]["name"], "description": t["function"]["description"],
+                       "input_schema": t["function"]["parameters"]} for t in TOOLS],
+            "messages": [{"role": "user", "content": [{"type": "text", "text": question}]}]}
+
+
+def responses_body(directory: str, question: str) -> dict:
+    """The shape Codex sends: a developer message in `input`, flat function tools."""
+    return {"model": "k3", "reasoning": {"effort": "none"}, "max_output_tokens": 8,
+            "tools": [{"type": "function", **t["function"]} for t in TOOLS],
+            "input": [{"type": "message", "role": "developer",
+                       "content": [{"type": "input_text", "text": f"You work in {directory}."}]},
+                      {"type": "message", "role": "user",
+                       "content": [{"type": "input_text", "text": question}]}]}
+
+
+def test_warm_tells_the_three_apis_apart():
+    assert dialect_of({"messages": project("/a"), "tools": TOOLS}) == "chat"
+    assert dialect_of(anthropic_body("/a", "hi")) == "anthropic"
+    assert dialect_of({"model": "k3", "max_tokens": 9, "system": "s", "messages": []}) == "anthropic"
+    assert dialect_of(responses_body("/a", "hi")) == "responses"
+    assert dialect_of({"model": "k3", "input": "hello"}) == "responses"
+
+
+def test_warm_start_takes_anthropic_and_responses_bodies(lib_path, k3_container, tmp_path):
+    saved_messages, saved_responses = tmp_path / "messages.json", tmp_path / "responses.json"
+    saved_messages.write_text(json.dumps(anthropic_body("/home/a", "List the files.")))
+    saved_responses.write_text(json.dumps(responses_body("/home/b", "List the files.")))
+    with cli_server(str(k3_container), "--lib", str(lib_path), "--usage", str(tmp_path / "u"),
+                    "--prefix-cache-dir", str(tmp_path / "cache"), "--warm", str(saved_messages),
+                    "--warm", str(saved_responses)) as (proc, port, banner):
+        lines = []
+        while not lines or not lines[-1].startswith("warm     done"):
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read()
+            lines.append(line.strip())
+        assert "2 of 2 warmed" in lines[-1], lines
+        # Each dialect's next question restores what its saved body warmed.
+        message = call(port, "POST", "/v1/messages", anthropic_body("/home/a", "Fix the test.")).json()
+        assert message["usage"]["cache_read_input_tokens"] > 0, message
+        response = call(port, "POST", "/v1/responses", responses_body("/home/b", "Fix the test.")).json()
+        assert response["usage"]["input_tokens_details"]["cached_tokens"] > 0, response
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+
+
 def test_warm_refuses_what_it_cannot_use(lib_path, k3_container, tmp_path):
     responses = tmp_path / "responses.json"
-    responses.write_text(json.dumps({"model": "k3", "input": "hello"}))
+    responses.write_text(json.dumps({"model": "k3", "input": 7}))
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"messages": "not a list"}))
     broken = tmp_path / "broken.json"
     broken.write_text("{")
     for path, reason in ((tmp_path / "missing.json", "No such file"), (broken, "Expecting"),
-                         (responses, "Responses body"), (bad, "messages")):
+                         (responses, "input"), (bad, "messages")):
         done = run_cli(str(k3_container), "--warm", str(path), lib_path=lib_path)
         assert done.returncode == 1 and f"--warm {path}" in done.stderr and reason in done.stderr
     saved = tmp_path / "ok.json"
