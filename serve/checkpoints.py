@@ -4,9 +4,12 @@ An agent's requests begin with the same tool declarations; the projects it
 works in differ only in the system prompt that follows; a conversation then
 grows turn by turn.  A snapshot at the end of the tools block and one at the
 end of the leading system messages let a new conversation, or another
-project, skip what it shares with an earlier one.  The boundaries are found
-by rendering those parts on their own (the renderer is not changed) and
-checking that they begin the whole prompt's segments exactly.
+project, skip what it shares with an earlier one.  K3's prompt puts the
+tool_choice and response_format notes after the conversation, where the next
+turn's messages will go, so when there are notes the conversation before
+them is a boundary too.  The boundaries are found by rendering those parts
+on their own (the renderer is not changed) and checking that they begin the
+whole prompt's segments exactly.
 """
 from __future__ import annotations
 
@@ -23,19 +26,20 @@ _SYSTEM_ROLES = ("system", "developer")
 
 def preamble_ends(render: Callable[[list], list], messages: Sequence[Mapping[str, Any]],
                   segments: Sequence[Any]) -> list[int]:
-    """Segment counts at which the tool declarations, then the leading system
-    messages, end within `segments` (the whole rendered conversation).
+    """Segment counts at which the tool declarations, the leading system messages
+    and the messages before any trailing notes end within `segments` (the whole
+    rendered conversation).
 
-    `render(messages)` renders the same request with only those messages and
-    no generation prompt; a part that does not render, or does not begin
-    `segments` exactly, gives no boundary.
+    `render(messages)` renders the same request with only those messages, no
+    tool_choice or response_format notes and no generation prompt; a part that
+    does not render, or does not begin `segments` exactly, gives no boundary.
     """
     lead = 0
     while lead < len(messages) and isinstance(messages[lead], Mapping) \
             and messages[lead].get("role") in _SYSTEM_ROLES:
         lead += 1
     ends = set()
-    for part in ([], list(messages[:lead])) if lead else ([],):
+    for part in ([], list(messages[:lead]), list(messages)):
         try:
             rendered = render(part)
         except (ChatFormatError, ValueError, TypeError):  # e.g. an image in a system message: no boundary there

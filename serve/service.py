@@ -327,8 +327,8 @@ class Service:
 
     def _preamble_ends(self, req: ChatRequest, messages: list, thinking: bool, segments: list,
                        history: list[int]) -> list[int]:
-        """Token positions where the tool declarations and the leading system messages end
-        (those whose tokens begin `history` exactly)."""
+        """Token positions where the tool declarations, the leading system messages and
+        the messages before the trailing notes end (where `history` agrees exactly)."""
         if self.options.prefix_cache is None:
             return []
 
@@ -337,11 +337,21 @@ class Service:
                 part, tools=req.tools, thinking=thinking, add_generation_prompt=False,
                 thinking_effort=req.thinking_effort if thinking else None)
 
+        def size(part: list) -> int:
+            return sum(len(segment.text) for segment in part)
+
         ends = []
         for n in preamble_ends(render, messages, segments):
-            ids = self.engine.tokenize_segments(segments[:n])
-            if history[:len(ids)] == ids:
-                ends.append(len(ids))
+            # Whichever side of the boundary is shorter is tokenized again; the history
+            # may hold a remembered reply's ids, so the match is checked, never assumed.
+            if size(segments[:n]) <= size(segments[n:]):
+                ids = self.engine.tokenize_segments(segments[:n])
+                if history[:len(ids)] == ids:
+                    ends.append(len(ids))
+            else:
+                ids = self.engine.tokenize_segments(segments[n:])
+                if 0 < len(ids) < len(history) and history[len(history) - len(ids):] == ids:
+                    ends.append(len(history) - len(ids))
         return ends
 
     def _check_images(self, images: list[tuple[str, str]]) -> None:

@@ -100,6 +100,24 @@ def test_another_project_restores_the_tools_checkpoint(lib_path, k3_container, t
     assert cached(same) > boundary
 
 
+def test_notes_after_the_conversation_do_not_stop_the_next_turn_reusing_it(lib_path, k3_container,
+                                                                          tmp_path):
+    # tool_choice's note follows the conversation, where the next turn's messages go: the
+    # conversation before the note is checkpointed, or no turn with a note would reuse anything.
+    first = project("/home/a")
+    with real_service(lib_path, k3_container) as cold, serving(cold) as srv:
+        reply = ask(srv.port, first, tools=TOOLS, tool_choice="none")["choices"][0]["message"]
+        second = [*first, {"role": "assistant", "content": reply["content"]},
+                  {"role": "user", "content": "And the tests?"}]
+        expected = ask(srv.port, second, tools=TOOLS, tool_choice="none")
+    with persistent(lib_path, k3_container, tmp_path) as (service, port):
+        ask(port, first, tools=TOOLS, tool_choice="none")
+        got = ask(port, second, tools=TOOLS, tool_choice="none")
+        before_note = len(service.engine.tokenize_segments(service.chat_format.render(
+            first, tools=TOOLS, thinking=False, add_generation_prompt=False)))
+    assert cached(got) >= before_note and got["choices"] == expected["choices"]
+
+
 def test_another_container_never_restores(lib_path, k3_container, tmp_path):
     twin = make_container(tmp_path / "twin.waste", "--seed", "99")   # same shapes, other weights
     messages = project("/home/a")
