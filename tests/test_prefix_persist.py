@@ -291,6 +291,16 @@ def test_health_and_generation_answer_503_while_warming():
         assert call(srv.port, "POST", CHAT, {"messages": [{"role": "user", "content": "hi"}]}).status == 200
 
 
+def warm_lines(proc) -> list[str]:
+    """The server's stdout up to and including the `warm     done` line."""
+    lines: list[str] = []
+    while not lines or not lines[-1].startswith("warm     done"):
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read()
+        lines.append(line.strip())
+    return lines
+
+
 def test_warm_start_checkpoints_the_preamble(lib_path, k3_container, tmp_path):
     saved = tmp_path / "request.json"
     saved.write_text(json.dumps({"model": "k3", "messages": project("/home/a"), "tools": TOOLS,
@@ -299,11 +309,7 @@ def test_warm_start_checkpoints_the_preamble(lib_path, k3_container, tmp_path):
     with cli_server(str(k3_container), "--lib", str(lib_path), "--usage", str(tmp_path / "u"),
                     "--prefix-cache-dir", str(cache_dir), "--warm", str(saved),
                     "--warm", str(saved)) as (proc, port, banner):
-        lines = []
-        while not lines or not lines[-1].startswith("warm     done"):
-            line = proc.stdout.readline()
-            assert line, proc.stderr.read()
-            lines.append(line.strip())
+        lines = warm_lines(proc)
         assert "2 of 2 warmed" in lines[-1]
         assert any(f"1/2 {saved}:" in line and "checkpointed (0 were already cached)" in line
                    for line in lines)
@@ -381,11 +387,7 @@ def test_warm_start_takes_anthropic_and_responses_bodies(lib_path, k3_container,
     with cli_server(str(k3_container), "--lib", str(lib_path), "--usage", str(tmp_path / "u"),
                     "--prefix-cache-dir", str(tmp_path / "cache"), "--warm", str(saved_messages),
                     "--warm", str(saved_responses)) as (proc, port, banner):
-        lines = []
-        while not lines or not lines[-1].startswith("warm     done"):
-            line = proc.stdout.readline()
-            assert line, proc.stderr.read()
-            lines.append(line.strip())
+        lines = warm_lines(proc)
         assert "2 of 2 warmed" in lines[-1], lines
         # Each dialect's next question restores what its saved body warmed.
         message = call(port, "POST", "/v1/messages", anthropic_body("/home/a", "Fix the test.")).json()
