@@ -148,5 +148,9 @@ class Metrics:
                         "Prompts that restored a prefix snapshot", [("", [], prefix["hits"])]),
                 _family("serve_prefix_cache_misses_total", "counter",
                         "Prompts prefilled without a snapshot", [("", [], prefix["misses"])]),
+                _family("serve_prefix_cache_restored_tokens_total", "counter",
+                        "Positions restored from persistent prefix snapshots (requests, "
+                        "--warm and idle-time work) instead of prefilled",
+                        [("", [], cache.stats()["restored_tokens"])]),
             ]
         return "".join(parts).encode()

@@ -63,6 +63,7 @@ def test_counters_move_by_the_requests_made(tmp_path):
             assert call(srv.port, "POST", CHAT, {"messages": []}).status == 400
             after = scrape(srv.port)
             entries, used = len(cache), cache.used_bytes
+            restored = cache.stats()["restored_tokens"]
     finally:
         cache.close()
     usages = [first["usage"], second["usage"]]
@@ -78,6 +79,8 @@ def test_counters_move_by_the_requests_made(tmp_path):
     assert cached > 0 and moved(before, after, "serve_cached_tokens_total") == cached
     assert moved(before, after, "serve_prefix_cache_hits_total") == 1
     assert moved(before, after, "serve_prefix_cache_misses_total") == 1
+    # The cache's own count: the second request's restore, and any idle-time rebuild.
+    assert cached <= after[("serve_prefix_cache_restored_tokens_total", ())] <= restored
     assert after[("serve_prefix_cache_entries", ())] == entries > 0
     assert after[("serve_prefix_cache_bytes", ())] == used > 0
     # Two generations, each of several tokens: one observation each.
