@@ -25,7 +25,7 @@ _SYSTEM_ROLES = ("system", "developer")
 
 
 def preamble_ends(render: Callable[[list], list], messages: Sequence[Mapping[str, Any]],
-                  segments: Sequence[Any]) -> list[int]:
+                  segments: Sequence[Any], notes: bool) -> list[int]:
     """Segment counts at which the tool declarations, the leading system messages
     and the messages before any trailing notes end within `segments` (the whole
     rendered conversation).
@@ -33,13 +33,15 @@ def preamble_ends(render: Callable[[list], list], messages: Sequence[Mapping[str
     `render(messages)` renders the same request with only those messages, no
     tool_choice or response_format notes and no generation prompt; a part that
     does not render, or does not begin `segments` exactly, gives no boundary.
+    `notes` says whether the request has such notes at all (else the whole
+    conversation is not rendered a second time for nothing).
     """
     lead = 0
     while lead < len(messages) and isinstance(messages[lead], Mapping) \
             and messages[lead].get("role") in _SYSTEM_ROLES:
         lead += 1
     ends = set()
-    for part in ([], list(messages[:lead]), list(messages)):
+    for part in ([], list(messages[:lead]), *([list(messages)] if notes else [])):
         try:
             rendered = render(part)
         except (ChatFormatError, ValueError, TypeError):  # e.g. an image in a system message: no boundary there

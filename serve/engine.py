@@ -465,13 +465,14 @@ def read_specials(model_path: str | os.PathLike) -> dict[str, int]:
         return {}
 
 
-def read_longest_token(model_path: str | os.PathLike) -> int:
-    """Bytes in the vocabulary's longest token (tokenizer.model and specials.json); 0 if unknown.
+def read_longest_token(model_path: str | os.PathLike, specials: Iterable[str]) -> int:
+    """Bytes in the vocabulary's longest token (tokenizer.model, and the `specials`
+    texts already read from specials.json); 0 if unknown.
 
     It bounds how few tokens a text can become, so an oversized prompt can be
     refused without tokenizing it.
     """
-    longest = max((len(text.encode()) for text in read_specials(model_path)), default=0)
+    longest = max((len(text.encode()) for text in specials), default=0)
     try:
         with open(Path(model_path) / "tokenizer.model", "rb") as f:
             for line in f:
@@ -509,7 +510,7 @@ class Engine:
             raise
         self.info: ModelInfo = _from_struct(ModelInfo, info)
         self.specials: dict[str, int] = read_specials(model_path)
-        self.longest_token: int = read_longest_token(model_path)
+        self.longest_token: int = read_longest_token(model_path, self.specials)
 
     def _make_cfg(self, cfg: EngineConfig) -> CfgStruct:
         if cfg.cache_policy not in CACHE_POLICIES:

@@ -146,16 +146,22 @@ class _Run:
     stop_ids: frozenset[int]
     max_tokens: int
     client_gone: bool = False
-    last_token: int = -1
     started_at: float = 0.0         # when prefill began, after any wait for the engine
     first_token_at: float = 0.0
     last_token_at: float = 0.0
-    n_tokens: int = 0
     tokens: list[int] = field(default_factory=list)  # every generated id
     unevaluated: int = 0            # of those, how many the state lacks (serve's decoder: the last)
     cached_tokens: int = 0          # prompt positions restored from a snapshot
     stats: Optional[Stats] = None   # engine counters for this request only
     decoding: dict = field(default_factory=lambda: decode.Report(constrained=False).waste())
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def last_token(self) -> int:
+        return self.tokens[-1] if self.tokens else -1
 
 
 class Service:
@@ -307,23 +313,21 @@ class Service:
         thinking = self._thinking(req)
         with self._engine_turn():
             self._start_empty()
-            segments = self._render(req, req.messages, thinking, [])
-            history = self.engine.tokenize_segments(segments)
-            ids = history + self.engine.tokenize_segments(self.chat_format.generation_prompt(thinking))
+            with StagedImages(self.options.allow_local_images) as no_images:
+                prompt = self._chat_prompt(req, thinking, [], no_images)
+            ids, held = prompt.ids, len(prompt.ids) - len(prompt.generation)
             if len(ids) > self.engine.info.ctx_max:
                 raise ApiError(400, f"the prompt is {len(ids)} tokens; the context holds "
                                     f"{self.engine.info.ctx_max}", param="messages",
                                code="context_length_exceeded")
             try:
-                restored = prefill(self.engine, ids, len(history), cache=cache,
-                                   snapshot_at=[*self._preamble_ends(req, req.messages, thinking,
-                                                                     segments, history),
-                                                len(history)],
+                restored = prefill(self.engine, ids, held, cache=cache,
+                                   snapshot_at=prompt.snapshot_at,
                                    chunk=self.options.prefill_chunk, progress=progress,
                                    cancelled=cancelled)
             finally:
                 self.engine.reset()
-        return len(history), restored
+        return held, restored
 
     def _preamble_ends(self, req: ChatRequest, messages: list, thinking: bool, segments: list,
                        history: list[int]) -> list[int]:
@@ -341,7 +345,8 @@ class Service:
             return sum(len(segment.text) for segment in part)
 
         ends = []
-        for n in preamble_ends(render, messages, segments):
+        notes = req.tool_choice not in (None, "auto") or req.response_format is not None
+        for n in preamble_ends(render, messages, segments, notes):
             # Whichever side of the boundary is shorter is tokenized again; the history
             # may hold a remembered reply's ids, so the match is checked, never assumed.
             if size(segments[:n]) <= size(segments[n:]):
@@ -668,8 +673,6 @@ class Service:
             now = time.monotonic()
             run.first_token_at = run.first_token_at or now
             run.last_token_at = now
-            run.last_token = info.token
-            run.n_tokens += 1
             run.tokens.append(info.token)
             if sink.gone():
                 run.client_gone = True
