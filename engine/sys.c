@@ -1,6 +1,7 @@
 #include "sys.h"
 
 #include <ctype.h>
+#include <math.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
@@ -49,6 +50,12 @@ double wsys_now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+void wsys_sleep_ms(double ms) {
+    if (!(ms > 0)) return;
+    struct timespec left = {.tv_sec = (time_t)(ms / 1e3), .tv_nsec = (long)(fmod(ms, 1e3) * 1e6)};
+    while (nanosleep(&left, &left) != 0) {}
 }
 
 #ifdef __linux__

@@ -19,6 +19,9 @@ uint64_t wsys_usable_ram(void);
 /* Monotonic milliseconds. */
 double wsys_now_ms(void);
 
+/* Sleep for ms milliseconds (no-op for ms <= 0); resumes after signals. */
+void wsys_sleep_ms(double ms);
+
 /* CPUs this process may run on (its affinity mask), at least 1. */
 int wsys_available_cpus(void);
 

@@ -52,6 +52,7 @@ struct waste_ctx {
     char quant_summary[96];
     uint64_t tokens_generated;
     double ms_total;
+    double delay_ms; /* WASTE_DELAY_MS: added per evaluated token, a slow engine's clock for tests */
     char detail[DETAIL_MAX];
     int has_detail;
 };
@@ -294,7 +295,7 @@ static void describe_quant(const wmanifest *m, char *out, size_t cap) {
 static waste_status open_ctx(waste_ctx *ctx, const char *model_path, const waste_cfg *cfg, char *err,
                              size_t errcap) {
     waste_status st;
-    const char *verify_env = getenv("WASTE_VERIFY");
+    const char *verify_env = getenv("WASTE_VERIFY"), *delay_env = getenv("WASTE_DELAY_MS");
     int verify = cfg->verify_records || (verify_env && strcmp(verify_env, "1") == 0);
     uint32_t ctx_tokens = cfg->ctx_tokens ? cfg->ctx_tokens : DEFAULT_CTX, capacity = 0;
     waste_memplan p;
@@ -324,6 +325,8 @@ static waste_status open_ctx(waste_ctx *ctx, const char *model_path, const waste
     if (cfg->vision) TRY(wvision_load(ctx->dir, ctx->m.hidden, &ctx->vision, err, errcap));
 #undef TRY
     wexperts_warm(&ctx->x, ctx->usage_path);
+    ctx->delay_ms = delay_env ? strtod(delay_env, NULL) : 0;
+    if (!(ctx->delay_ms > 0 && ctx->delay_ms < 60e3)) ctx->delay_ms = 0;
     wmedia_init(&ctx->media, ctx->m.hidden, cfg->vision ? ctx_tokens : 0);
     ctx->fingerprint = model_fingerprint(&ctx->m, &ctx->w);
     describe_quant(&ctx->m, ctx->quant_summary, sizeof ctx->quant_summary);
@@ -538,6 +541,7 @@ static waste_status eval_tokens(waste_ctx *ctx, const int32_t *tokens, size_t n)
         waste_status st = eval_token(ctx, tokens[i], i + 1 == n);
         if (st != WASTE_OK) return st;
     }
+    wsys_sleep_ms(ctx->delay_ms * (double)n);
     return WASTE_OK;
 }
 
@@ -606,6 +610,7 @@ static waste_status generate_loop(waste_ctx *ctx, const waste_gen_params *p, was
         info.token = wsample(ctx->s.logits, ctx->m.vocab_size, p, &rng, ctx->s.sampler, &info.logprob);
         waste_status st = eval_token(ctx, info.token, 1);
         if (st != WASTE_OK) return st;
+        wsys_sleep_ms(ctx->delay_ms);
         double now = wsys_now_ms();
         info.experts_hit = (uint32_t)ctx->x.token.hits;
         info.experts_missed = (uint32_t)ctx->x.token.misses;

@@ -170,7 +170,12 @@ WASTE_API waste_status waste_plan_memory(const char *model_path, uint32_t ctx_to
  * (malformed cpu_list, a CPU this process may not use, bad config),
  * WASTE_E_UNSUPPORTED (vision=1 without a tower; binding unavailable),
  * WASTE_E_BUSY (exclusive_open and another owner holds the container).
- * On failure *out is NULL and waste_error_detail(NULL) tells why. */
+ * On failure *out is NULL and waste_error_detail(NULL) tells why.
+ * Two environment variables are read here, by the reference engine only:
+ * WASTE_VERIFY=1 forces verify_records on; WASTE_DELAY_MS=x (0 < x < 60000)
+ * adds x milliseconds of sleep per evaluated token, prompt or generated, so
+ * that tests can run the engine at a slow model's clock (K3 prefills about
+ * 0.47 tokens/s: x = 2128).  The delay counts in ms_total and sec_total. */
 WASTE_API waste_status waste_open(const char *model_path, const waste_cfg *cfg,
                                   waste_ctx **out);
 

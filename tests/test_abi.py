@@ -14,6 +14,7 @@ import re
 import shutil
 import struct
 import subprocess
+import time
 import zlib
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -185,7 +186,7 @@ def generate(lib: C.CDLL, ctx, prompt: Sequence[int], stop_after: int | None = N
         i = info.contents
         seen.append({"index": i.token_index, "token": i.token, "logprob": i.logprob,
                      "hit": i.experts_hit, "missed": i.experts_missed, "bytes": i.bytes_read,
-                     "piece": piece})
+                     "ms": i.ms_total, "piece": piece})
         return int(stop_after is not None and len(seen) >= stop_after)
 
     params = gen_params(lib, stop, **fields)
@@ -599,6 +600,29 @@ def test_stats_count_tokens_and_experts(lib, k3_container, prompt):
         stats = Stats()
         lib.waste_get_stats(ctx, C.byref(stats))
         assert stats.direct_io == 0  # asked to keep the page cache
+
+
+def test_delay_knob_slows_each_evaluated_token(lib, k3_container, prompt, monkeypatch):
+    """WASTE_DELAY_MS: the reference engine at a slow model's clock, for time-based tests."""
+    with opened(lib, k3_container) as ctx:
+        plain = evaluate(lib, ctx, prompt)
+    monkeypatch.setenv("WASTE_DELAY_MS", "40")
+    with opened(lib, k3_container) as ctx:
+        started = time.monotonic()
+        assert evaluate(lib, ctx, prompt) == plain   # slower, not different
+        assert time.monotonic() - started >= 0.04 * len(prompt)
+        status, seen = generate(lib, ctx, [prompt[0]], max_tokens=3)
+        assert status == OK and len(seen) == 3
+        assert all(t["ms"] >= 40 for t in seen)
+        stats = Stats()
+        lib.waste_get_stats(ctx, C.byref(stats))
+        assert stats.sec_total >= 0.04 * (len(prompt) + 4)
+    for ignored in ("-5", "nonsense", "1e9"):
+        monkeypatch.setenv("WASTE_DELAY_MS", ignored)
+        with opened(lib, k3_container) as ctx:
+            started = time.monotonic()
+            evaluate(lib, ctx, prompt)
+            assert time.monotonic() - started < 0.04 * len(prompt)
 
 
 # ----------------------------------------------------------------- generation
