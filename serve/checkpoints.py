@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
-from .chatfmt import ChatFormatError
+from .chat_format import ChatFormatError
 
 # Inside a very long stretch, a snapshot every SPACING positions (at multiples
 # of it, so that two prompts sharing a long prefix checkpoint the same places).

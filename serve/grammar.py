@@ -6,7 +6,7 @@ until the think element closes, then the response (a JSON document when a
 format is asked for), then the tools block exactly as `xtml._write_tool_call`
 writes calls into history, then the message close; on a chat.json model, the
 JSON document alone. Markup is matched as the special tokens it is, never as
-text, so the reply parser (serve/regions.py) reads back what was forced.
+text, so the reply parser (serve/xtml_reply.py) reads back what was forced.
 
 llguidance is optional: without it `missing()` says why, and nothing here
 is used.

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
 
 from . import api, decode, grammar
 from .api import ApiError, ChatRequest, CompletionRequest, Sampling, Usage, invalid
-from .chatfmt import ChatFormatError, NoChatFormat
+from .chat_format import ChatFormatError, NoChatFormat
 from .checkpoints import preamble_ends
 from .engine import GenParams, GenResult, Stats, TokenInfo, UnencodableText, WasteError
 from .activity import Activity

@@ -23,7 +23,7 @@ from gguf_reference import Reference
 from gguf_writer import MISSING_BYTES, SPECIALS, tiny_llama, vocabulary
 from tokenizer_reference import hf_tokenizer, random_texts
 from test_container_fuzz import E_FORMAT, damaged_copy, drop_key, open_in_child, set_key
-from serve.chatfmt import TemplateFormat, resolve_chat_format
+from serve.chat_format import TemplateFormat, resolve_chat_format
 from serve.engine import Engine, EngineConfig
 
 # Activations are quantised to int16 per block of 32: logits stay within

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from serve import xtml
-from serve.chatfmt import (ChatFormatError, NoChatFormat, PlainReplyParser, TemplateFormat,
+from serve.chat_format import (ChatFormatError, NoChatFormat, PlainReplyParser, TemplateFormat,
                            XtmlFormat, resolve_chat_format)
 from serve.engine import Engine, EngineConfig
-from serve.regions import Delta, ReplyParser
+from serve.xtml_reply import Delta, ReplyParser
 from serve.xtml import Segment
 
 KIMI_CHAT = {
@@ -294,7 +294,7 @@ def test_plain_parser_finish_flushes_a_cut_character(template):
     assert parser.reply.content == "a\ufffd"
 
 
-def test_xtml_parser_is_the_regions_parser(k3, k3_container):
+def test_xtml_parser_is_the_xtml_reply_parser(k3, k3_container):
     chat = resolve_chat_format(k3, k3_container)
     parser = chat.new_parser(thinking=False)
     assert isinstance(parser, ReplyParser)

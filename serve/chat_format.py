@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from . import xtml
-from .regions import Delta, Markers, Reply, ReplyParser
+from .xtml_reply import Delta, Markers, Reply, ReplyParser
 from .xtml import Segment
 
 XTML_MARKERS = ("<|open|>", "<|sep|>", "<|close|>", "<|end_of_msg|>")
@@ -140,7 +140,7 @@ def _template_strings(template: ChatTemplate) -> list[str]:
 class PlainReplyParser:
     """The reply under a chat.json template: all text is content, the stop token ends it.
 
-    Same surface as regions.ReplyParser. Other specials are dropped, and bytes
+    Same surface as xtml_reply.ReplyParser. Other specials are dropped, and bytes
     are decoded incrementally because a token can end mid-character.
     """
 

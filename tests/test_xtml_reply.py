@@ -1,4 +1,4 @@
-"""serve/regions.py: reading K3 replies back, token-wise and as text, whole or malformed."""
+"""serve/xtml_reply.py: reading K3 replies back, token-wise and as text, whole or malformed."""
 from __future__ import annotations
 
 import itertools
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from serve.regions import (CLOSE, END_OF_MSG, MAX_HEADER_CHARS, OPEN, SEP, Delta, Markers, Reply, ReplyParser,
+from serve.xtml_reply import (CLOSE, END_OF_MSG, MAX_HEADER_CHARS, OPEN, SEP, Delta, Markers, Reply, ReplyParser,
                            default_call_id)
 from serve.xtml import build_chat_segments
 
