@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import NoReturn, Optional
 
 from . import decode, grammar
-from .chat_format import NoChatFormat, resolve_chat_format
+from .format_choice import NoChatFormat, resolve_chat_format
 from .engine import Engine, EngineConfig, LibraryNotFound, MemPlan, WasteError, load_library
 from .http import DEFAULT_MAX_CONNECTIONS, DEFAULT_REQUEST_TIMEOUT, Server, stderr_log
 from .identity import state_identity

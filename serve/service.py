@@ -18,7 +18,8 @@ from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
 
 from . import api, decode, grammar
 from .api import ApiError, ChatRequest, CompletionRequest, Sampling, Usage, invalid
-from .chat_format import ChatFormatError, NoChatFormat
+from .chat_format import ChatFormatError
+from .format_choice import NoChatFormat
 from .checkpoints import preamble_ends
 from .engine import GenParams, GenResult, Stats, TokenInfo, UnencodableText, WasteError
 from .activity import Activity

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional, Sequence
 
-from serve.chat_format import resolve_chat_format
+from serve.format_choice import resolve_chat_format
 from serve.engine import (Engine, EngineConfig, GenParams, GenResult, MemPlan, ModelInfo, Stats,
                           TokenInfo, WasteError, load_library)
 from serve.http import Server

@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 
 from serve import xtml
-from serve.chat_format import (ChatFormatError, NoChatFormat, PlainReplyParser, TemplateFormat,
-                           XtmlFormat, resolve_chat_format)
+from serve.chat_format import ChatFormatError
+from serve.format_choice import NoChatFormat, resolve_chat_format
+from serve.template_format import PlainReplyParser, TemplateFormat
+from serve.xtml_format import XtmlFormat
 from serve.engine import Engine, EngineConfig
 from serve.xtml_reply import Delta, ReplyParser
 from serve.xtml import Segment

@@ -23,7 +23,8 @@ from gguf_reference import Reference
 from gguf_writer import MISSING_BYTES, SPECIALS, tiny_llama, vocabulary
 from tokenizer_reference import hf_tokenizer, random_texts
 from test_container_fuzz import E_FORMAT, damaged_copy, drop_key, open_in_child, set_key
-from serve.chat_format import TemplateFormat, resolve_chat_format
+from serve.format_choice import resolve_chat_format
+from serve.template_format import TemplateFormat
 from serve.engine import Engine, EngineConfig
 
 # Activations are quantised to int16 per block of 32: logits stay within

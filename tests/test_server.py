@@ -15,7 +15,7 @@ import pytest
 from scripted import (KIMI_LINEAR_SPECIALS, ScriptedEngine, ScriptedLibrary, assert_error, call,
                       data_url, image_message, raw_exchange, scripted_service, serving, status_of,
                       tiny_png, xtml_answer, xtml_tool_call)
-from serve.chat_format import NoChatFormat
+from serve.format_choice import NoChatFormat
 from serve.engine import WasteError
 from serve.http import MAX_BODY_BYTES
 from serve.service import Service, ServiceOptions

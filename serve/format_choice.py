@@ -1,0 +1,48 @@
+"""Which chat format a container speaks: K3's XTML, its own chat.json, or neither.
+
+XTML is preferred because it is the only complete format (tools, reasoning,
+images). A container without the XTML markers falls back to the four
+prefix/suffix strings of its `chat.json`, which can carry a plain
+conversation and nothing else. Resolution never raises: a container with
+neither format still serves its other endpoints.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .chat_format import FormatRefused
+from .template_format import TemplateFormat
+from .xtml_format import XtmlFormat
+
+
+@dataclass
+class NoChatFormat:
+    reasons: list[str]   # why XTML did not apply, and why chat.json did not
+    name = None
+
+    @property
+    def description(self) -> str:
+        return "none — " + "; ".join(self.reasons)
+
+
+def resolve_chat_format(engine, model_dir) -> XtmlFormat | TemplateFormat | NoChatFormat:
+    """XTML if the vocabulary has its markers, else model_dir/chat.json, else neither.
+
+    Never raises: anything unexpected becomes a reason, because a broken chat
+    format must not take down the endpoints that do not need one.
+    """
+    reasons = []
+    for attempt in (lambda: XtmlFormat.load(engine),
+                    lambda: TemplateFormat.load(engine, Path(model_dir) / "chat.json")):
+        try:
+            chosen = attempt()
+        except FormatRefused as exc:
+            reasons.append(str(exc))
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            reasons.append(f"{type(exc).__name__}: {exc}")
+        else:
+            if reasons:  # a fallback says why the richer format was not used
+                chosen.description += f" ({'; '.join(reasons)})"
+            return chosen
+    return NoChatFormat(reasons)
