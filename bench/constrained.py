@@ -58,7 +58,7 @@ class Bench:
     def __init__(self, engine: Engine, tokens: int):
         self.engine, self.tokens = engine, tokens
         self.fmt = resolve_chat_format(engine, engine.model_path)
-        self.ids = engine.tokenize_segments(self.fmt.render(ASK, tools=TOOLS, thinking=False))
+        self.ids = engine.tokenize_segments(self.fmt.render(ASK, tools=TOOLS, thinking=False).segments)
         n_vocab = len(engine.eval(engine.tokenize("x")))
         started = time.perf_counter()
         self.vocabulary = grammar.Vocabulary(engine, n_vocab, self.fmt.stop_tokens)

@@ -88,7 +88,7 @@ def cost_model(lib: str | None, container: str, ctx: int, body: dict, positions:
     with Engine(load_library(lib), container, EngineConfig(ctx=ctx)) as engine:
         fmt = resolve_chat_format(engine, container)
         ids = engine.tokenize_segments(fmt.render(body["messages"], tools=body["tools"],
-                                                  thinking=False, add_generation_prompt=False))
+                                                  thinking=False, add_generation_prompt=False).segments)
         ids = ids[:positions]
         started = time.perf_counter()
         for pos in range(0, len(ids), chunk):

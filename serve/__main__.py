@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import NoReturn, Optional
 
 from . import decode, grammar
-from .format_choice import NoChatFormat, resolve_chat_format
-from .engine import Engine, EngineConfig, LibraryNotFound, MemPlan, WasteError, load_library
+from .chat_format import ChatFormat
+from .format_choice import resolve_chat_format
+from .engine import Engine, EngineConfig, Library, LibraryNotFound, MemPlan, WasteError, load_library
 from .http import DEFAULT_MAX_CONNECTIONS, DEFAULT_REQUEST_TIMEOUT, Server, stderr_log
 from .identity import state_identity
 from .prefill import DEFAULT_CHUNK
@@ -84,8 +85,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
-    p = _Parser(prog="python3 -m serve",
-                                description="OpenAI-compatible server for a libwaste model.")
+    # `serve` when run as the installed command, else as the module.
+    p = _Parser(prog="serve" if Path(sys.argv[0]).name == "serve" else "python3 -m serve",
+                description="OpenAI-compatible server for a libwaste model.")
     p.add_argument("model", help="container directory (e.g. ~/models/k3.waste)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=port, default=8000, help="port (default 8000; 0 = any free)")
@@ -108,7 +110,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                    help="let clients name image files under DIR (symlinks resolved)")
     p.add_argument("--plan", action="store_true", help="print the memory plan and exit")
     # No default here: load_library tries $WASTE_LIB itself, after --lib.
-    p.add_argument("--lib", help="libwaste path (default $WASTE_LIB, then ./libwaste.so)")
+    p.add_argument("--lib", help="libwaste path (default $WASTE_LIB, then the libwaste.so "
+                                 "that `make` builds in the checkout serve runs from)")
     p.add_argument("--exclusive-open", action="store_true", help="refuse a container another process owns")
     p.add_argument("--prefix-cache", type=parse_size, default=None, metavar="SIZE",
                    help="disk for prefix snapshots, e.g. 8G (default: a quarter of the free "
@@ -168,7 +171,7 @@ def describe_cache(cache: Optional[PrefixCache]) -> str:
     return text
 
 
-def banner(lib, engine: Engine, fmt, args: argparse.Namespace, url: str,
+def banner(lib: Library, engine: Engine, fmt: ChatFormat, args: argparse.Namespace, url: str,
            cache: Optional[PrefixCache]) -> str:
     info, mem = engine.info, engine.memory_used()
     chat = fmt.description
@@ -183,7 +186,7 @@ def banner(lib, engine: Engine, fmt, args: argparse.Namespace, url: str,
         + (f", vision tower {gib(mem.vision_bytes)}" if args.vision else ""),
         f"chat     {chat}",
         ("thinking unavailable (this chat format has no reasoning channel)"
-         if not getattr(fmt, "supports_reasoning", False) else
+         if not fmt.supports_reasoning else
          f"thinking {'off' if args.no_thinking else 'on'} by default (reasoning_effort overrides)"),
         f"prefix   {describe_cache(cache)}",
         structure_line(),
@@ -212,7 +215,7 @@ def default_prefix_cache_bytes(directory: str) -> int:
     return min(shutil.disk_usage(existing).free // 4, 16 << 30)
 
 
-def open_prefix_cache(args: argparse.Namespace, lib, engine: Engine) -> Optional[PrefixCache]:
+def open_prefix_cache(args: argparse.Namespace, lib: Library, engine: Engine) -> Optional[PrefixCache]:
     """The persistent snapshot store, namespaced by what this engine's states mean."""
     if args.no_prefix_cache:
         return None
@@ -264,7 +267,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         engine.close()
 
 
-def serve(lib, engine: Engine, args: argparse.Namespace, warm: list) -> int:
+def serve(lib: Library, engine: Engine, args: argparse.Namespace, warm: list) -> int:
     fmt = resolve_chat_format(engine, args.model)
     log = None if args.quiet else stderr_log
     if warm and args.no_prefix_cache:
@@ -286,7 +289,7 @@ def serve(lib, engine: Engine, args: argparse.Namespace, warm: list) -> int:
             cache.close()
 
 
-def run_server(lib, engine: Engine, fmt, options: ServiceOptions, args: argparse.Namespace,
+def run_server(lib: Library, engine: Engine, fmt: ChatFormat, options: ServiceOptions, args: argparse.Namespace,
                log, warm: list) -> int:
     service = Service(engine, lib, fmt, options)
     try:
@@ -317,7 +320,7 @@ def run_server(lib, engine: Engine, fmt, options: ServiceOptions, args: argparse
     host = f"[{args.host}]" if ":" in args.host else args.host
     print(banner(lib, engine, fmt, args, f"http://{host}:{server.port}/v1", options.prefix_cache),
           flush=True)
-    if isinstance(fmt, NoChatFormat):
+    if fmt.refusal is not None:
         print("note     /v1/chat/completions is unavailable; /v1/completions works", flush=True)
     if warmer is not None:
         warmer.start()

@@ -29,7 +29,8 @@ from . import seal
 from .api import ApiError, invalid, parse_reasoning_effort
 from .dialect import (Block, Blocks, Conversation, Parts, Translation, chat_request,
                       string_field, tool_call)
-from .service import ChatReply
+from .replies import ChatReply
+from .sse import sse_named
 
 BUDGET_EFFORTS = ((8192, "low"), (24576, "high"))   # budget_tokens below the bound -> effort
 MIN_BUDGET = 1024   # Anthropic's own lower bound for budget_tokens
@@ -305,11 +306,12 @@ def _tool_input(arguments: str) -> dict:
 
 
 class Exchange:
-    """One Messages reply: its stream events as the deltas arrive, or its body at the end."""
+    """One Messages request: its stream events as the deltas arrive, or its body at the end."""
 
-    def __init__(self, translation: Translation, model: str):
-        self.translation = translation
-        self.request = translation.request
+    def __init__(self, body: dict, model: str):
+        self.translation = parse_request(body)
+        self.request = self.translation.request
+        self.left_out = self.translation.left_out
         self.id = "msg_" + uuid.uuid4().hex[:24]
         self.model = model
         self._blocks = Blocks()
@@ -317,29 +319,35 @@ class Exchange:
     def error(self, error: ApiError) -> ApiError:
         return self.translation.error(error)
 
-    def opening(self) -> list[dict]:
+    def opening(self) -> bytes:
         # The prompt's size is not known yet: message_delta carries the real usage.
         empty = {"input_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
                  "output_tokens": 0}
-        return [{"type": "message_start", "message": self._message([], None, None, empty)}]
+        return sse_named([{"type": "message_start", "message": self._message([], None, None, empty)}])
 
-    def progress(self) -> list[dict]:
-        return [{"type": "ping"}]
+    def started(self) -> bytes:
+        return b""
 
-    def delta(self, delta: dict) -> list[dict]:
-        return [event for step in self._blocks.feed(delta) for event in self._events(*step)]
+    def progress(self) -> bytes:
+        return sse_named([{"type": "ping"}])
 
-    def closing(self, reply: ChatReply) -> list[dict]:
+    def delta(self, delta: dict) -> bytes:
+        return sse_named([event for step in self._blocks.feed(delta) for event in self._events(*step)])
+
+    def closing(self, reply: ChatReply) -> bytes:
         events = [event for step in self._blocks.finish() for event in self._events(*step)]
-        return events + [
+        return sse_named(events + [
             {"type": "message_delta",
              "delta": {"stop_reason": self._stop_reason(reply),
                        "stop_sequence": reply.stop_sequence or None},
              "usage": _usage(reply), "waste": reply.usage.waste},
-            {"type": "message_stop"}]
+            {"type": "message_stop"}])
 
-    def failed(self, error: ApiError) -> list[dict]:
-        return [error_body(error)]
+    def failed(self, error: ApiError) -> bytes:
+        return sse_named([error_body(error)])
+
+    def keep(self, reply: ChatReply) -> None:
+        pass   # Messages keeps nothing: a client sends the whole conversation each time
 
     def body(self, reply: ChatReply) -> dict:
         self._blocks.finish()

@@ -5,8 +5,8 @@ would silently shift every field after it, which is why tests compare each
 offset against the C compiler's.
 
 Thread safety: a waste_ctx is not thread-safe and this binding takes no
-lock. `Engine.lock` exists for the caller, which holds it around a whole
-request (tokenize, generate, reset) so requests never interleave.
+lock. The server reaches an engine only through serve/engine_queue.py, which
+hands it to one request (or one piece of idle-time work) at a time.
 """
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ import ctypes
 import json
 import os
 import sys
-import threading
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
@@ -330,7 +329,8 @@ def _from_struct(cls, struct: ctypes.Structure):
 
 
 def default_library_path() -> Path:
-    """libwaste in the repository root, beside the `serve` package (where `make` puts it)."""
+    """libwaste beside the `serve` package's directory: the checkout's root, where `make`
+    builds the reference engine (a pip-installed serve is told of it with --lib or $WASTE_LIB)."""
     names = {"darwin": "libwaste.dylib", "win32": "libwaste.dll"}
     return Path(__file__).resolve().parent.parent / names.get(sys.platform, "libwaste.so")
 
@@ -364,7 +364,9 @@ def load_library(explicit: Optional[str] = None) -> "Library":
             return Library(path, rejected)
         except OSError as exc:
             rejected.append(f"{path} ({origin}): {_one_line(str(exc))}")
-    raise LibraryNotFound("no usable libwaste; tried " + "; ".join(rejected))
+    raise LibraryNotFound("no usable libwaste; tried " + "; ".join(rejected)
+                          + "; build the reference engine with `make` in a serve checkout, or name "
+                            "a libwaste with --lib or $WASTE_LIB")
 
 
 # How the reference engine's waste_build_info() begins.
@@ -486,12 +488,11 @@ def read_longest_token(model_path: str | os.PathLike, specials: Iterable[str]) -
 
 
 class Engine:
-    """One open model (a waste_ctx). Not thread-safe: see `lock`."""
+    """One open model (a waste_ctx). Not thread-safe: see the module's docstring."""
 
     def __init__(self, lib: Library, model_path: str | os.PathLike, cfg: EngineConfig):
         self.lib = lib
         self.model_path = str(model_path)
-        self.lock = threading.Lock()  # held by the caller, never by this class
         self._dll = lib.dll
         # Kept for the ctx's lifetime: the engine may hold on to the strings.
         self._cfg = self._make_cfg(cfg)

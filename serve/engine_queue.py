@@ -1,17 +1,23 @@
 """The line for the engine: first come, first served, bounded, and closable at shutdown.
 
-The engine runs one request at a time. A plain lock hands it to whichever
-waiting thread the scheduler wakes first, so under load a request could wait
-without bound; here each request takes a ticket and the engine goes to the
-oldest one. The line has a fixed length: beyond it a request is refused at
-once (503 with Retry-After) instead of waiting for hours behind a slow model.
+The engine runs one thing at a time, and this is the only way to it. A plain
+lock hands it to whichever waiting thread the scheduler wakes first, so under
+load a request could wait without bound; here each request takes a ticket and
+the engine goes to the oldest one. The line has a fixed length: beyond it a
+request is refused at once (503 with Retry-After) instead of waiting for hours
+behind a slow model.
+
+Work that only spares later requests time (settling a reply's snapshot,
+--warm) takes an idle turn instead: it gets the engine only when nobody holds
+it or waits for it, and it is told to yield as soon as a request arrives, which
+it does at its next chunk.
 """
 from __future__ import annotations
 
 import threading
 from collections import deque
 from contextlib import contextmanager
-from typing import Iterator, Protocol
+from typing import Callable, Iterator, Optional, Protocol
 
 from .api import ApiError
 
@@ -46,7 +52,8 @@ class EngineQueue:
         self.max_waiting = max_waiting
         self._cond = threading.Condition()
         self._line: deque[object] = deque()
-        self._busy = False
+        self._busy = False    # a request holds the engine
+        self._idle = False    # idle-time work holds it
         self._closed = False
 
     def __len__(self) -> int:
@@ -93,11 +100,11 @@ class EngineQueue:
         told = 0
         while True:
             with self._cond:
-                ahead = self._ahead(ticket)
-                if ahead and ahead == told:
+                ahead = self._take(ticket)
+                if ahead is not None and ahead == told:   # nothing new to tell: wait for a change
                     self._cond.wait(POLL_SECONDS)
-                    ahead = self._ahead(ticket)
-                if not ahead:
+                    ahead = self._take(ticket)
+                if ahead is None:
                     return
             # Outside the lock: both may touch the client's socket.
             if waiter.gone():
@@ -106,15 +113,42 @@ class EngineQueue:
                 waiter.queued(ahead)
                 told = ahead
 
-    def _ahead(self, ticket: object) -> int:
-        """Requests in front of `ticket`; 0 means it now holds the engine. Under _cond."""
+    def _take(self, ticket: object) -> Optional[int]:
+        """None once `ticket` holds the engine, else the requests in front of it (the running
+        one included; 0 while idle-time work finishes its chunk). Under _cond."""
         if self._closed:
             raise shutting_down()
-        if not self._busy and self._line[0] is ticket:
+        if not (self._busy or self._idle) and self._line[0] is ticket:
             self._line.popleft()
             self._busy = True
-            return 0
+            return None
         return self._line.index(ticket) + int(self._busy)  # O(line), and the line is bounded
+
+    @contextmanager
+    def idle_turn(self) -> Iterator[Optional[Callable[[], bool]]]:
+        """Holds the engine for idle-time work, which must never delay a request.
+
+        Waits for whatever holds the engine to let go. Yields `yield_now()`, true
+        as soon as a request waits or the line closes: the work then stops at its
+        next chunk and lets go. Yields None instead, holding nothing, when a
+        request is waiting or the line is closed: the work is then not done.
+        """
+        with self._cond:
+            self._cond.wait_for(lambda: self._closed or self._line or not (self._busy or self._idle))
+            granted = not (self._closed or self._line)
+            self._idle = granted
+        if not granted:
+            yield None
+            return
+        try:
+            yield self._requested
+        finally:
+            with self._cond:
+                self._idle = False
+                self._cond.notify_all()
+
+    def _requested(self) -> bool:
+        return bool(self._line) or self._closed
 
     def close(self) -> None:
         """Admit no one again: waiting requests and later arrivals get the shutdown 503."""
@@ -123,6 +157,7 @@ class EngineQueue:
             self._cond.notify_all()
 
     def wait_idle(self, timeout: float | None = None) -> bool:
-        """After close(): wait until the request holding the engine lets go. True when it has."""
+        """Wait until neither a request nor idle-time work holds the engine (after close(),
+        it is then free for good). True when it is."""
         with self._cond:
-            return self._cond.wait_for(lambda: not self._busy, timeout)
+            return self._cond.wait_for(lambda: not (self._busy or self._idle), timeout)

@@ -10,23 +10,46 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Mapping, Sequence
 
-from .chat_format import FormatRefused
+from .api import ChatRequest
+from .chat_format import ChatFormat, ChatFormatError, FormatRefused, Rendering, ReplyParser
+from .xtml import Segment
 from .template_format import TemplateFormat
 from .xtml_format import XtmlFormat
 
 
 @dataclass
 class NoChatFormat:
+    """A container with no usable chat format: every chat request is refused with the reasons."""
     reasons: list[str]   # why XTML did not apply, and why chat.json did not
-    name = None
+    name = ""
+    supports_images = supports_tools = supports_reasoning = prompts_response_format = False
+    stop_tokens: tuple[int, ...] = ()
+    media_pad = None
 
     @property
     def description(self) -> str:
-        return "none — " + "; ".join(self.reasons)
+        return "none — " + self.refusal
+
+    @property
+    def refusal(self) -> str:
+        return "; ".join(self.reasons)
+
+    def render(self, messages: Sequence[Mapping[str, Any]], **options: Any) -> Rendering:
+        raise ChatFormatError(self.refusal)
+
+    def generation_prompt(self, thinking: bool) -> list[Segment]:
+        raise ChatFormatError(self.refusal)
+
+    def new_parser(self, thinking: bool) -> ReplyParser:
+        raise ChatFormatError(self.refusal)
+
+    def grammar(self, req: ChatRequest, thinking: bool) -> str:
+        raise ChatFormatError(self.refusal)
 
 
-def resolve_chat_format(engine, model_dir) -> XtmlFormat | TemplateFormat | NoChatFormat:
+def resolve_chat_format(engine, model_dir) -> ChatFormat:
     """XTML if the vocabulary has its markers, else model_dir/chat.json, else neither.
 
     Never raises: anything unexpected becomes a reason, because a broken chat

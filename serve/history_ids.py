@@ -32,21 +32,40 @@ def find(segments: Sequence[Segment], run: Sequence[Segment], start: int) -> int
 
 
 def tokenize_history(engine, segments: Sequence[Segment],
-                     replies: Sequence[tuple[Sequence[Segment], Sequence[int]]]) -> list[int]:
-    """engine.tokenize_segments(segments), except inside the remembered replies.
+                     replies: Sequence[tuple[Sequence[Segment], Sequence[int]]],
+                     cuts: Sequence[int] = ()) -> tuple[list[int], dict[int, int]]:
+    """engine.tokenize_segments(segments), except inside the remembered replies; and, for
+    each segment count in `cuts`, how many ids the segments before it make.
 
-    `replies` are (rendered message, remembered ids) in conversation order.
+    `replies` are (rendered message, remembered ids) in conversation order. A cut
+    inside a remembered reply has no position (a reply is laid over as a whole).
     """
     ids: list[int] = []
+    positions: dict[int, int] = {}
+    pending = sorted(set(cuts))
     at = 0
+
+    def plain(upto: int) -> None:
+        """Tokenize segments[at:upto] as they are, noting the cuts on the way."""
+        nonlocal at
+        while pending and pending[0] <= upto:
+            cut = pending.pop(0)
+            if cut >= at:
+                ids.extend(engine.tokenize_segments(segments[at:cut]))
+                positions[cut] = len(ids)
+                at = cut
+        ids.extend(engine.tokenize_segments(segments[at:upto]))
+        at = upto
+
     for rendered, remembered in replies:
         start = find(segments, rendered, at) if rendered else -1
         if start < 0:
             continue
-        ids += engine.tokenize_segments(segments[at:start])
-        ids += overlay(engine, rendered, remembered)
+        plain(start)
+        ids.extend(overlay(engine, rendered, remembered))
         at = start + len(rendered)
-    return ids + engine.tokenize_segments(segments[at:])
+    plain(len(segments))
+    return ids, positions
 
 
 def overlay(engine, rendered: Sequence[Segment], remembered: Sequence[int]) -> list[int]:

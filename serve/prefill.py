@@ -21,6 +21,13 @@ class PrefillCancelled(Exception):
     """The client went away between two prefill chunks."""
 
 
+def start_empty(engine) -> None:
+    """An empty conversation and image queue: nothing earlier work left, failed or not,
+    may reach what comes next (the ABI does not say reset drops the queue)."""
+    engine.reset()
+    engine.image_clear()
+
+
 def prefill(engine, tokens: Sequence[int], upto: int, *, cache: Optional[PrefixCache] = None,
             snapshot_at: Sequence[int] = (), chunk: int = DEFAULT_CHUNK,
             progress: Optional[Callable[[int, int], None]] = None,

@@ -29,7 +29,8 @@ from .api import ApiError, invalid, parse_reasoning_effort
 from .dialect import (Block, Blocks, Conversation, Parts, Translation, chat_request,
                       string_field, tool_call)
 from .response_store import ResponseStore
-from .service import ChatReply
+from .replies import ChatReply
+from .sse import sse_named
 
 INCLUDE_REASONING = "reasoning.encrypted_content"
 TOP_FIELDS = {"messages": "input", "max_tokens": "max_output_tokens",
@@ -284,12 +285,13 @@ def _text_format(text: Any) -> Optional[dict]:
 
 
 class Exchange:
-    """One Responses reply: its stream events as the deltas arrive, or the Response at the end."""
+    """One Responses request: its stream events as the deltas arrive, or the Response at the end."""
 
     def __init__(self, body: dict, store: ResponseStore, model: str):
         parsed = _parse(body, store)
         self.translation = parsed.translation
         self.request = parsed.translation.request
+        self.left_out = parsed.translation.left_out
         self._history = parsed.history
         self._namespaced = parsed.namespaced
         self._body = body
@@ -306,35 +308,44 @@ class Exchange:
         self._item_ids: dict[int, str] = {}
         self._sequence = 0
         self._incomplete = False
+        self._done: Optional[dict] = None   # the final Response, once the reply is over
 
     def error(self, error: ApiError) -> ApiError:
         return self.translation.error(error)
 
     # -- the stream -------------------------------------------------------------------
 
-    def opening(self) -> list[dict]:
+    def opening(self) -> bytes:
         response = self._response("in_progress", [], None)
-        return [self._event("response.created", response=response),
-                self._event("response.in_progress", response=response)]
+        return sse_named([self._event("response.created", response=response),
+                          self._event("response.in_progress", response=response)])
 
-    def progress(self) -> list[dict]:
-        return []
+    def started(self) -> bytes:
+        return b""
 
-    def delta(self, delta: dict) -> list[dict]:
-        return [event for step in self._blocks.feed(delta) for event in self._events(*step)]
+    def progress(self) -> bytes:
+        return b""
 
-    def closing(self, reply: ChatReply) -> list[dict]:
+    def delta(self, delta: dict) -> bytes:
+        return sse_named([event for step in self._blocks.feed(delta) for event in self._events(*step)])
+
+    def keep(self, reply: ChatReply) -> None:
+        """Store the Response before the client sees it, so its next request can name it."""
+        if self._keep:
+            self._store.put(self._final(reply), self._history + [reply.message])
+
+    def closing(self, reply: ChatReply) -> bytes:
         self._incomplete = reply.finish_reason == "length"
         events = [event for step in self._blocks.finish() for event in self._events(*step)]
         response = self._final(reply)
         kind = "response.incomplete" if self._incomplete else "response.completed"
-        return events + [self._event(kind, response=response)]
+        return sse_named(events + [self._event(kind, response=response)])
 
-    def failed(self, error: ApiError) -> list[dict]:
+    def failed(self, error: ApiError) -> bytes:
         response = self._response("failed", [self._item(b, True) for b in self._blocks.blocks], None)
         response["error"] = {"code": "server_error" if error.status >= 500 else "invalid_prompt",
                              "message": error.message}
-        return [self._event("response.failed", response=response)]
+        return sse_named([self._event("response.failed", response=response)])
 
     def body(self, reply: ChatReply) -> dict:
         self._incomplete = reply.finish_reason == "length"
@@ -352,6 +363,10 @@ class Exchange:
         return event
 
     def _final(self, reply: ChatReply) -> dict:
+        """The Response of the finished reply (built once: the store and the client get the same)."""
+        if self._done is not None:
+            return self._done
+        self._incomplete = reply.finish_reason == "length"   # keep() may come first
         usage = reply.usage
         response = self._response(
             "incomplete" if self._incomplete else "completed",
@@ -364,8 +379,7 @@ class Exchange:
         response["waste"] = usage.waste
         if self._incomplete:
             response["incomplete_details"] = {"reason": "max_output_tokens"}
-        if self._keep:
-            self._store.put(response, self._history + [reply.message])
+        self._done = response
         return response
 
     def _response(self, status: str, output: list[dict], usage: Optional[dict]) -> dict:

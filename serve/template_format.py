@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from .chat_format import ChatFormatError, FormatRefused, system_role
+from . import grammar
+from .api import ChatRequest
+from .chat_format import ChatFormatError, FormatRefused, Rendering, system_role
 from .xtml import Segment
 from .xtml_reply import Delta, Reply
 
@@ -118,6 +120,8 @@ class PlainReplyParser:
 
 class TemplateFormat:
     name = "chat.json"
+    refusal = None
+    media_pad = None
     supports_images = False
     supports_tools = False
     supports_reasoning = False
@@ -159,24 +163,26 @@ class TemplateFormat:
     def render(self, messages: Sequence[Mapping[str, Any]], *, tools=None, tool_choice=None,
                response_format=None, thinking: bool, thinking_effort: Optional[str] = None,
                image_prompts: Optional[Sequence[str]] = None,
-               add_generation_prompt: bool = True) -> list[Segment]:
+               add_generation_prompt: bool = True) -> Rendering:
         """Template strings as markup segments, the caller's content always as text."""
         self._refuse_request_fields(tools, tool_choice, thinking_effort)
         segments: list[Segment] = []
         default = self.template.default_system
         if default is not None and (not messages or system_role(messages[0]).get("role") != "system"):
             prefix, suffix = self.template.turns["system"]
-            segments += [Segment(prefix, True), Segment(default, False), Segment(suffix, True)]
+            segments += _present([Segment(prefix, True), Segment(default, False), Segment(suffix, True)])
+        ends = {0: len(segments)}
         for i, message in enumerate(messages):
             prefix, suffix = self._turn(i, message)
-            segments += [Segment(prefix, True),
-                         Segment(self._content_text(i, message.get("content")), False),
-                         Segment(suffix, True)]
+            segments += _present([Segment(prefix, True),
+                                  Segment(self._content_text(i, message.get("content")), False),
+                                  Segment(suffix, True)])
+            ends[i + 1] = len(segments)
         if image_prompts:
             raise ChatFormatError("images need the XTML chat format", "messages")
         if add_generation_prompt:
-            segments += self.generation_prompt(thinking)
-        return [s for s in segments if s.text]
+            segments += _present(self.generation_prompt(thinking))
+        return Rendering(segments, ends)
 
     def generation_prompt(self, thinking: bool) -> list[Segment]:
         return [Segment(self.template.open, True)]
@@ -220,3 +226,11 @@ class TemplateFormat:
 
     def new_parser(self, thinking: bool) -> PlainReplyParser:
         return PlainReplyParser(frozenset(self.stop_tokens), self._special_ids)
+
+    def grammar(self, req: ChatRequest, thinking: bool) -> str:
+        return grammar.json_grammar(req)   # the JSON document alone: this format has no tools
+
+
+def _present(segments: list[Segment]) -> list[Segment]:
+    """Without the empty ones (a template string or a message may be empty)."""
+    return [segment for segment in segments if segment.text]

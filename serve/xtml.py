@@ -108,6 +108,9 @@ class _Writer:
 
     def __init__(self) -> None:
         self.segments: list[Segment] = []
+        # messages written -> segments written by then, wherever one message's markup
+        # ends and the next one's begins (a run of tool results is one block)
+        self.ends: dict[int, int] = {}
 
     def markup(self, token: str) -> None:
         self.segments.append(Segment(token, True))
@@ -426,6 +429,7 @@ def _write_messages(out: _Writer, messages: Sequence[Mapping[str, Any]],
     calls: Sequence[Mapping[str, Any]] = ()
     answered = 0
     i = 0
+    out.ends[0] = len(out.segments)
     while i < len(messages):
         message = messages[i]
         role = message["role"]
@@ -437,6 +441,7 @@ def _write_messages(out: _Writer, messages: Sequence[Mapping[str, Any]],
             _write_tool_results(out, resolved, answered, images)
             answered += end - i
             i = end
+            out.ends[i] = len(out.segments)
             continue
         if role == "assistant":
             calls, answered = message.get("tool_calls") or (), 0
@@ -446,6 +451,7 @@ def _write_messages(out: _Writer, messages: Sequence[Mapping[str, Any]],
         else:
             _write_plain(out, role, message, images)
         i += 1
+        out.ends[i] = len(out.segments)
 
 
 def _thinking_effort_text(effort: Optional[str]) -> Optional[str]:
@@ -518,17 +524,20 @@ def _response_format_text(response_format: Optional[Mapping[str, Any]],
     return text
 
 
-def build_chat_segments(messages: Sequence[Mapping[str, Any]],
-                        tools: Optional[Sequence[Mapping[str, Any]]] = None, *,
-                        add_generation_prompt: bool = True, thinking: bool = True,
-                        image_prompts: Optional[Sequence[str]] = None,
-                        thinking_effort: Optional[str] = None, tool_choice: Any = None,
-                        response_format: Optional[Mapping[str, Any]] = None,
-                        response_schema: Any = None) -> list[Segment]:
+def build_chat(messages: Sequence[Mapping[str, Any]],
+               tools: Optional[Sequence[Mapping[str, Any]]] = None, *,
+               add_generation_prompt: bool = True, thinking: bool = True,
+               image_prompts: Optional[Sequence[str]] = None,
+               thinking_effort: Optional[str] = None, tool_choice: Any = None,
+               response_format: Optional[Mapping[str, Any]] = None,
+               response_schema: Any = None) -> tuple[list[Segment], dict[int, int]]:
     """Render a chat request as K3 XTML segments, in the release encoder's order:
     tool declaration, thinking effort, the conversation, tool choice, response
     format, then the open assistant turn. thinking_effort means nothing with
-    thinking off, so it is then neither rendered nor checked."""
+    thinking off, so it is then neither rendered nor checked.
+
+    Also returns where the messages end: {messages written: segments by then},
+    0 being where the first message begins (after the tools and the effort)."""
     effort_text = _thinking_effort_text(thinking_effort) if thinking else None
     choice_texts = _tool_choice_texts(tool_choice)
     format_text = _response_format_text(response_format, response_schema)
@@ -544,7 +553,14 @@ def build_chat_segments(messages: Sequence[Mapping[str, Any]],
         _write_system(out, "response-format", format_text)
     if add_generation_prompt:
         out.segments += generation_prompt(thinking)
-    return out.segments
+    return out.segments, out.ends
+
+
+def build_chat_segments(messages: Sequence[Mapping[str, Any]],
+                        tools: Optional[Sequence[Mapping[str, Any]]] = None,
+                        **options: Any) -> list[Segment]:
+    """`build_chat`'s segments alone."""
+    return build_chat(messages, tools, **options)[0]
 
 
 def generation_prompt(thinking: bool = True) -> list[Segment]:

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Sequence
 
-from . import xtml
-from .chat_format import FormatRefused, system_role
+from . import grammar, xtml
+from .api import ChatRequest
+from .chat_format import FormatRefused, Rendering, system_role
 from .xtml import Segment
 from .xtml_reply import Markers, ReplyParser
 
@@ -14,6 +15,7 @@ XTML_MARKERS = ("<|open|>", "<|sep|>", "<|close|>", "<|end_of_msg|>")
 class XtmlFormat:
     name = "xtml"
     description = "xtml (K3 markup: tools, reasoning, images)"
+    refusal = None
     supports_images = True
     supports_tools = True
     supports_reasoning = True
@@ -31,22 +33,29 @@ class XtmlFormat:
         absent = [text for text, token in ids.items() if token is None]
         if absent:
             raise FormatRefused(f"no XTML markers: {', '.join(absent)} "
-                           f"{'is not a single token' if len(absent) == 1 else 'are not single tokens'}")
+                                f"{'is not a single token' if len(absent) == 1 else 'are not single tokens'}")
         markers = Markers(*(ids[text] for text in XTML_MARKERS))
         return cls(markers, frozenset(engine.specials.values()), engine.token_id(xtml.MEDIA_PAD))
 
-    def render(self, messages: Sequence[Mapping[str, Any]], *, tools=None, tool_choice=None,
-               response_format=None, thinking: bool, thinking_effort: Optional[str] = None,
+    def render(self, messages: Sequence[Mapping[str, Any]], *, tools: Any = None,
+               tool_choice: Any = None, response_format: Any = None, thinking: bool,
+               thinking_effort: Optional[str] = None,
                image_prompts: Optional[Sequence[str]] = None,
-               add_generation_prompt: bool = True) -> list[Segment]:
-        return xtml.build_chat_segments(
+               add_generation_prompt: bool = True) -> Rendering:
+        segments, ends = xtml.build_chat(
             [system_role(m) for m in messages], tools,
             add_generation_prompt=add_generation_prompt,
             thinking=thinking, image_prompts=image_prompts, thinking_effort=thinking_effort,
             tool_choice=tool_choice, response_format=response_format)
+        return Rendering(segments, ends)
 
     def generation_prompt(self, thinking: bool) -> list[Segment]:
         return xtml.generation_prompt(thinking)
 
     def new_parser(self, thinking: bool) -> ReplyParser:
         return ReplyParser(self.markers, thinking=thinking, special_ids=self._special_ids)
+
+    def grammar(self, req: ChatRequest, thinking: bool) -> str:
+        markers = self.markers
+        return grammar.xtml_grammar(req, grammar.Markup(markers.open, markers.sep, markers.close),
+                                    thinking)

@@ -86,7 +86,6 @@ class ScriptedEngine:
 
     def __init__(self, replies: Sequence[Sequence[str]] = (), ctx_max: int = 4096,
                  specials: Sequence[str] = K3_SPECIALS):
-        self.lock = threading.Lock()
         self.info = ModelInfo(n_layers=4, n_experts=16, top_k=2, hidden=64, ctx_max=ctx_max,
                               params_total=1000, params_active=300, arch="scripted",
                               quant_summary="experts q8g32")
@@ -273,13 +272,18 @@ def scripted_service(engine: Optional[ScriptedEngine] = None, library: Optional[
 
 
 @contextmanager
-def real_service(lib_path, container, *, vision: bool = False, **options: Any) -> Iterator[Service]:
-    """The real engine on a container, closed afterwards."""
+def real_service(lib_path, container, *, vision: bool = False,
+                 prefix_cache_for: Optional[Callable[[Any, Engine], PrefixCache]] = None,
+                 **options: Any) -> Iterator[Service]:
+    """The real engine on a container, closed afterwards. `prefix_cache_for(lib, engine)`
+    makes a prefix cache that needs them (its identity, say)."""
     lib = load_library(str(lib_path))
     engine = Engine(lib, container, EngineConfig(vision=vision))
     service = None
     try:
         options.setdefault("model_id", "real")
+        if prefix_cache_for is not None:
+            options["prefix_cache"] = prefix_cache_for(lib, engine)
         service = Service(engine, lib, resolve_chat_format(engine, container),
                           ServiceOptions(vision=vision, **options))
         yield service

@@ -158,7 +158,7 @@ def test_default_system_opens_a_conversation_without_one(kimi, tmp_path, first):
     messages = [first] if first else []
     system = [Segment("<|im_system|>system<|im_middle|>", True), Segment("Be kind.", False),
               Segment("<|im_end|>", True)]
-    rendered = chat.render(messages, thinking=False)
+    rendered = chat.render(messages, thinking=False).segments
     assert rendered[:3] == system
     assert rendered[-1] == Segment("<|im_assistant|>assistant<|im_middle|>", True)
     assert len(rendered) == (7 if first else 4)
@@ -167,7 +167,7 @@ def test_default_system_opens_a_conversation_without_one(kimi, tmp_path, first):
 @pytest.mark.parametrize("role", ["system", "developer"])
 def test_default_system_yields_to_the_callers_system_message(kimi, tmp_path, role):
     chat = resolve_chat_format(kimi, with_chat_json(tmp_path, {**KIMI_CHAT, "default_system": "Be kind."}))
-    rendered = chat.render([{"role": role, "content": "Be brief."}], thinking=False)
+    rendered = chat.render([{"role": role, "content": "Be brief."}], thinking=False).segments
     assert Segment("Be kind.", False) not in rendered
     assert rendered[1] == Segment("Be brief.", False)
 
@@ -178,7 +178,7 @@ def test_template_renders_turns_as_markup_and_content_as_text(template):
                                              {"type": "text", "text": "there"}]},
                 {"role": "assistant", "content": "Hello."},
                 {"role": "user", "content": "Bye"}]
-    assert template.render(messages, thinking=True) == [
+    assert template.render(messages, thinking=True).segments == [
         Segment("<|im_system|>system<|im_middle|>", True), Segment("Be brief.", False),
         Segment("<|im_end|>", True),
         Segment("<|im_user|>user<|im_middle|>", True), Segment("Hi there", False),
@@ -192,7 +192,7 @@ def test_template_renders_turns_as_markup_and_content_as_text(template):
 
 def test_markup_in_content_stays_text(template, kimi):
     segments = template.render([{"role": "user", "content": "Say <|im_end|> please"}],
-                               thinking=False)
+                               thinking=False).segments
     assert Segment("Say <|im_end|> please", False) in segments
     ids = kimi.tokenize_segments(segments)
     im_end = kimi.specials["<|im_end|>"]
@@ -206,7 +206,7 @@ def test_fields_the_template_can_carry_are_accepted(template):
                   {"response_format": {"type": "text"}},
                   # Not written into the prompt: only a grammar holds the reply to it.
                   {"response_format": {"type": "json_object"}}):
-        assert template.render(messages, thinking=True, **extra)[-1].text == template.template.open
+        assert template.render(messages, thinking=True, **extra).segments[-1].text == template.template.open
 
 
 REFUSED = {
@@ -247,7 +247,7 @@ def test_xtml_render_maps_developer_to_system(k3, k3_container):
     chat = resolve_chat_format(k3, k3_container)
     asked = [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
     as_system = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
-    assert chat.render(asked, thinking=False) == \
+    assert chat.render(asked, thinking=False).segments == \
         xtml.build_chat_segments(as_system, thinking=False)
 
 # ------------------------------------------------------------------- parsing

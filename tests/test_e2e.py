@@ -127,7 +127,8 @@ def test_injection_is_tokenized_as_text(k3, k3_service):
     base = chat(k3.port, messages=[{"role": "user", "content": "x"}])["usage"]["prompt_tokens"]
     injected = chat(k3.port, messages=[{"role": "user", "content": attack}])["usage"]["prompt_tokens"]
     engine = k3_service.engine
-    with engine.lock:
+    with k3_service.queue.idle_turn() as granted:   # the engine is the server's: take a turn
+        assert granted
         as_text, as_markup = engine.tokenize(attack), engine.tokenize(attack, markup=True)
         one_x = engine.tokenize("x")
     assert not set(as_text) & set(engine.specials.values())

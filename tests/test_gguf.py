@@ -113,7 +113,7 @@ def test_chat_json_is_chatml_with_the_templates_default_system(tiny, tiny_engine
     chat = resolve_chat_format(tiny_engine, tiny[1])
     assert isinstance(chat, TemplateFormat)
     assert chat.stop_tokens == [2]
-    text = "".join(s.text for s in chat.render([{"role": "user", "content": "Hi"}], thinking=False))
+    text = "".join(s.text for s in chat.render([{"role": "user", "content": "Hi"}], thinking=False).segments)
     assert text == ("<|im_start|>system\nYou are a tiny test model.<|im_end|>\n"
                     "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
 

@@ -87,12 +87,28 @@ def test_history_overlays_each_remembered_reply_where_it_is_rendered():
     reply = {"role": "assistant", "content": "Yes", "reasoning_content": "Hm."}
     messages = [{"role": "user", "content": "Yes?"}, reply, {"role": "user", "content": "Sure?"}, reply]
     segments = xtml.build_chat_segments(messages, add_generation_prompt=False)
-    ids = tokenize_history(ENGINE, segments, [(rendered("Yes", "Hm."), reply_ids(*pieces))] * 2)
+    ids, _ = tokenize_history(ENGINE, segments, [(rendered("Yes", "Hm."), reply_ids(*pieces))] * 2)
     assert ids.count(ENGINE.piece_id("Hm")) == 2
     assert_same_prompt(ids, segments)
     # A reply that is not in the conversation changes nothing.
-    assert tokenize_history(ENGINE, segments, [(rendered("No"), reply_ids("No"))]) == \
+    assert tokenize_history(ENGINE, segments, [(rendered("No"), reply_ids("No"))])[0] == \
         ENGINE.tokenize_segments(segments)
+
+
+def test_history_tells_where_each_cut_between_messages_falls():
+    pieces = ["Hm", ".", *closing("Yes")]
+    reply = {"role": "assistant", "content": "Yes", "reasoning_content": "Hm."}
+    messages = [{"role": "user", "content": "Yes?"}, reply, {"role": "user", "content": "Sure?"}]
+    segments, ends = xtml.build_chat(messages, add_generation_prompt=False)
+    inside = ends[1] + 2   # within the remembered reply: no position there
+    ids, positions = tokenize_history(ENGINE, segments, [(rendered("Yes", "Hm."), reply_ids(*pieces))],
+                                      cuts=[ends[0], ends[1], inside, ends[2], ends[3]])
+    assert ids == tokenize_history(ENGINE, segments, [(rendered("Yes", "Hm."), reply_ids(*pieces))])[0]
+    assert set(positions) == {ends[0], ends[1], ends[2], ends[3]}
+    assert positions[ends[1]] == len(ENGINE.tokenize_segments(segments[:ends[1]]))
+    # After the reply, positions count its remembered ids, not its text re-tokenized.
+    tail = ENGINE.tokenize_segments(segments[ends[2]:])
+    assert positions[ends[2]] == len(ids) - len(tail) and positions[ends[3]] == len(ids)
 
 
 text = st.text(alphabet="ab <|>éx\u00e9\U0001f30a", max_size=12)

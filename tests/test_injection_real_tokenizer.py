@@ -38,7 +38,7 @@ def request(fill: str) -> dict:
 
 
 def prompt_ids(engine, fmt: XtmlFormat, fill: str) -> list[int]:
-    segments = fmt.render(**request(fill), thinking=True, add_generation_prompt=False)
+    segments = fmt.render(**request(fill), thinking=True, add_generation_prompt=False).segments
     return engine.tokenize_segments(segments + fmt.generation_prompt(True))
 
 

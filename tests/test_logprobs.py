@@ -82,7 +82,7 @@ def test_chat_logprobs_match_waste_eval(k3, service, reference, temperature):
         == reply["choices"][0]["message"]["content"]
     req = parse_chat_request(body)
     fmt = service.chat_format
-    prompt = engine.tokenize_segments(fmt.render(req.messages, thinking=False, add_generation_prompt=False)) \
+    prompt = engine.tokenize_segments(fmt.render(req.messages, thinking=False, add_generation_prompt=False).segments) \
         + engine.tokenize_segments(fmt.generation_prompt(False))
     tokens = [names[e["token"]] for e in entries]
     check_entries(entries, replay(engine, prompt, tokens, temperature), names, 3)

@@ -51,10 +51,10 @@ def cached(body: dict) -> int:
 @contextmanager
 def persistent(lib_path, container, directory: Path, **options) -> Iterator:
     """A real service whose cache lives in `directory` under the engine's real identity."""
-    with real_service(lib_path, container, **options) as service:
-        cache = PrefixCache(64 << 20, str(directory),
-                            identity=state_identity(service.library, service.engine, container))
-        service.options.prefix_cache = cache
+    def cache_for(lib, engine) -> PrefixCache:
+        return PrefixCache(64 << 20, str(directory), identity=state_identity(lib, engine, container))
+    with real_service(lib_path, container, prefix_cache_for=cache_for, **options) as service:
+        cache = service.options.prefix_cache
         try:
             with serving(service) as srv:
                 yield service, srv.port
@@ -65,7 +65,7 @@ def persistent(lib_path, container, directory: Path, **options) -> Iterator:
 def tools_end(service) -> int:
     """Where the tool declarations end in a prompt (thinking off, no effort)."""
     return len(service.engine.tokenize_segments(service.chat_format.render(
-        [], tools=TOOLS, thinking=False, add_generation_prompt=False)))
+        [], tools=TOOLS, thinking=False, add_generation_prompt=False).segments))
 
 
 def test_a_restarted_server_restores_and_answers_the_same(lib_path, k3_container, tmp_path):
@@ -114,7 +114,7 @@ def test_notes_after_the_conversation_do_not_stop_the_next_turn_reusing_it(lib_p
         ask(port, first, tools=TOOLS, tool_choice="none")
         got = ask(port, second, tools=TOOLS, tool_choice="none")
         before_note = len(service.engine.tokenize_segments(service.chat_format.render(
-            first, tools=TOOLS, thinking=False, add_generation_prompt=False)))
+            first, tools=TOOLS, thinking=False, add_generation_prompt=False).segments))
     assert cached(got) >= before_note and got["choices"] == expected["choices"]
 
 
@@ -176,9 +176,11 @@ def test_the_identity_covers_what_changes_a_state(lib_path, k3_container, tmp_pa
 
 
 def test_a_cache_written_by_another_engine_build_is_ignored(lib_path, k3_container, tmp_path):
-    with real_service(lib_path, k3_container) as service, serving(service) as srv:
-        fake = state_identity(FakeLibrary(lib_path, version="9.9.9"), service.engine, k3_container)
-        service.options.prefix_cache = PrefixCache(64 << 20, str(tmp_path), identity=fake)
+    def foreign_cache(lib, engine) -> PrefixCache:
+        fake = state_identity(FakeLibrary(lib_path, version="9.9.9"), engine, k3_container)
+        return PrefixCache(64 << 20, str(tmp_path), identity=fake)
+    with real_service(lib_path, k3_container, prefix_cache_for=foreign_cache) as service, \
+            serving(service) as srv:
         ask(srv.port, project("/home/a"), tools=TOOLS)
         service.options.prefix_cache.close()
     with persistent(lib_path, k3_container, tmp_path) as (_, port):
@@ -194,12 +196,12 @@ def test_a_foreign_state_that_the_engine_refuses_is_dropped(lib_path, k3_contain
         ask(port, messages, tools=TOOLS)
         foreign = service.options.prefix_cache.lookup(
             service.engine.tokenize_segments(service.chat_format.render(
-                messages, tools=TOOLS, thinking=False)))
+                messages, tools=TOOLS, thinking=False).segments))
     with persistent(lib_path, k3_container, tmp_path / "cache") as (service, port):
         first = ask(port, messages, tools=TOOLS)
         cache = service.options.prefix_cache
         snap = cache.lookup(service.engine.tokenize_segments(service.chat_format.render(
-            messages, tools=TOOLS, thinking=False)))
+            messages, tools=TOOLS, thinking=False).segments))
         assert snap.n_tokens == foreign.n_tokens
         with open(foreign.path, "rb") as src:   # the other model's state, with a valid meta
             state = src.read()

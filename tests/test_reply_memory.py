@@ -289,7 +289,7 @@ def test_a_deferred_snapshot_yields_to_a_waiting_request(tmp_path):
         messages += [as_received(first), {"role": "user", "content": "And then?"}]
         waiting = threading.Thread(target=lambda: second.append(ask(srv.port, messages, max_tokens=200)))
         waiting.start()
-        while service._waiting == 0:   # until the request queues behind the settling engine
+        while not len(service.queue):   # until the request queues behind the settling engine
             waiting.join(0.01)
         go_on.set()
         waiting.join(10)

@@ -17,7 +17,7 @@ from scripted import (KIMI_LINEAR_SPECIALS, ScriptedEngine, ScriptedLibrary, ass
                       tiny_png, xtml_answer, xtml_tool_call)
 from serve.format_choice import NoChatFormat
 from serve.engine import WasteError
-from serve.http import MAX_BODY_BYTES
+from serve.json_body import MAX_BODY_BYTES
 from serve.service import Service, ServiceOptions
 
 USER = [{"role": "user", "content": "hi"}]

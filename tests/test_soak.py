@@ -172,7 +172,7 @@ def listening(port: int) -> bool:
     try:
         socket.create_connection(("127.0.0.1", port), timeout=60).close()
         return True
-    except ConnectionRefusedError:
+    except (ConnectionRefusedError, ConnectionResetError):   # reset: closed with us in its backlog
         return False
 
 

@@ -1,0 +1,51 @@
+"""The Exchange protocol: one request in one wire format, from its body to its reply.
+
+Each wire format (OpenAI chat and completions in serve/openai.py, Anthropic
+Messages in serve/anthropic.py, OpenAI Responses in serve/responses.py) parses
+its body into the internal request when an exchange is made, and writes the
+service's reply back in its own shapes: one JSON body, or a stream of
+server-sent events. serve/sinks.py drives every exchange the same way.
+"""
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from .api import ApiError, ChatRequest, CompletionRequest
+
+
+class Exchange(Protocol):
+    request: ChatRequest | CompletionRequest   # the body, parsed
+    left_out: list[str]                        # tools the server cannot run, named for the log
+
+    def error(self, error: ApiError) -> ApiError:
+        """The error naming request fields as the client named them."""
+
+    # -- a stream, as bytes of server-sent events
+
+    def opening(self) -> bytes:
+        """When the stream opens (the request may still wait in line)."""
+
+    def started(self) -> bytes:
+        """When generation starts."""
+
+    def delta(self, delta: dict) -> bytes:
+        """One delta of the service's output. Called streaming or not: a blocking reply's
+        body may be built from the deltas too."""
+
+    def progress(self) -> bytes:
+        """The format's own keepalive, sent beside prefill and queue comments."""
+
+    def closing(self, reply: Any) -> bytes:
+        """The stream's last events, after the reply is done."""
+
+    def failed(self, error: ApiError) -> bytes:
+        """The stream's last events after an error inside it."""
+
+    # -- a blocking reply
+
+    def body(self, reply: Any) -> dict:
+        """The whole reply as one JSON body."""
+
+    def keep(self, reply: Any) -> None:
+        """The reply is done and about to reach the client: keep what outlives the request
+        (a stored response), before the client can refer to it."""

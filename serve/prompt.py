@@ -1,0 +1,213 @@
+"""Check a chat request against the chat format, and build its prompt: the ids to prefill.
+
+messages -> one rendering of the conversation (remembered replies recalled from
+it) -> token ids, remembered replies laid over as the model produced them ->
+images expanded. The conversation and the generation prompt are tokenized
+apart (as segments always are), so the end of the conversation, which the next
+turn's prompt repeats, is a known position worth a snapshot; so are the ends
+of the parts other conversations share (serve/checkpoints.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+from .api import ApiError, ChatRequest, invalid
+from .chat_format import ChatFormat, ChatFormatError, Rendering
+from .checkpoints import preamble_ends
+from .engine import UnencodableText, WasteError
+from .engine_api import EngineApi, ImageProbe
+from .history_ids import tokenize_history
+from .images import StagedImages, image_parts
+from .reply_memory import ReplyMemory
+from .xtml import PromptError, Segment, image_prompt
+
+
+@dataclass
+class Prompt:
+    """A tokenized prompt and what prefilling it, and remembering its reply, need to know."""
+    ids: list[int]                        # what the engine will hold, images expanded
+    snapshot_at: Sequence[int] = ()       # positions worth a prefix snapshot
+    text_ids: list[int] = field(default_factory=list)  # with images: the ids before expansion
+    image_start: int = 0                  # with images: where the first placeholder is in text_ids
+    image_paths: Sequence[str] = ()       # with images: the files, to queue again after prefill
+    generation: Sequence[int] = ()        # the generation prompt's ids, which open the reply's message
+    conversation: Sequence[Segment] = ()  # the rendered segments before the generation prompt
+    thinking: bool = False                # the reply opens in the think channel
+
+    @property
+    def history(self) -> list[int]:
+        """The conversation's ids: the prompt before the generation prompt."""
+        return self.ids[:len(self.ids) - len(self.generation)]
+
+
+@dataclass(frozen=True)
+class ChatCheck:
+    """What a chat request needs of the format, known before it waits for the engine."""
+    thinking: bool
+    images: list[tuple[str, str]]   # (param, url) of each image part
+
+
+def check_fits(engine: EngineApi, chars: int, param: str) -> None:
+    """Refuse text that cannot fit before tokenizing it (which costs memory in proportion).
+
+    No token is longer than the vocabulary's longest, and `chars` characters
+    are at least as many UTF-8 bytes, so they make at least chars / longest tokens.
+    """
+    longest, ctx = engine.longest_token, engine.info.ctx_max
+    least = -(-chars // longest) if longest else 0
+    if least > ctx - 1:
+        raise ApiError(400, f"the prompt is at least {least} tokens; the context holds {ctx} "
+                            "including at least one generated token",
+                       param=param, code="context_length_exceeded")
+
+
+class PromptBuilder:
+    def __init__(self, engine: EngineApi, images: ImageProbe, chat_format: ChatFormat, *,
+                 vision: bool, reply_memory: Optional[ReplyMemory], keep_reasoning: bool,
+                 snapshots: bool, default_thinking: bool):
+        self.engine = engine
+        self.images = images
+        self.chat_format = chat_format
+        self.vision = vision
+        self.reply_memory = reply_memory
+        self.keep_reasoning = keep_reasoning
+        self.snapshots = snapshots                 # a prefix cache will store snapshots
+        self.default_thinking = default_thinking   # when a request does not say
+
+    # -- before the engine ------------------------------------------------------------
+
+    def check(self, req: ChatRequest) -> ChatCheck:
+        """What the chat format must be able to express; a 400 naming what it cannot."""
+        fmt = self.chat_format
+        if fmt.refusal is not None:
+            raise ApiError(400, f"this model has no usable chat format ({fmt.refusal}); "
+                                "/v1/completions still works", param="messages",
+                           code="unsupported_chat_format")
+        thinking = self.thinking(req)
+        if req.tools and not fmt.supports_tools:
+            raise invalid("tools", f"the {fmt.name} chat format cannot declare tools")
+        images = image_parts(req.messages)
+        if images:
+            param = images[0][0]
+            if not self.vision:
+                raise invalid(param, "images need the vision tower: start the server with --vision")
+            if not fmt.supports_images:
+                raise invalid(param, f"the {fmt.name} chat format cannot carry images")
+        return ChatCheck(thinking, images)
+
+    def thinking(self, req: ChatRequest) -> bool:
+        if not self.chat_format.supports_reasoning:
+            if req.thinking:
+                raise invalid("reasoning_effort",
+                              f"the {self.chat_format.name} chat format has no reasoning channel")
+            return False
+        return self.default_thinking if req.thinking is None else req.thinking
+
+    # -- holding the engine -----------------------------------------------------------
+
+    def chat(self, req: ChatRequest, check: ChatCheck, staged: StagedImages) -> Prompt:
+        """Render once and tokenize; the images are queued on the engine."""
+        paths = [staged.stage(url, param) for param, url in check.images]
+        prompts = [image_prompt(*staged.measure(self.images.image_dimensions, path, param))
+                   for path, (param, _) in zip(paths, check.images)]
+        messages, conversation, replies = self._recall(req, check.thinking, prompts)
+        check_fits(self.engine, conversation.chars(), "messages")
+        cuts = self._preamble_cuts(req, messages, conversation)
+        try:
+            history, positions = tokenize_history(self.engine, conversation.segments, replies, cuts)
+        except UnencodableText as e:
+            raise invalid("messages", f"a message cannot be tokenized: {e}") from None
+        generation = self.engine.tokenize_segments(self.chat_format.generation_prompt(check.thinking))
+        ids = history + generation
+        for path, (param, _) in zip(paths, check.images):
+            try:
+                self.engine.image_add(path)  # validates the image, and counts its positions
+            except WasteError as e:
+                self.engine.image_clear()
+                raise invalid(param, f"image could not be encoded: {e}") from None
+        snapshot_at = [*sorted(positions[cut] for cut in cuts if cut in positions), len(history)]
+        if not paths:
+            return Prompt(ids, snapshot_at, generation=generation,
+                          conversation=conversation.segments, thinking=check.thinking)
+        return Prompt(self.engine.image_expand(ids), snapshot_at, text_ids=ids,
+                      image_start=ids.index(self.chat_format.media_pad), image_paths=paths,
+                      generation=generation, conversation=conversation.segments,
+                      thinking=check.thinking)
+
+    def text(self, prompt: str) -> list[int]:
+        """A completion's prompt; the engine knows whether its container has a BOS to add."""
+        try:
+            ids = self.engine.tokenize(prompt, markup=False, add_bos=True)
+        except UnencodableText as e:
+            raise invalid("prompt", f"the prompt cannot be tokenized: {e}") from None
+        if not ids:
+            raise invalid("prompt", "prompt is empty")
+        return ids
+
+    def reply(self, message: dict, thinking: bool) -> list[Segment]:
+        """One assistant message's own segments as history renders them (what reply memory
+        keys on); [] when it cannot be rendered on its own (the whole conversation's
+        rendering then reports what is wrong with it)."""
+        try:
+            return self.chat_format.render([message], thinking=thinking,
+                                           add_generation_prompt=False).message(0)
+        except (ChatFormatError, ValueError, RecursionError):
+            return []
+
+    # -- the parts --------------------------------------------------------------------
+
+    def _render(self, req: ChatRequest, messages: list, thinking: bool,
+                prompts: list[str]) -> Rendering:
+        try:
+            return self.chat_format.render(
+                messages, tools=req.tools, tool_choice=req.tool_choice,
+                response_format=req.response_format, thinking=thinking,
+                thinking_effort=req.thinking_effort if thinking else None, image_prompts=prompts,
+                add_generation_prompt=False)
+        except ChatFormatError as e:
+            raise invalid(e.field or "messages", str(e), code="unsupported_by_chat_format") from None
+        except PromptError as e:
+            raise invalid(e.field, str(e)) from None
+        except ValueError as e:
+            raise invalid("messages", str(e)) from None
+        except RecursionError:  # e.g. tool-call arguments nested deeper than json.loads goes
+            raise invalid("messages", "a message is nested too deeply to render") from None
+
+    def _recall(self, req: ChatRequest, thinking: bool, prompts: list[str]
+                ) -> tuple[list, Rendering, list[tuple[list[Segment], Sequence[int]]]]:
+        """The messages, their rendering, and for each assistant message that renders as a
+        remembered reply, (its rendering, the reply's ids). With --keep-reasoning, reasoning
+        remembered for a reply the client returned without it is put back (and the
+        conversation rendered again with it)."""
+        messages = list(req.messages)
+        conversation = self._render(req, messages, thinking, prompts)
+        memory = self.reply_memory
+        if memory is None or not len(memory):
+            return messages, conversation, []
+        replies, restored = [], False
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict) or message.get("role") != "assistant":
+                continue
+            rendered = conversation.message(i)
+            entry = memory.recall(rendered) if rendered else None
+            if entry is None and rendered and self.keep_reasoning:
+                entry = memory.recall_without_reasoning(
+                    rendered, lambda: self._render(req, messages[:i], thinking, prompts).segments)
+                if entry is not None:
+                    message = {k: v for k, v in message.items() if k != "reasoning"}
+                    message["reasoning_content"] = entry.reasoning
+                    messages[i], rendered, restored = message, self.reply(message, thinking), True
+            if entry is not None:
+                replies.append((rendered, entry.ids))
+        if restored:
+            conversation = self._render(req, messages, thinking, prompts)
+        return messages, conversation, replies
+
+    def _preamble_cuts(self, req: ChatRequest, messages: list, conversation: Rendering) -> list[int]:
+        """Segment counts where the tool declarations, the leading system messages and the
+        messages before the trailing notes end (none without a prefix cache)."""
+        if not self.snapshots:
+            return []
+        notes = req.tool_choice not in (None, "auto") or req.response_format is not None
+        return preamble_ends(conversation, messages, notes)

@@ -1,0 +1,120 @@
+"""The sink of every generation request: the service's output, through an exchange, to the client.
+
+A streamed reply opens its event stream as soon as the request is accepted or
+waits in line, and from then on every byte goes through the stream's writer;
+a blocking reply sends one body at the end. Both feed the exchange the same
+deltas. The sink knows the connection only through `Connection`: it never
+writes a response itself, and tells the handler what to log.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Protocol
+
+from .api import ApiError
+from .engine_queue import ClientGone
+from .exchange import Exchange
+from .sse import EventWriter, sse_comment
+
+
+class Connection(Protocol):
+    def open_stream(self) -> EventWriter:
+        """Send an event stream's headers; its bytes then go through the returned writer."""
+
+    def client_gone(self) -> bool:
+        """Non-blocking: has the client closed its end?"""
+
+    def public_error(self, error: Exception) -> ApiError:
+        """What the client may be told of an error."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What the handler sends and logs once a generation is over."""
+    status: int                    # for the log (a stream has sent its own already)
+    tokens: int = 0
+    body: Optional[dict] = None    # a blocking reply's body, still to send
+
+
+class ExchangeSink:
+    def __init__(self, connection: Connection, exchange: Exchange):
+        self._connection = connection
+        self._exchange = exchange
+        self._stream = exchange.request.stream
+        self._writer: Optional[EventWriter] = None
+
+    # -- the service's ReplySink --------------------------------------------------------
+
+    def start(self) -> None:
+        if self._stream:
+            self._open()
+            self._put(self._exchange.started())
+
+    def queued(self, ahead: int) -> None:
+        # While the request waits for the engine, the stream is already open and says so.
+        if self._stream:
+            self._open()
+            self._keepalive(f"queue {ahead}")
+
+    def progress(self, done: int, total: int) -> None:
+        self._keepalive(f"prefill {done}/{total}")
+
+    def emit(self, delta: dict) -> None:
+        self._put(self._exchange.delta(delta))
+
+    def gone(self) -> bool:
+        return (self._writer is not None and self._writer.failed) or self._connection.client_gone()
+
+    # -- running it ----------------------------------------------------------------------
+
+    def run(self, generate: Callable[["ExchangeSink"], Any]) -> Answer:
+        """Runs the generation. Errors before the stream opens are ordinary HTTP errors, in
+        the format's field names; after, the format's failure events end the stream."""
+        try:
+            reply = generate(self)
+        except ClientGone:
+            self._close()
+            raise
+        except ApiError as e:
+            if self._writer is None:
+                raise self._exchange.error(e) from None
+            return self._fail(e)
+        except Exception as e:
+            if self._writer is None:
+                raise
+            return self._fail(e)
+        tokens = reply.usage.completion_tokens
+        if reply.client_gone:
+            self._close()
+            return Answer(499, tokens)
+        self._exchange.keep(reply)
+        if self._writer is None:
+            return Answer(200, tokens, self._exchange.body(reply))
+        self._put(self._exchange.closing(reply))
+        self._close()
+        return Answer(200, tokens)
+
+    def _open(self) -> None:
+        if self._writer is None:  # else already open: the request waited in line
+            self._writer = self._connection.open_stream()
+            self._put(self._exchange.opening())
+
+    def _keepalive(self, comment: str) -> None:
+        """A comment for people and proxies, and the format's own keepalive (Anthropic's ping)."""
+        if self._writer is not None:
+            self._writer.put(sse_comment(comment))
+            self._put(self._exchange.progress())
+
+    def _put(self, data: bytes) -> None:
+        if self._writer is not None:
+            self._writer.put(data)
+
+    def _fail(self, error: Exception) -> Answer:
+        public = self._exchange.error(self._connection.public_error(error))
+        self._put(self._exchange.failed(public))
+        self._close()
+        return Answer(200)
+
+    def _close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()

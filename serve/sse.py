@@ -1,0 +1,90 @@
+"""Server-sent events: the framing, and the writer thread that owns a stream's socket.
+
+Once a stream opens, every byte of it goes through its `EventWriter`: the
+engine thread only queues, so a slow client never stalls generation, and the
+writer is the one place that sends (and would send anything on a clock).
+"""
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from typing import Any, BinaryIO, Callable, Optional
+
+SEND_GAP = 0.01  # seconds between two sends of one stream, at most (see EventWriter)
+SSE_DONE = b"data: [DONE]\n\n"
+
+_JSON = json.JSONEncoder(ensure_ascii=False)  # built once: json.dumps builds one per call
+# Stands where the varying part of a chunk goes, to cut the chunk's encoding in two.
+_PLACEHOLDER = {"\u0000placeholder": 0}
+
+
+def sse_event(payload: Any) -> bytes:
+    return b"data: " + _JSON.encode(payload).encode() + b"\n\n"
+
+
+def sse_named(events: list[dict]) -> bytes:
+    """Events of the Anthropic and Responses streams: each one's `type` is its SSE event name."""
+    return b"".join(b"event: " + event["type"].encode() + b"\n" + sse_event(event) for event in events)
+
+
+def sse_comment(text: str) -> bytes:
+    """A line every client ignores: for people reading the stream, and for proxies' timeouts."""
+    return f": {text}\n\n".encode()
+
+
+def sse_encoder(chunk: Callable[[Any], dict]) -> Callable[[Any], bytes]:
+    """`part -> sse_event(chunk(part))`, byte for byte, encoding only the part per call.
+
+    A stream's chunks differ only in one value (a chat delta, a completion's
+    text), and this runs once per token.
+    """
+    head, tail = sse_event(chunk(_PLACEHOLDER)).split(_JSON.encode(_PLACEHOLDER).encode())
+    return lambda part: head + _JSON.encode(part).encode() + tail
+
+
+class EventWriter(threading.Thread):
+    """Sends one stream's bytes from its own thread, at most one send per SEND_GAP.
+
+    A model slower than one token per SEND_GAP (every real one) gets each token
+    sent the moment it exists; a faster one has its tokens gathered into one
+    send per SEND_GAP instead of paying a socket round trip per token, for at
+    most SEND_GAP of added latency.
+    """
+
+    def __init__(self, wfile: BinaryIO):
+        super().__init__(name="sse-writer", daemon=True)
+        self._wfile = wfile
+        self._queue: "queue.SimpleQueue[Optional[bytes]]" = queue.SimpleQueue()
+        self.failed = False  # the client went away mid-stream
+
+    def put(self, data: bytes) -> None:
+        if data:
+            self._queue.put(data)
+
+    def close(self) -> None:
+        """Send everything queued so far, then stop."""
+        self._queue.put(None)
+        self.join()
+
+    def run(self) -> None:
+        done, last_send = False, 0.0
+        while not done:
+            batch = [self._queue.get()]
+            pause = last_send + SEND_GAP - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)  # tokens are coming faster than anyone reads them
+            while True:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            done = None in batch
+            data = b"".join(item for item in batch if item is not None)
+            if data and not self.failed:
+                try:
+                    self._wfile.write(data)
+                except OSError:
+                    self.failed = True
+                last_send = time.monotonic()
