@@ -16,7 +16,8 @@ from . import decode, grammar
 from .chat_format import ChatFormat
 from .format_choice import resolve_chat_format
 from .engine import Engine, EngineConfig, Library, LibraryNotFound, MemPlan, WasteError, load_library
-from .http import DEFAULT_MAX_CONNECTIONS, DEFAULT_REQUEST_TIMEOUT, Server, stderr_log
+from .connections import DEFAULT_MAX_CONNECTIONS, stderr_log
+from .http import DEFAULT_REQUEST_TIMEOUT, Server
 from .identity import state_identity
 from .prefill import DEFAULT_CHUNK
 from .prefix_cache import DEFAULT_MAX_ENTRIES, PrefixCache, PrefixCacheError, default_directory

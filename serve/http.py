@@ -1,4 +1,4 @@
-"""HTTP for the service: connections, routes, auth, request bodies and responses.
+"""HTTP for the service: routes, auth, request bodies and responses (connections: serve/connections.py).
 
 One thread per connection (ThreadingHTTPServer); generations serialize on the
 engine queue inside the service, so /health and /v1/models still answer while
@@ -7,41 +7,33 @@ a reply is being written. What a generation sends goes through its exchange
 """
 from __future__ import annotations
 
-import errno
 import hmac
 import io
 import json
 import select
 import socket
-import sys
-import threading
 import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable, Optional
 
 from . import anthropic, api, metrics, openai, responses
 from .api import ApiError
-from .engine_queue import RETRY_AFTER_SECONDS, ClientGone
+from .connections import DEFAULT_MAX_CONNECTIONS, ConnectionServer
+from .engine_queue import ClientGone
 from .exchange import Exchange
 from .json_body import MAX_BODY_BYTES, parse_body
 from .page import CONTENT_TYPE as PAGE_TYPE, chat_page
 from .service import Service
-from .sinks import Answer, ExchangeSink
+from .sinks import Answer, BlockingSink, ExchangeSink
 from .sse import EventWriter
 
-DEFAULT_MAX_CONNECTIONS = 64
 DEFAULT_REQUEST_TIMEOUT = 60.0  # seconds for a whole request's headers and body, idle time included
-MAX_ACCEPT_BACKOFF = 1.0        # seconds between accept attempts while descriptors are exhausted
-# accept() failures that persist while the listening socket stays readable
-_RESOURCE_ERRORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 _HANGUP = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0)
 
 
-class Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 128  # the listen backlog: a burst of connects must not wait for SYN retries
+class Server(ConnectionServer):
+    """The service's HTTP server: its handler, key and timeouts."""
 
     def __init__(self, address: tuple[str, int], service: Service, *, api_key: Optional[str] = None,
                  log: Optional[Callable[[str], None]] = None, socket_timeout: float = 30.0,
@@ -49,110 +41,9 @@ class Server(ThreadingHTTPServer):
                  request_timeout: float = DEFAULT_REQUEST_TIMEOUT):
         self.service = service
         self.api_key = api_key
-        self.log = log
         self.socket_timeout = socket_timeout  # bounds each send to a client that stopped reading
-        self.max_connections = max_connections
         self.request_timeout = request_timeout
-        self._count = threading.Condition()
-        self._connections = 0  # open, each with its thread
-        self._requests = 0     # being answered
-        self._backoff = 0.0
-        super().__init__(address, Handler)
-
-    @property
-    def port(self) -> int:
-        return self.server_address[1]
-
-    def error_log(self, line: str) -> None:
-        """Failures are logged even with --quiet: the client was only told a request id."""
-        (self.log or stderr_log)(line)
-
-    # -- connections --------------------------------------------------------------------
-
-    def get_request(self) -> tuple[socket.socket, Any]:
-        try:
-            accepted = super().get_request()
-        except OSError as e:
-            if e.errno in _RESOURCE_ERRORS:
-                # The pending connection keeps the socket readable: retrying at once spins a core.
-                if not self._backoff:
-                    self.error_log(f"accept failed: {e.strerror}; backing off until it succeeds")
-                self._backoff = min(MAX_ACCEPT_BACKOFF, max(0.01, self._backoff * 2))
-                time.sleep(self._backoff)
-            raise
-        self._backoff = 0.0
-        return accepted
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        with self._count:
-            full = self._connections >= self.max_connections
-            if not full:
-                self._connections += 1
-        if full:
-            self._refuse(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._closed_one()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._closed_one()
-
-    def _closed_one(self) -> None:
-        with self._count:
-            self._connections -= 1
-
-    def _refuse(self, request: socket.socket) -> None:
-        """A 503 without a thread: written whole into the empty send buffer, then closed."""
-        body = json.dumps(api.error_body(f"the server has {self.max_connections} connections open; "
-                                         "try again later", "server_error",
-                                         code="too_many_connections")).encode()
-        head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\nRetry-After: {RETRY_AFTER_SECONDS}\r\n"
-                "Connection: close\r\n\r\n")
-        try:
-            request.setblocking(False)
-            request.send(head.encode() + body)
-            request.shutdown(socket.SHUT_WR)
-            while request.recv(65536):  # what the client sent, so closing does not reset
-                pass
-        except OSError:
-            pass
-        request.close()
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        error = sys.exc_info()[1]
-        if isinstance(error, (ConnectionError, TimeoutError)):
-            # A client that resets or stalls is ordinary: one line, not a traceback.
-            if self.log is not None:
-                self.log(f"{client_address[0]} connection ended: {error.strerror or error}")
-            return
-        super().handle_error(request, client_address)
-
-    # -- requests, for shutdown ---------------------------------------------------------
-
-    def request_started(self) -> None:
-        with self._count:
-            self._requests += 1
-
-    def request_finished(self) -> None:
-        with self._count:
-            self._requests -= 1
-            self._count.notify_all()
-
-    def wait_requests(self, timeout: float) -> bool:
-        """Wait until no request is being answered (cut streams send their last events)."""
-        with self._count:
-            return self._count.wait_for(lambda: self._requests == 0, timeout)
-
-
-def stderr_log(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+        super().__init__(address, Handler, log=log, max_connections=max_connections)
 
 
 class _DeadlineReader(io.RawIOBase):
@@ -328,7 +219,7 @@ class Handler(BaseHTTPRequestHandler):
         translation = anthropic.parse_request(self._read_json(), counting=True)
         translation.request.request_id = self.request_id
         try:
-            count = self.server.service.count_chat(translation.request, _Blocking(self))
+            count = self.server.service.count_chat(translation.request, BlockingSink(self))
         except ApiError as e:
             raise translation.error(e) from None
         self._send_json(200, {"input_tokens": count})
@@ -475,28 +366,6 @@ class Handler(BaseHTTPRequestHandler):
 # Every method a client may send comes to _dispatch, which answers 404 or 405 as the routes say.
 for _method in ("GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"):  # HEAD: _send omits the body
     setattr(Handler, f"do_{_method}", lambda self, method=_method: self._dispatch(method))
-
-
-class _Blocking:
-    """count_tokens' sink: it sends nothing until the end, but still notices a vanished client."""
-
-    def __init__(self, handler: Handler):
-        self._handler = handler
-
-    def start(self) -> None:
-        pass
-
-    def emit(self, delta: dict) -> None:
-        pass
-
-    def progress(self, done: int, total: int) -> None:
-        pass
-
-    def queued(self, ahead: int) -> None:
-        pass
-
-    def gone(self) -> bool:
-        return self._handler.client_gone()
 
 
 # ---- routes -------------------------------------------------------------------------------

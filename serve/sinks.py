@@ -118,3 +118,25 @@ class ExchangeSink:
     def _close(self) -> None:
         if self._writer is not None:
             self._writer.close()
+
+
+class BlockingSink:
+    """A sink that sends nothing until the end (count_tokens), but still notices a vanished client."""
+
+    def __init__(self, connection: Connection):
+        self._connection = connection
+
+    def start(self) -> None:
+        pass
+
+    def emit(self, delta: dict) -> None:
+        pass
+
+    def progress(self, done: int, total: int) -> None:
+        pass
+
+    def queued(self, ahead: int) -> None:
+        pass
+
+    def gone(self) -> bool:
+        return self._connection.client_gone()
