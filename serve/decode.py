@@ -34,6 +34,7 @@ else:
     _IMPORT_ERROR = None
 
 from .engine import GenParams, GenResult, TokenInfo
+from .engine_api import EngineApi
 
 DRAW_BLOCK = 1024     # weights summed per block when drawing
 NUCLEUS_GUESS = 1024  # top_p: candidates sorted first, before sorting the whole vocabulary
@@ -75,7 +76,7 @@ class LogprobListener(Protocol):
 class Decoder:
     """One reply's loop; `generate` has engine.generate's signature and contract."""
 
-    def __init__(self, engine: Any, *, temperature: float, top_k: int, top_p: float,
+    def __init__(self, engine: EngineApi, *, temperature: float, top_k: int, top_p: float,
                  grammar: Optional[Callable[[int], Grammar]] = None,
                  top_logprobs: Optional[int] = None,
                  listener: Optional[LogprobListener] = None,

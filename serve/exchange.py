@@ -8,9 +8,12 @@ server-sent events. serve/sinks.py drives every exchange the same way.
 """
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
 from .api import ApiError, ChatRequest, CompletionRequest
+from .replies import ChatReply, CompletionReply
+
+Reply = ChatReply | CompletionReply
 
 
 class Exchange(Protocol):
@@ -35,7 +38,7 @@ class Exchange(Protocol):
     def progress(self) -> bytes:
         """The format's own keepalive, sent beside prefill and queue comments."""
 
-    def closing(self, reply: Any) -> bytes:
+    def closing(self, reply: Reply) -> bytes:
         """The stream's last events, after the reply is done."""
 
     def failed(self, error: ApiError) -> bytes:
@@ -43,9 +46,9 @@ class Exchange(Protocol):
 
     # -- a blocking reply
 
-    def body(self, reply: Any) -> dict:
+    def body(self, reply: Reply) -> dict:
         """The whole reply as one JSON body."""
 
-    def keep(self, reply: Any) -> None:
+    def keep(self, reply: Reply) -> None:
         """The reply is done and about to reach the client: keep what outlives the request
         (a stored response), before the client can refer to it."""

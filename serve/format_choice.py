@@ -8,12 +8,14 @@ neither format still serves its other endpoints.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .api import ChatRequest
 from .chat_format import ChatFormat, ChatFormatError, FormatRefused, Rendering, ReplyParser
+from .engine_api import EngineApi
 from .xtml import Segment
 from .template_format import TemplateFormat
 from .xtml_format import XtmlFormat
@@ -49,7 +51,7 @@ class NoChatFormat:
         raise ChatFormatError(self.refusal)
 
 
-def resolve_chat_format(engine, model_dir) -> ChatFormat:
+def resolve_chat_format(engine: EngineApi, model_dir: str | os.PathLike) -> ChatFormat:
     """XTML if the vocabulary has its markers, else model_dir/chat.json, else neither.
 
     Never raises: anything unexpected becomes a reason, because a broken chat

@@ -19,6 +19,7 @@ from __future__ import annotations
 import codecs
 from typing import Sequence
 
+from .engine_api import EngineApi
 from .xtml import Segment
 
 
@@ -31,7 +32,7 @@ def find(segments: Sequence[Segment], run: Sequence[Segment], start: int) -> int
     return -1
 
 
-def tokenize_history(engine, segments: Sequence[Segment],
+def tokenize_history(engine: EngineApi, segments: Sequence[Segment],
                      replies: Sequence[tuple[Sequence[Segment], Sequence[int]]],
                      cuts: Sequence[int] = ()) -> tuple[list[int], dict[int, int]]:
     """engine.tokenize_segments(segments), except inside the remembered replies; and, for
@@ -68,7 +69,7 @@ def tokenize_history(engine, segments: Sequence[Segment],
     return ids, positions
 
 
-def overlay(engine, rendered: Sequence[Segment], remembered: Sequence[int]) -> list[int]:
+def overlay(engine: EngineApi, rendered: Sequence[Segment], remembered: Sequence[int]) -> list[int]:
     """The ids of one rendered message: remembered ones as far as they match, then tokenized."""
     specials = frozenset(engine.specials.values())
     out: list[int] = []
@@ -110,7 +111,7 @@ def _common_prefix(want: Sequence[int], have: Sequence[int], pos: int) -> int:
     return k
 
 
-def _text_prefix(engine, ids: Sequence[int], text: str) -> tuple[int, int]:
+def _text_prefix(engine: EngineApi, ids: Sequence[int], text: str) -> tuple[int, int]:
     """(n, chars): the most leading `ids` whose decoded text is text[:chars], whole characters only."""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     best = (0, 0)
@@ -125,7 +126,7 @@ def _text_prefix(engine, ids: Sequence[int], text: str) -> tuple[int, int]:
     return best
 
 
-def _rest_of_run(engine, run: Sequence[Segment], chars: int) -> list[int]:
+def _rest_of_run(engine: EngineApi, run: Sequence[Segment], chars: int) -> list[int]:
     """Tokenize a text run from character `chars` on, keeping its segments apart."""
     rest: list[Segment] = []
     for segment in run:

@@ -26,6 +26,9 @@ import os
 from pathlib import Path
 from typing import Iterable
 
+from .engine import Library
+from .engine_api import EngineApi
+
 SMALL_FILE = 1 << 20
 PIECE = 64 << 10
 MIN_PIECE = 4 << 10
@@ -72,7 +75,7 @@ def file_digest(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
-def state_identity(lib, engine, model_dir: str | os.PathLike,
+def state_identity(lib: Library, engine: EngineApi, model_dir: str | os.PathLike,
                    skip: Iterable[str | os.PathLike] = ()) -> str:
     """The identity string a prefix snapshot is namespaced by (stored in each entry)."""
     return json.dumps({

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from .replies import ReplySink
+
 
 class LogprobTrail:
     """A sink wrapper that attaches pending token entries to the next answer-text delta."""
 
-    def __init__(self, sink: Any, special_ids: frozenset[int], text_key: str):
+    def __init__(self, sink: ReplySink, special_ids: frozenset[int], text_key: str):
         self._sink = sink
         self._special_ids = special_ids
         self._text_key = text_key     # "content" for chat, "text" for completions

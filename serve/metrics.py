@@ -15,6 +15,7 @@ from typing import Callable, Optional, Sequence
 
 from .activity import Activity
 from .engine import Stats
+from .prefix_cache import PrefixCache
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -64,9 +65,10 @@ class _Histogram:
 class Metrics:
     """Every metric of one server. Thread-safe: request threads update it while it is scraped."""
 
-    def __init__(self, engine_stats: Stats, activity: Callable[[], Activity], prefix_cache=None):
+    def __init__(self, engine_stats: Stats, activity: Callable[[], Activity],
+                 prefix_cache: Optional[PrefixCache] = None):
         self._activity = activity
-        self._cache = prefix_cache                 # a PrefixCache, or None when it is off
+        self._cache = prefix_cache                 # None when it is off
         self._lock = threading.Lock()
         self._requests: dict[tuple[str, str], int] = {}
         self._tokens = {"prompt": 0, "cached": 0, "completion": 0}

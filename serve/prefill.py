@@ -10,6 +10,7 @@ from typing import Callable, Optional, Sequence
 
 from .checkpoints import SPACING, spaced
 from .engine import WasteError
+from .engine_api import EngineApi
 from .prefix_cache import PrefixCache
 
 # Large enough that an engine batching a chunk internally loses nothing,
@@ -21,14 +22,14 @@ class PrefillCancelled(Exception):
     """The client went away between two prefill chunks."""
 
 
-def start_empty(engine) -> None:
+def start_empty(engine: EngineApi) -> None:
     """An empty conversation and image queue: nothing earlier work left, failed or not,
     may reach what comes next (the ABI does not say reset drops the queue)."""
     engine.reset()
     engine.image_clear()
 
 
-def prefill(engine, tokens: Sequence[int], upto: int, *, cache: Optional[PrefixCache] = None,
+def prefill(engine: EngineApi, tokens: Sequence[int], upto: int, *, cache: Optional[PrefixCache] = None,
             snapshot_at: Sequence[int] = (), chunk: int = DEFAULT_CHUNK,
             progress: Optional[Callable[[int, int], None]] = None,
             cancelled: Optional[Callable[[], bool]] = None, min_snapshot: int = 0,

@@ -14,6 +14,7 @@ from typing import Any, Mapping, Optional, Sequence
 from . import grammar
 from .api import ChatRequest
 from .chat_format import ChatFormatError, FormatRefused, Rendering, system_role
+from .engine_api import EngineApi
 from .xtml import Segment
 from .xtml_reply import Delta, Reply
 
@@ -136,7 +137,7 @@ class TemplateFormat:
         self._special_ids = special_ids
 
     @classmethod
-    def load(cls, engine, path: Path) -> "TemplateFormat":
+    def load(cls, engine: EngineApi, path: Path) -> "TemplateFormat":
         try:
             raw = path.read_text("utf-8")
         except FileNotFoundError:
@@ -160,8 +161,8 @@ class TemplateFormat:
                            "to end a reply")
         return cls(path, template, stops, frozenset(engine.specials.values()) | set(ids.values()))
 
-    def render(self, messages: Sequence[Mapping[str, Any]], *, tools=None, tool_choice=None,
-               response_format=None, thinking: bool, thinking_effort: Optional[str] = None,
+    def render(self, messages: Sequence[Mapping[str, Any]], *, tools: Any = None,
+               tool_choice: Any = None, response_format: Any = None, thinking: bool, thinking_effort: Optional[str] = None,
                image_prompts: Optional[Sequence[str]] = None,
                add_generation_prompt: bool = True) -> Rendering:
         """Template strings as markup segments, the caller's content always as text."""
@@ -188,7 +189,7 @@ class TemplateFormat:
         return [Segment(self.template.open, True)]
 
     @staticmethod
-    def _refuse_request_fields(tools, tool_choice, thinking_effort) -> None:
+    def _refuse_request_fields(tools: Any, tool_choice: Any, thinking_effort: Optional[str]) -> None:
         if tools:
             raise ChatFormatError("tools need the XTML chat format; this container has chat.json",
                                   "tools")

@@ -16,6 +16,7 @@ from .api import ApiError, ChatRequest
 from .engine import WasteError
 from .prefill import PrefillCancelled
 from .response_store import ResponseStore
+from .service import Service
 
 # Keys only an Anthropic Messages body has (a chat completions body has none of them).
 ANTHROPIC_KEYS = ("system", "stop_sequences", "thinking", "output_config", "context_management")
@@ -66,7 +67,7 @@ def load_request(path: str) -> ChatRequest:
 class Warmer(threading.Thread):
     """Warms each request in turn on the service, reporting on `log` and in service.warming."""
 
-    def __init__(self, service, requests: list[tuple[str, ChatRequest]],
+    def __init__(self, service: Service, requests: list[tuple[str, ChatRequest]],
                  log: Callable[[str], None]):
         super().__init__(name="warm", daemon=True)
         self._service = service

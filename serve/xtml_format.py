@@ -6,6 +6,7 @@ from typing import Any, Mapping, Optional, Sequence
 from . import grammar, xtml
 from .api import ChatRequest
 from .chat_format import FormatRefused, Rendering, system_role
+from .engine_api import EngineApi
 from .xtml import Segment
 from .xtml_reply import Markers, ReplyParser
 
@@ -28,7 +29,7 @@ class XtmlFormat:
         self._special_ids = special_ids
 
     @classmethod
-    def load(cls, engine) -> "XtmlFormat":
+    def load(cls, engine: EngineApi) -> "XtmlFormat":
         ids = {text: engine.token_id(text) for text in XTML_MARKERS}
         absent = [text for text, token in ids.items() if token is None]
         if absent:
