@@ -108,6 +108,8 @@ class Handler(BaseHTTPRequestHandler):
         self.connection.settimeout(self.timeout)  # sends are bounded per send, not by the deadline
         self._body_read = False
         path = self.path.split("?", 1)[0]
+        self._counted = False
+        self._endpoint = endpoint_label(path)
         self.server.request_started()
         route = find_route(path)
         # Clients read errors in the shape of the API they called (a path under one is its).
@@ -124,7 +126,7 @@ class Handler(BaseHTTPRequestHandler):
         finally:
             self.server.request_finished()
             self._log(method, path)
-            self.server.service.metrics.request(endpoint_label(path), self.status)
+            self._count()   # a stream, or a client that left: nothing was sent to count before
 
     def error_body(self, error: Exception) -> dict:
         """The body of `public_error(error)`, in the shape of the path's dialect."""
@@ -341,6 +343,7 @@ class Handler(BaseHTTPRequestHandler):
               headers: Optional[dict[str, str]] = None) -> None:
         self._discard_body()
         self.status = status
+        self._count()   # before the client has its answer, so that a scrape after it counts it
         try:
             self.send_response(status)
             self.send_header("Content-Type", content_type)
@@ -354,6 +357,11 @@ class Handler(BaseHTTPRequestHandler):
                 self.wfile.write(body)
         except OSError:
             self.close_connection = True  # the client is gone; nothing left to tell it
+
+    def _count(self) -> None:
+        if not self._counted:
+            self._counted = True
+            self.server.service.metrics.request(self._endpoint, self.status)
 
     def _log(self, method: str, path: str) -> None:
         if self.server.log is not None:
