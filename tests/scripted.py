@@ -19,6 +19,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional, Sequence
 
+import pytest
+
 from serve.format_choice import resolve_chat_format
 from serve.engine import (Engine, EngineConfig, GenParams, GenResult, MemPlan, ModelInfo, Stats,
                           TokenInfo, WasteError, load_library)
@@ -327,6 +329,19 @@ def serving(service: Service, **server_options: Any) -> Iterator[Server]:
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+@pytest.fixture
+def engine() -> ScriptedEngine:
+    """A scripted engine that thinks a little, then says hello (replies can be set per test)."""
+    return ScriptedEngine([xtml_answer("Hel", "lo", thinking=["Let me ", "think."])])
+
+
+@pytest.fixture
+def server(engine: ScriptedEngine) -> Iterator[Server]:
+    """The scripted service on `engine`, served."""
+    with serving(scripted_service(engine)) as srv:
+        yield srv
 
 
 @dataclass

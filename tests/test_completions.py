@@ -1,0 +1,33 @@
+"""POST /v1/completions over real sockets, scripted engine."""
+from __future__ import annotations
+
+import pytest
+
+from scripted import assert_error, call, engine, scripted_service, server, serving
+
+# ---- completions ------------------------------------------------------------
+
+def test_completion_blocking_and_streaming(engine):
+    engine.replies = [["Once", " upon", "[EOS]"]]
+    with serving(scripted_service(engine)) as srv:
+        body = call(srv.port, "POST", "/v1/completions", {"prompt": ["Tell me"], "max_tokens": 10}).json()
+        events = call(srv.port, "POST", "/v1/completions", {"prompt": "Tell me", "stream": True,
+                                                            "stream_options": {"include_usage": True}}
+                      ).events()
+    assert body["id"].startswith("cmpl-") and body["object"] == "text_completion"
+    assert body["choices"][0] == {"index": 0, "text": "Once upon", "logprobs": None,
+                                  "finish_reason": "stop"}
+    assert body["usage"]["completion_tokens"] == 3
+    # Raw continuation: the prompt is ordinary text after a BOS, no template.
+    assert engine.prompts[0] == [engine.specials["[BOS]"]] + list(b"Tell me")
+    assert engine.params[0].stop_tokens == ()
+    texts = [e["choices"][0]["text"] for e in events[:-3]]
+    assert texts == ["Once", " upon"]
+    assert events[-3]["choices"][0]["finish_reason"] == "stop"
+    assert events[-2]["choices"] == [] and events[-2]["usage"]["completion_tokens"] == 3
+    assert events[-1] == "[DONE]"
+
+
+@pytest.mark.parametrize("prompt", [None, 5, ["a", "b"], [1, 2]])
+def test_completion_prompt_is_validated(server, prompt):
+    assert_error(call(server.port, "POST", "/v1/completions", {"prompt": prompt}), 400, param="prompt")

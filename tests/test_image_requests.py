@@ -1,0 +1,118 @@
+"""Image parts in chat requests: staged, measured, removed; refused with one reason."""
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pytest
+
+from scripted import (ScriptedEngine, ScriptedLibrary, assert_error, call, data_url, engine,
+                      image_message, scripted_service, server, serving, tiny_png, xtml_answer)
+
+CHAT = "/v1/chat/completions"
+
+# ---- images -----------------------------------------------------------------
+
+@pytest.fixture
+def private_tmp(tmp_path, monkeypatch):
+    """Point tempfile at an empty directory so staged images can be counted."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path
+
+
+def test_data_url_image_is_staged_and_removed(engine, private_tmp):
+    library = ScriptedLibrary(image_size=(640, 480))
+    staged = []
+    engine.image_add = lambda path: (staged.append((path, os.stat(path).st_mode & 0o777)), 4)[1]
+    with serving(scripted_service(engine, library, vision=True)) as srv:
+        resp = call(srv.port, "POST", CHAT, {"messages": image_message(data_url(tiny_png()))})
+    assert resp.status == 200, resp.body
+    ((path, mode),) = staged
+    assert mode == 0o600 and os.path.dirname(path) == str(private_tmp)
+    assert list(private_tmp.iterdir()) == []
+    markup = [s.text for s in engine.segments if s.markup]
+    assert "<|media_begin|>image 640x480<|media_content|><|media_pad|><|media_end|>" in markup
+    pad = engine.specials["<|media_pad|>"]
+    assert engine.prompts[0].count(pad) == 4  # expanded by image_expand
+
+
+@pytest.mark.parametrize("form", ["string", "url object"])
+def test_the_release_image_part_is_staged_like_image_url(engine, private_tmp, form):
+    library = ScriptedLibrary(image_size=(640, 480))
+    url = data_url(tiny_png())
+    image = url if form == "string" else {"url": url}
+    parts = [{"type": "image", "image": image}, {"type": "text", "text": "and"},
+             {"type": "image_url", "image_url": {"url": url}}]
+    with serving(scripted_service(engine, library, vision=True)) as srv:
+        resp = call(srv.port, "POST", CHAT, {"messages": [{"role": "user", "content": parts}]})
+        assert resp.status == 200, resp.body
+        assert len(engine.images_added) == 2 and list(private_tmp.iterdir()) == []
+        block = "<|media_begin|>image 640x480<|media_content|><|media_pad|><|media_end|>"
+        assert [s.text for s in engine.segments if s.markup].count(block) == 2
+        parts[0]["image"] = "https://example.com/cat.png" if form == "string" else {"url": 5}
+        assert_error(call(srv.port, "POST", CHAT, {"messages": [{"role": "user", "content": parts}]}),
+                     400, param="messages[0].content[0]")
+    assert len(engine.prompts) == 1
+
+
+def test_bad_images_are_refused_and_cleaned(engine, private_tmp, tmp_path_factory):
+    local = tmp_path_factory.mktemp("img") / "x.png"
+    local.write_bytes(tiny_png())
+    with serving(scripted_service(engine, vision=True)) as srv:
+        cases = [("http://169.254.169.254/latest", "not fetched"),
+                 ("https://example.com/cat.png", "not fetched"),
+                 (str(local), "allow-local-images DIR"),
+                 (f"file://{local}", "allow-local-images DIR"),
+                 ("data:image/png;base64,@@notbase64@@", "base64"),
+                 (data_url(b"GIF89a not a png"), "could not be read"),
+                 ("data:text/html;base64,PGI+", "data")]
+        for url, why in cases:
+            err = assert_error(call(srv.port, "POST", CHAT, {"messages": image_message(url)}), 400,
+                               param="messages[0].content[1]")
+            assert why in err["message"], (url, err)
+    assert list(private_tmp.iterdir()) == [] and engine.prompts == []
+
+
+def test_local_images_with_the_flag(engine, tmp_path):
+    local = tmp_path / "x.png"
+    local.write_bytes(tiny_png())
+    (tmp_path / "link.png").symlink_to(local)
+    with serving(scripted_service(engine, vision=True, allow_local_images=str(tmp_path))) as srv:
+        for url in (str(local), f"file://{local}", "x.png", "link.png"):
+            assert call(srv.port, "POST", CHAT, {"messages": image_message(url)}).status == 200, url
+    assert engine.images_added == [str(local)] * 4  # symlinks resolved
+    assert local.exists()  # the client's own file is never removed
+
+
+def test_local_images_outside_the_directory_get_one_uniform_refusal(engine, tmp_path):
+    allowed, outside = tmp_path / "allowed", tmp_path / "outside"
+    allowed.mkdir()
+    outside.mkdir()
+    (outside / "secret.png").write_bytes(tiny_png())
+    (allowed / "notes.txt").write_text("not an image")
+    (allowed / "sub").mkdir()
+    (allowed / "escape.png").symlink_to(outside / "secret.png")
+    refused = [str(outside / "secret.png"), "../outside/secret.png", "escape.png",
+               f"file://{outside}/secret.png", "/proc/self/environ", "/etc/passwd",
+               str(allowed / "missing.png"), "notes.txt", "sub", "/"]
+    with serving(scripted_service(engine, vision=True, allow_local_images=str(allowed))) as srv:
+        messages = {assert_error(call(srv.port, "POST", CHAT, {"messages": image_message(url)}), 400,
+                                 param="messages[0].content[1]")["message"] for url in refused}
+    assert len(messages) == 1 and engine.images_added == [], messages
+
+
+def test_images_of_a_failed_request_never_reach_the_next(engine):
+    # The ABI does not say that reset drops the image queue: an image queued by a
+    # request that then failed must not be consumed by the next request, of any kind.
+    small = ScriptedEngine([xtml_answer("ok")], ctx_max=60)
+    with serving(scripted_service(small, vision=True)) as srv:
+        assert_error(call(srv.port, "POST", CHAT, {"messages": image_message(data_url(tiny_png()))}),
+                     400, code="context_length_exceeded")
+        assert small.images_added  # it was queued before the prompt was found too long
+        assert call(srv.port, "POST", "/v1/completions", {"prompt": "y"}).status == 200
+    assert small.images_consumed and not any(small.images_consumed)
+
+
+def test_images_need_vision(server):
+    assert_error(call(server.port, "POST", CHAT, {"messages": image_message(data_url(tiny_png()))}),
+                 400, param="messages[0].content[1]")

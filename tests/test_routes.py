@@ -1,0 +1,66 @@
+"""The HTTP surface over real sockets, scripted engine: routes, methods, one log line a request."""
+from __future__ import annotations
+
+import time
+
+from scripted import assert_error, call, engine, scripted_service, server, serving
+from serve import anthropic
+from serve.api import ApiError
+from serve.http import ROUTES, endpoint_label, find_route, nearest_route
+
+USER = [{"role": "user", "content": "hi"}]
+CHAT = "/v1/chat/completions"
+
+# ---- discovery --------------------------------------------------------------
+
+def test_health_and_models(server, engine):
+    assert call(server.port, "GET", "/health").json() == {"status": "ok", "idle": True, "busy": False, "queue": 0, "deferred": False}
+    models = call(server.port, "GET", "/v1/models").json()
+    assert models["object"] == "list" and len(models["data"]) == 1
+    model = models["data"][0]
+    assert model["id"] == "scripted" and model["object"] == "model" and model["owned_by"] == "serve"
+    assert isinstance(model["created"], int)
+    assert model["waste"] == {"arch": "scripted", "n_layers": 4, "n_experts": 16, "top_k": 2,
+                              "hidden": 64, "ctx": engine.info.ctx_max, "params_total": 1000,
+                              "params_active": 300, "quant": "experts q8g32",
+                              "chat_format": "xtml", "vision": False}
+    assert call(server.port, "GET", "/v1/models/scripted").json() == model
+
+
+def test_unknown_model_path_and_method(server):
+    assert_error(call(server.port, "GET", "/v1/models/other"), 404, param="model",
+                 code="model_not_found")
+    assert_error(call(server.port, "GET", "/v1/nothing"), 404)
+    assert_error(call(server.port, "GET", CHAT), 405)
+    assert_error(call(server.port, "POST", "/health", b"{}"), 405)
+    assert_error(call(server.port, "DELETE", "/v1/models"), 405)
+    assert_error(call(server.port, "OPTIONS", CHAT), 405)
+
+
+def test_each_request_logs_one_line(engine):
+    lines = []
+    with serving(scripted_service(engine), log=lines.append) as srv:
+        call(srv.port, "GET", "/health")
+        call(srv.port, "POST", CHAT, {"messages": USER})
+        # The line is written once the reply is out, so the client can be first.
+        deadline = time.monotonic() + 10
+        while len(lines) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    # Each handler thread logs after replying, so the two lines may land in either order.
+    assert len(lines) == 2
+    health, chat = sorted(lines, key=lambda line: "POST" in line)
+    assert "GET /health 200" in health
+    assert "POST /v1/chat/completions 200" in chat and "tokens=" in chat
+
+
+def test_one_route_table_answers_dispatch_labels_and_error_shapes():
+    assert find_route("/v1/responses/resp_1").label == endpoint_label("/v1/responses/resp_1") \
+        == "/v1/responses/{id}"
+    assert endpoint_label("/v1/models/any") == "/v1/models/{model}"
+    assert endpoint_label("/v1/chat/completions") == "/v1/chat/completions"
+    assert find_route("/v1/nothing") is None and endpoint_label("/v1/nothing") == "other"
+    # A path under an API's endpoint is answered in that API's error shape.
+    assert nearest_route("/v1/messages/batches").errors is anthropic.error_body
+    assert nearest_route("/v1/nothing").errors is ApiError.body
+    labels = [route.label or route.path for route in ROUTES]
+    assert len(labels) == len(set(labels))
