@@ -1,0 +1,181 @@
+"""serve/engine_queue.py on its own: the line for the engine, and idle turns that yield to it."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from serve.api import ApiError
+from serve.engine_queue import ClientGone, EngineQueue
+
+WAIT = 30   # seconds: generous, for a busy machine; nothing here should take more than a moment
+
+
+class Waiter:
+    """A request's sink as the queue sees it: told its place, and maybe gone."""
+
+    def __init__(self) -> None:
+        self.told: list[int] = []
+        self.left = threading.Event()
+
+    def queued(self, ahead: int) -> None:
+        self.told.append(ahead)
+
+    def gone(self) -> bool:
+        return self.left.is_set()
+
+
+def hold(queue: EngineQueue, waiter: Waiter, inside: threading.Event, release: threading.Event,
+         order: list, name: str, errors: list) -> threading.Thread:
+    def run() -> None:
+        try:
+            with queue.turn(waiter):
+                order.append(name)
+                inside.set()
+                release.wait(WAIT)
+        except (ApiError, ClientGone) as e:
+            errors.append((name, e))
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def wait_until(predicate, what: str) -> None:
+    deadline = time.monotonic() + WAIT
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.005)
+
+
+def test_requests_get_the_engine_in_arrival_order_and_hear_their_place():
+    queue, order, errors = EngineQueue(8), [], []
+    release = threading.Event()
+    first_in = threading.Event()
+    first = hold(queue, Waiter(), first_in, release, order, "first", errors)
+    assert first_in.wait(WAIT) and queue.busy and len(queue) == 0
+    waiters = [Waiter() for _ in range(3)]
+    threads = []
+    for n, waiter in enumerate(waiters):
+        threads.append(hold(queue, waiter, threading.Event(), release, order, f"w{n}", errors))
+        wait_until(lambda: len(queue) == n + 1, "the request did not join the line")
+    release.set()
+    for thread in [first, *threads]:
+        thread.join(WAIT)
+    assert order == ["first", "w0", "w1", "w2"] and not errors
+    # Each heard how many were ahead (the running one included), counting down.
+    assert [w.told[0] for w in waiters] == [1, 2, 3]
+    assert all(w.told == sorted(w.told, reverse=True) for w in waiters)
+    assert not queue.busy and len(queue) == 0
+
+
+def test_a_full_line_refuses_at_once_with_retry_after():
+    queue, order, errors = EngineQueue(1), [], []
+    release, inside = threading.Event(), threading.Event()
+    running = hold(queue, Waiter(), inside, release, order, "running", errors)
+    assert inside.wait(WAIT)
+    waiting = hold(queue, Waiter(), threading.Event(), release, order, "waiting", errors)
+    wait_until(lambda: len(queue) == 1, "the second request did not wait")
+    with pytest.raises(ApiError) as refused:
+        with queue.turn(Waiter()):
+            pass
+    assert refused.value.status == 503 and refused.value.code == "server_overloaded"
+    assert refused.value.headers["Retry-After"]
+    release.set()
+    running.join(WAIT)
+    waiting.join(WAIT)
+    assert order == ["running", "waiting"]
+
+
+def test_a_waiter_whose_client_left_gives_up_its_place():
+    queue, order, errors = EngineQueue(4), [], []
+    release, inside = threading.Event(), threading.Event()
+    running = hold(queue, Waiter(), inside, release, order, "running", errors)
+    assert inside.wait(WAIT)
+    leaving = Waiter()
+    gone = hold(queue, leaving, threading.Event(), release, order, "gone", errors)
+    wait_until(lambda: len(queue) == 1, "the request did not wait")
+    leaving.left.set()
+    gone.join(WAIT)
+    assert errors and errors[0][0] == "gone" and isinstance(errors[0][1], ClientGone)
+    assert len(queue) == 0
+    release.set()
+    running.join(WAIT)
+
+
+def test_closing_refuses_the_waiting_and_the_later_and_waits_for_the_running():
+    queue, order, errors = EngineQueue(4), [], []
+    release, inside = threading.Event(), threading.Event()
+    running = hold(queue, Waiter(), inside, release, order, "running", errors)
+    assert inside.wait(WAIT)
+    waiting = hold(queue, Waiter(), threading.Event(), release, order, "waiting", errors)
+    wait_until(lambda: len(queue) == 1, "the request did not wait")
+    queue.close()
+    waiting.join(WAIT)
+    assert [(name, e.code) for name, e in errors] == [("waiting", "server_shutting_down")]
+    with pytest.raises(ApiError):
+        with queue.turn(Waiter()):
+            pass
+    assert not queue.wait_idle(0.05)   # the running request still holds the engine
+    release.set()
+    running.join(WAIT)
+    assert queue.wait_idle(WAIT)
+
+
+def test_an_idle_turn_is_granted_only_when_nothing_holds_or_waits():
+    queue = EngineQueue(4)
+    with queue.idle_turn() as yield_now:
+        assert yield_now is not None and not yield_now()
+        assert not queue.busy   # idle-time work is not a request
+    queue.close()
+    with queue.idle_turn() as yield_now:
+        assert yield_now is None
+
+
+def test_an_idle_turn_waits_for_the_running_request_and_is_dropped_for_a_waiting_one():
+    queue, order, errors = EngineQueue(4), [], []
+    release, inside = threading.Event(), threading.Event()
+    running = hold(queue, Waiter(), inside, release, order, "running", errors)
+    assert inside.wait(WAIT)
+    granted: list = []
+    idle = threading.Thread(target=lambda: granted.append(_idle_turn_granted(queue)))
+    idle.start()
+    idle.join(0.2)
+    assert idle.is_alive()   # it waits for the request to let go
+    waiting = hold(queue, Waiter(), threading.Event(), release, order, "waiting", errors)
+    wait_until(lambda: len(queue) == 1, "the request did not wait")
+    release.set()
+    for thread in (running, idle, waiting):
+        thread.join(WAIT)
+    # A request was waiting when the engine came free: the idle work was not done.
+    assert granted == [False] and order == ["running", "waiting"]
+
+
+def _idle_turn_granted(queue: EngineQueue) -> bool:
+    with queue.idle_turn() as yield_now:
+        return yield_now is not None
+
+
+def test_idle_work_is_told_to_yield_and_the_request_waits_for_its_chunk():
+    queue, order, errors = EngineQueue(4), [], []
+    chunks, asked = [], threading.Event()
+
+    def idle_work() -> None:
+        with queue.idle_turn() as yield_now:
+            asked.set()
+            while not yield_now():   # one chunk at a time, until a request waits
+                chunks.append(len(chunks))
+                time.sleep(0.002)
+            order.append("idle done")
+
+    worker = threading.Thread(target=idle_work)
+    worker.start()
+    assert asked.wait(WAIT)
+    wait_until(lambda: chunks, "the idle work never ran a chunk")
+    waiter, no_wait = Waiter(), threading.Event()
+    no_wait.set()   # the request lets go at once
+    request = hold(queue, waiter, threading.Event(), no_wait, order, "request", errors)
+    worker.join(WAIT)
+    request.join(WAIT)
+    assert order[:2] == ["idle done", "request"] and not errors
+    assert waiter.told == []   # nothing was ahead of it but idle work finishing its chunk
