@@ -45,6 +45,13 @@ $(VENV)/.ok: requirements-dev.txt requirements-optional.txt
 	$(VPY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	@touch $@
 
+# pyproject.toml's build backend, kept locally: the install test builds the package without an index.
+WHEELHOUSE := build/wheelhouse
+$(WHEELHOUSE)/.ok: pyproject.toml $(VENV)/.ok
+	$(VPY) -m pip download --quiet --disable-pip-version-check --no-deps -d $(WHEELHOUSE) \
+	  $$($(VPY) -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['build-system']['requires'])")
+	@touch $@
+
 # The demo's own environment: the optional runtime packages when the package
 # index answers; the server starts without them all the same.
 $(DEMO_VENV)/.ok: requirements-optional.txt
@@ -68,7 +75,7 @@ demo: $(LIB) $(DEMO) $(DEMO_VENV)/.ok
 demo-k3: $(LIB) $(DEMO) $(DEMO_VENV)/.ok
 	$(DEMO_PY) -m serve $(DEMO) --host $(HOST) --port $(PORT) --vision
 
-test: $(LIB) $(VENV)/.ok chromium
+test: $(LIB) $(VENV)/.ok $(WHEELHOUSE)/.ok chromium
 	$(VPY) -m pytest -q tests
 
 # The chat page's tests drive Debian's chromium; installed once, when root can. Without it they skip.
