@@ -21,9 +21,8 @@ from typing import Iterator, Sequence
 
 import pytest
 
-from conftest import make_container
+from conftest import ROOT, make_container
 
-ROOT = Path(__file__).resolve().parent.parent
 
 OK, E_IO, E_FORMAT, E_RAM_BUDGET, E_OOM, E_ARG, E_UNSUPPORTED, E_CANCELLED, E_BUSY = (
     0, -1, -2, -3, -4, -5, -6, -7, -8)

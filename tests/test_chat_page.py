@@ -17,6 +17,7 @@ from typing import Iterator
 
 import pytest
 
+from conftest import ROOT
 from scripted import (ScriptedEngine, call, real_service, scripted_service, serving, tiny_png,
                       xtml_answer, xtml_tool_call)
 from serve.engine import WasteError
@@ -25,7 +26,6 @@ from serve.prefix_cache import PrefixCache
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (requirements-dev.txt)")
 
-ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]

@@ -5,19 +5,16 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Iterator, Optional
+from typing import Optional
 
 import pytest
 
 from serve import xtml
+from cli import cli_server, run_cli
 from scripted import (assert_error, call, data_url, image_message, raw_exchange, real_service,
                       serving, status_of, tiny_png)
 
-ROOT = Path(__file__).resolve().parent.parent
 CHAT = "/v1/chat/completions"
 USER = [{"role": "user", "content": "Tell me about the lighthouse."}]
 GREEDY = {"temperature": 0, "seed": 1}
@@ -219,14 +216,6 @@ def test_plain_container_has_completions_only(lib_path, plain_container):
 
 # ---- the command line ------------------------------------------------------------
 
-def run_cli(*args: str, lib_path=None, timeout: float = 60) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("WASTE_LIB", "WASTE_API_KEY")}
-    if lib_path is not None:
-        env["WASTE_LIB"] = str(lib_path)
-    return subprocess.run([sys.executable, "-m", "serve", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-
-
 def test_plan_prints_and_exits(lib_path, k3_container):
     done = run_cli(str(k3_container), "--plan", lib_path=lib_path)
     assert done.returncode == 0, done.stderr
@@ -261,28 +250,6 @@ def test_unopenable_model_and_library(lib_path, tmp_path):
     env_lib = run_cli(str(broken), lib_path=tmp_path / "envlib.so")
     warning, error = env_lib.stderr.strip().splitlines()
     assert "envlib.so ($WASTE_LIB)" in warning and "cannot open" in error
-
-
-@contextmanager
-def cli_server(*args: str, host: str = "127.0.0.1", env: Optional[dict] = None,
-               ) -> Iterator[tuple[subprocess.Popen, int, list[str]]]:
-    """`python3 -m serve ...` on an ephemeral port: (process, port, banner lines); always stopped."""
-    proc = subprocess.Popen([sys.executable, "-m", "serve", *args, "--port", "0", "--host", host,
-                             "--quiet"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
-    try:
-        banner = []
-        while not banner or not banner[-1].startswith("listen"):
-            line = proc.stdout.readline()
-            assert line, proc.stderr.read()
-            banner.append(line.strip())
-        yield proc, int(banner[-1].rsplit(":", 1)[1].split("/")[0]), banner
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
 
 
 def two_turns(port: int, headers: Optional[dict] = None) -> dict:

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ROOT
 from serve import engine as eng
 from serve.engine import (Engine, EngineConfig, GenParams, LibraryNotFound, WasteError,
                           load_library)
 from serve.xtml import Segment
 
-ROOT = Path(__file__).resolve().parent.parent
 PROMPT_TEXT = "The lighthouse keeper climbed the stairs"
 
 

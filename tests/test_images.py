@@ -25,7 +25,8 @@ from typing import Optional, Sequence
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import ROOT
+
 ENGINE = ROOT / "engine"
 # The image code and what it links against inside the engine.
 SOURCES = ["image.c", "imgbuf.c", "png.c", "gif.c", "jpeg.c", "vision.c", "json.c", "ops.c", "pool.c",

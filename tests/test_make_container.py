@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ROOT
+
 from tools import make_container as mc
 
-ROOT = Path(__file__).resolve().parent.parent
 TOOL = ROOT / "tools" / "make_container.py"
 PAGE = 4096
 

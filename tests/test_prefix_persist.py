@@ -15,6 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Iterator
 
+from cli import cli_server, run_cli
 from conftest import make_container
 from scripted import ScriptedEngine, call, real_service, scripted_service, serving, xtml_answer
 from serve.api import parse_chat_request
@@ -22,7 +23,6 @@ from serve.identity import SMALL_FILE, container_digest, state_identity
 from serve.prefill import prefill
 from serve.prefix_cache import PrefixCache
 from serve.warm import Warmer, dialect_of
-from test_e2e import cli_server, run_cli
 
 CHAT = "/v1/chat/completions"
 ANSWER_ONLY = {"temperature": 0, "seed": 3, "max_tokens": 8, "reasoning_effort": "none"}

@@ -23,9 +23,9 @@ from typing import Iterator, Optional
 
 import pytest
 
+from conftest import ROOT
 from scripted import call, post_open, read_all, read_until, sse_data, tiny_png, wait_idle
 
-ROOT = Path(__file__).resolve().parent.parent
 CHAT = "/v1/chat/completions"
 GREEDY = {"temperature": 0, "seed": 1}
 

@@ -16,11 +16,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
+from conftest import ROOT
 from hypothesis import given, settings, strategies as st
 
 from tools import make_container as mc
 
-ROOT = Path(__file__).resolve().parent.parent
 WASTE_OK, WASTE_E_IO, WASTE_E_FORMAT, WASTE_E_ARG = 0, -1, -2, -5
 
 

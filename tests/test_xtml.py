@@ -4,15 +4,14 @@ from __future__ import annotations
 import copy
 import json
 import re
-from pathlib import Path
 
 import pytest
 from hypothesis import given, strategies as st
 
+from conftest import ROOT
 from serve.xtml import (IMAGE_PLACEHOLDER, MARKUP_TOKENS, PromptError, Segment,
                         build_chat_segments, escape_attr, image_prompt, render_text, unescape_attr)
 
-ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "xtml_vectors.json"
 SHARED_VECTORS = ROOT.parent / "shared" / "vectors" / "xtml.json"
 VECTORS = json.loads(FIXTURE.read_text(encoding="utf-8"))["cases"]
