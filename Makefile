@@ -88,7 +88,7 @@ asan: build/libwaste-asan.so $(VENV)/.ok
 	WASTE_LIB=$(CURDIR)/build/libwaste-asan.so \
 	LD_PRELOAD="$$($(CC) -print-file-name=libasan.so)" \
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-	$(VPY) -m pytest -q -p no:cacheprovider tests/test_abi.py
+	$(VPY) -m pytest -q -p no:cacheprovider tests/engine/test_abi.py
 
 check: test asan
 

@@ -21,8 +21,8 @@ TESTS = Path(__file__).resolve().parent
 
 # The child: open (and plan) the container, print the outcome as JSON.
 CHILD = """
-import ctypes, json, sys
-sys.path.insert(0, sys.argv[1])
+import ctypes, json, os, sys
+sys.path[:0] = [sys.argv[1], os.path.dirname(sys.argv[1])]   # test_abi, and the conftest it reads
 from test_abi import MemPlan, load_library, try_open
 lib = load_library(sys.argv[2])
 status, ctx, detail = try_open(lib, sys.argv[3], ctx_tokens=64, vision=int(sys.argv[4]))
