@@ -11,6 +11,7 @@ import zipfile
 import numpy as np
 import pytest
 
+from browser import browser, page_on
 from conftest import ROOT, make_container
 from gguf_reference import Reference
 from scripted import call, real_service, serving
@@ -124,3 +125,27 @@ def test_a_stop_string_cuts_the_answer(lib_path, smollm2):
     assert "Paris" not in content(cut)
     assert full.startswith(content(cut)) and full.index("Paris") == len(content(cut))
     assert cut["choices"][0]["finish_reason"] == "stop"
+
+
+def test_the_chat_page_shows_smollm2_answering(browser, lib_path, smollm2, tmp_path):
+    """The page as a person sees it, on the real model; its screenshot is docs/chat-page.png
+    (written to build/chat-page.png)."""
+    cache = PrefixCache(64 << 20, parent_dir=str(tmp_path))
+    try:
+        with real_service(lib_path, smollm2, prefix_cache=cache, model_id="smollm2") as service, \
+                page_on(browser, service) as p:
+            p.open()
+            p.page.fill("#temperature", "0")
+            p.page.fill("#max-tokens", "60")
+            p.ask("What is the capital of France?")
+            assert "Paris" in p.text(".msg.assistant .md")
+            p.send("Name one famous building there.")
+            p.wait_count(".msg.assistant", 2)
+            p.wait_state("^done")
+            assert p.text(".msg.assistant .md").strip() and int(p.text("#stat-cached")) > 0
+            assert p.errors == []
+            out = ROOT / "build" / "chat-page.png"
+            out.parent.mkdir(exist_ok=True)
+            p.page.screenshot(path=str(out))
+    finally:
+        cache.close()
