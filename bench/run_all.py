@@ -7,7 +7,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 BENCHES = ["engine_decode.py", "stream_overhead.py", "multiturn.py", "prompt_build.py",
-           "snapshot_cost.py", "constrained.py", "preamble.py", "dialects.py"]
+           "snapshot_cost.py", "constrained.py", "preamble.py", "dialects.py", "renders.py"]
 
 for name in BENCHES:
     print(f"== {name}", flush=True)
