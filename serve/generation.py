@@ -120,10 +120,7 @@ class Generation:
         self.metrics.engine_stats(after)
         if not reader.stopped and not clock.client_gone:
             reader.finish(sink.emit)
-        natural = reader.ended or (clock.tokens and clock.tokens[-1] in params.stop_tokens) or not (
-            result.context_full or len(clock.tokens) >= params.max_tokens or result.cancelled)
-        finish = ("tool_calls" if reader.has_tool_calls else "stop") if natural else "length"
-        return Outcome(finish, self._usage(len(prompt.ids), clock, result, ms,
+        return Outcome(_finish_reason(reader, clock.tokens, params, result), self._usage(len(prompt.ids), clock, result, ms,
                                            _stats_delta(before, after), report),
                        clock.client_gone, clock.tokens, unevaluated, result,
                        trail.entries if trail is not None else None)
@@ -221,6 +218,16 @@ class Generation:
             "bytes_read": s.bytes_read, "direct_io": s.direct_io, "ms": round(ms, 3),
             "tokens_per_second": round(tps, 3), "context_full": result.context_full,
             **decoding})
+
+
+def _finish_reason(reader: ReplyReader, tokens: list[int], params: GenParams, result: GenResult) -> str:
+    """`length` when the reply was cut (max_tokens, a full context, a cancel); else `stop`,
+    or `tool_calls` when it called tools."""
+    natural = reader.ended or (tokens and tokens[-1] in params.stop_tokens) or not (
+        result.context_full or len(tokens) >= params.max_tokens or result.cancelled)
+    if not natural:
+        return "length"
+    return "tool_calls" if reader.has_tool_calls else "stop"
 
 
 def _stats_delta(before: Stats, after: Stats) -> Stats:
