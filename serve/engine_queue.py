@@ -81,6 +81,7 @@ class EngineQueue:
                 raise overloaded(f"{len(self._line)} requests are already waiting for the engine; "
                                  "try again later")
             self._line.append(ticket)
+            self._cond.notify_all()   # idle-time work waiting for the engine gives up its turn
         try:
             self._wait(ticket, waiter)
         except BaseException:
@@ -136,7 +137,8 @@ class EngineQueue:
         with self._cond:
             self._cond.wait_for(lambda: self._closed or self._line or not (self._busy or self._idle))
             granted = not (self._closed or self._line)
-            self._idle = granted
+            if granted:
+                self._idle = True
         if not granted:
             yield None
             return

@@ -190,3 +190,26 @@ def test_idle_work_is_told_to_yield_and_the_request_waits_for_its_chunk():
     request.join(WAIT)
     assert order[:2] == ["idle done", "request"] and not errors
     assert waiter.told == []   # nothing was ahead of it but idle work finishing its chunk
+
+
+def test_a_second_idle_turn_that_gives_up_leaves_the_first_holding():
+    line = Line(4)
+    line.release.set()   # requests let go at once
+    with line.queue.idle_turn() as first:
+        second: list = []
+
+        def second_idle_work() -> None:
+            with line.queue.idle_turn() as yield_now:
+                second.append(yield_now is not None)
+
+        waiting_idle = threading.Thread(target=second_idle_work)
+        waiting_idle.start()
+        waiting_idle.join(0.2)
+        assert waiting_idle.is_alive()   # one idle turn at a time
+        request = line.waiting("request", Waiter())
+        waiting_idle.join(WAIT)
+        assert second == [False] and first()   # dropped for the request; the first told to yield
+        request.join(0.2)
+        assert line.order == []   # the first still holds the engine until it lets go
+    request.join(WAIT)
+    assert line.order == ["request"]
