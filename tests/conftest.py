@@ -7,6 +7,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Tests never assert speed, and hypothesis' deadline is a speed assertion: on a busy machine
+# a property test's example can take longer than 200 ms and fail for no fault of the code.
+settings.register_profile("serve", deadline=None)
+settings.load_profile("serve")
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
