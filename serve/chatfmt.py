@@ -322,3 +322,36 @@ def resolve_chat_format(engine, model_dir) -> XtmlFormat | TemplateFormat | NoCh
                 chosen.description += f" ({'; '.join(reasons)})"
             return chosen
     return NoChatFormat(reasons)
+
+# ------------------------------------------------------------------ sizes
+
+
+def least_chars(value: Any) -> int:
+    """Characters in the strings (keys too) of a JSON value: what its JSON text holds at least."""
+    total, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, dict):
+            total += sum(len(key) for key in item if isinstance(key, str))
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return total
+
+
+def least_rendered_chars(messages: Sequence[Mapping[str, Any]], images: int) -> int:
+    """Characters every format's rendering of `messages` holds at least, for refusing a
+    prompt that cannot fit before rendering it: each message's text is in it verbatim, but
+    for the image placeholders that may stand for the request's `images`."""
+    chars = 0
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            chars += len(content)
+        elif isinstance(content, list):
+            chars += sum(len(part["text"]) for part in content
+                         if isinstance(part, dict) and part.get("type") == "text"
+                         and isinstance(part.get("text"), str))
+    return max(0, chars - images * len(xtml.IMAGE_PLACEHOLDER))

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
 
 from . import api, decode, grammar
 from .api import ApiError, ChatRequest, CompletionRequest, Sampling, Usage, invalid
-from .chatfmt import ChatFormatError, NoChatFormat
+from .chatfmt import ChatFormatError, NoChatFormat, least_chars, least_rendered_chars
 from .checkpoints import preamble_ends
 from .engine import GenParams, GenResult, Stats, TokenInfo, UnencodableText, WasteError
 from .activity import Activity
@@ -231,11 +231,14 @@ class Service:
 
     def chat(self, req: ChatRequest, sink: ReplySink) -> ChatReply:
         thinking, images = self._check_chat(req)
+        # Built before the engine is held: a schema the grammar cannot enforce is a 400
+        # before any stream opens, and a large one compiles while others use the engine.
+        matcher = self._chat_grammar(req, thinking)
         with self._turn(req.request_id, sink) as sink:
             self._start_empty()
             with StagedImages(self.options.allow_local_images) as staged:
                 prompt = self._chat_prompt(req, thinking, images, staged)
-                return self._generate_chat(req, prompt, thinking, sink)
+                return self._generate_chat(req, prompt, thinking, sink, matcher)
 
     def count_chat(self, req: ChatRequest, sink: ReplySink) -> int:
         """The positions a chat request's prompt would take, without generating anything.
@@ -261,6 +264,10 @@ class Service:
             raise invalid("tools", f"the {fmt.name} chat format cannot declare tools")
         images = image_parts(req.messages)
         self._check_images(images)
+        # Before the engine is held: text that cannot fit is refused unrendered.
+        tools = least_chars(req.tools or ())
+        self._check_fits(tools, "tools")
+        self._check_fits(tools + least_rendered_chars(req.messages, len(images)), "messages")
         return thinking, images
 
     def _chat_prompt(self, req: ChatRequest, thinking: bool, images: list[tuple[str, str]],
@@ -420,9 +427,8 @@ class Service:
             raise invalid("messages", "a message is nested too deeply to render") from None
 
     def _generate_chat(self, req: ChatRequest, prompt: "_Prompt", thinking: bool,
-                       sink: ReplySink) -> ChatReply:
-        ours, sink = self._decoder(req.sampling, req.logprobs, sink, "content",
-                                      self._chat_grammar(req, thinking))
+                       sink: ReplySink, matcher: Optional[Callable[[int], Any]]) -> ChatReply:
+        ours, sink = self._decoder(req.sampling, req.logprobs, sink, "content", matcher)
         parser = self.chat_format.new_parser(thinking)
         stops = StopFilter(req.sampling.stop)
         reasoning: list[str] = []
@@ -615,7 +621,7 @@ class Service:
                                         thinking)
         else:
             lark = grammar.json_grammar(req)
-        compiled = grammar.compile_grammar(lark, grammar.grammar_field(req))
+        compiled = grammar.compile_grammar(lark)
         eos = tuple(fmt.stop_tokens)
 
         def matcher(n_vocab: int) -> Any:
