@@ -19,7 +19,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Optional
 
-from . import anthropic, api, metrics, responses
+from . import anthropic, api, heap, metrics, responses, wellformed
 from .api import ApiError
 from .engine_queue import RETRY_AFTER_SECONDS, ClientGone
 from .logprobs import chat_logprobs, completion_logprobs, text_length
@@ -69,6 +69,7 @@ class Server(ThreadingHTTPServer):
         self._requests = 0     # being answered
         self._backoff = 0.0
         self.responses = ResponseStore()
+        heap.map_large_blocks()   # what a large body held goes back once it is freed
         super().__init__(address, Handler)
 
     @property
@@ -214,9 +215,14 @@ def decode_body(raw: bytes | bytearray) -> str:
         raise ApiError(400, "request body is not valid UTF-8", code="invalid_body") from None
 
 
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not a JSON value")
+
+
 def parse_json_text(text: str) -> dict:
+    floats = wellformed.FloatWatch()
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_float=floats, parse_constant=_not_json)
     except RecursionError:  # Python's parser recurses once per nesting level
         raise ApiError(400, f"JSON is nested deeper than {MAX_JSON_DEPTH} levels",
                        code="invalid_body") from None
@@ -226,6 +232,7 @@ def parse_json_text(text: str) -> dict:
         raise ApiError(400, "request body must be a JSON object", code="invalid_body")
     if json_depth(value) > MAX_JSON_DEPTH:
         raise ApiError(400, f"JSON is nested deeper than {MAX_JSON_DEPTH} levels", code="invalid_body")
+    wellformed.check(value, text, floats.overflowed)
     return value
 
 
@@ -337,6 +344,7 @@ class Handler(BaseHTTPRequestHandler):
         self.request_id = api.new_id("req")
         self.connection.settimeout(self.timeout)  # sends are bounded per send, not by the deadline
         self._body_read = False
+        self._body_bytes = 0
         path = self.path.split("?", 1)[0]
         self.server.request_started()
         # Anthropic's clients read errors in Anthropic's shape; every other path is OpenAI's.
@@ -354,6 +362,8 @@ class Handler(BaseHTTPRequestHandler):
             self.server.request_finished()
             self._log(method, path)
             self.server.service.metrics.request(endpoint_label(path), self.status)
+            if self._body_bytes >= heap.TRIM_AFTER_BYTES:
+                heap.give_back()   # what its text and values held, once they are gone
 
     def error_body(self, error: Exception) -> dict:
         """The body of `public_error(error)`, in the shape of the path's dialect."""
@@ -466,6 +476,7 @@ class Handler(BaseHTTPRequestHandler):
         if length > MAX_BODY_BYTES:
             raise ApiError(413, f"request body is larger than {MAX_BODY_BYTES >> 20} MB",
                            code="request_too_large")
+        self._body_bytes = length
         body, got = bytearray(length), 0  # read in place: no second copy of a large body
         with memoryview(body) as view:
             try:
