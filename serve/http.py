@@ -345,6 +345,7 @@ class Handler(BaseHTTPRequestHandler):
         self.connection.settimeout(self.timeout)  # sends are bounded per send, not by the deadline
         self._body_read = False
         self._body_bytes = 0
+        self.streaming = False   # an event stream's headers have gone out
         path = self.path.split("?", 1)[0]
         self.server.request_started()
         # Anthropic's clients read errors in Anthropic's shape; every other path is OpenAI's.
@@ -354,10 +355,15 @@ class Handler(BaseHTTPRequestHandler):
         except ClientGone:
             self.status = 499  # nginx's code for a client that left before its answer
             self.close_connection = True
-        except ApiError as e:
-            self._send_json(e.status, self.error_body(e), e.headers)
         except Exception as e:  # anything unexpected is the server's fault, and must not kill it
-            self._send_json(500, self.error_body(e))
+            if self.streaming:
+                # Its sink has ended the stream; a second response inside it would corrupt it.
+                self.public_error(e)   # logged
+                self.close_connection = True
+            elif isinstance(e, ApiError):
+                self._send_json(e.status, self.error_body(e), e.headers)
+            else:
+                self._send_json(500, self.error_body(e))
         finally:
             self.server.request_finished()
             self._log(method, path)
@@ -674,7 +680,7 @@ class _SocketWriter(threading.Thread):
         self._queue.put(data)
 
     def close(self) -> None:
-        """Send everything queued so far, then stop."""
+        """Send everything queued so far, then stop; once stopped, closing again does nothing."""
         self._queue.put(None)
         self.join()
 
@@ -703,6 +709,7 @@ class _SocketWriter(threading.Thread):
 def open_event_stream(h: Handler) -> _SocketWriter:
     """Send the headers of an SSE reply; its bytes then go through the returned writer."""
     h.status = 200
+    h.streaming = True
     h.close_connection = True  # the stream ends when the connection does
     h.send_response(200)
     h.send_header("Content-Type", "text/event-stream")
@@ -714,7 +721,20 @@ def open_event_stream(h: Handler) -> _SocketWriter:
     return writer
 
 
-class _StreamSink:
+class _Stream:
+    """A sink that may open an event stream: however its run ends, the writer thread ends too."""
+    _writer: Optional[_SocketWriter] = None
+    _run: Callable[[Callable[..., Any]], None]   # the sink's own run
+
+    def run(self, generate: Callable[..., Any]) -> None:
+        try:
+            self._run(generate)
+        finally:
+            if self._writer is not None:
+                self._writer.close()
+
+
+class _StreamSink(_Stream):
     """Server-sent events: headers and the first chunk once generation starts, a chunk per delta."""
 
     def __init__(self, handler: Handler, *, chunk: Callable[[Any], dict],
@@ -758,7 +778,7 @@ class _StreamSink:
     def gone(self) -> bool:
         return (self._writer is not None and self._writer.failed) or self._handler.client_gone()
 
-    def run(self, generate: Callable[[], Any]) -> None:
+    def _run(self, generate: Callable[[], Any]) -> None:
         """Runs the generation; errors before the first byte are ordinary HTTP errors."""
         try:
             reply = generate()
@@ -788,7 +808,7 @@ class _StreamSink:
         self._writer.close()
 
 
-class _DialectSink:
+class _DialectSink(_Stream):
     """Runs one Anthropic or Responses generation: named SSE events, or one body at the end.
 
     The exchange turns the service's deltas into its dialect's events; a
@@ -828,15 +848,17 @@ class _DialectSink:
 
     def _fail(self, error: Exception) -> None:
         """An error after the stream started: the dialect's failure events end it."""
-        public = self._exchange.error(self._handler.public_error(error))
-        self._send(self._exchange.failed(public))
-        self._writer.close()
+        try:
+            public = self._exchange.error(self._handler.public_error(error))
+            self._send(self._exchange.failed(public))
+        finally:
+            self._writer.close()
 
     def _send(self, events: list[dict]) -> None:
         if self._writer is not None:
             self._writer.put(b"".join(sse_named_event(event) for event in events))
 
-    def run(self, generate: Callable[["_DialectSink"], Any]) -> None:
+    def _run(self, generate: Callable[["_DialectSink"], Any]) -> None:
         """Errors before the stream starts are ordinary HTTP errors, in the dialect's names."""
         try:
             reply = generate(self)

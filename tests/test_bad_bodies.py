@@ -267,3 +267,58 @@ def test_a_megabyte_enum_is_refused_without_holding_the_engine(wide):
 
 def writer_threads() -> int:
     return sum(t.name == "sse-writer" for t in threading.enumerate())
+
+
+def failing_at_token(n: int):
+    def fail(i: int) -> None:
+        if i == n:
+            raise RuntimeError("the disk went away")
+    return fail
+
+
+STREAMS = {  # path, body, how its stream says it failed
+    CHAT: ({"messages": HI, "stream": True},
+           lambda r: r.events()[-2]["error"]["type"] == "server_error" and r.events()[-1] == "[DONE]"),
+    "/v1/completions": ({"prompt": "hi", "stream": True},
+                        lambda r: r.events()[-2]["error"]["type"] == "server_error"),
+    MESSAGES: ({"model": "m", "messages": HI, "max_tokens": 9, "stream": True},
+               lambda r: r.named_events()[-1][0] == "error"
+               and r.named_events()[-1][1]["error"]["type"] == "api_error"),
+    RESPONSES: ({"model": "m", "input": "hi", "stream": True},
+                lambda r: r.named_events()[-1][0] == "response.failed"),
+}
+
+
+@pytest.mark.parametrize("path", list(STREAMS))
+def test_an_error_inside_a_stream_is_the_dialects_event_and_frees_its_writer(path):
+    engine = ScriptedEngine([xtml_answer("a", "b", "c")])
+    engine.before_token = failing_at_token(1)
+    body, failed = STREAMS[path]
+    with serving(scripted_service(engine, thinking=False), log=lambda line: None) as srv:
+        for _ in range(5):
+            resp = call(srv.port, "POST", path, body)
+            assert resp.status == 200 and b"HTTP/1." not in resp.body
+            assert failed(resp), resp.body
+    assert writer_threads() == 0
+
+
+def test_a_stream_whose_failure_cannot_be_told_still_ends_whole(monkeypatch):
+    # Describing the failure fails too (as an unencodable echo once did): the stream ends
+    # without a second HTTP response in it, the writer thread ends, and the operator is told.
+    from serve import responses
+
+    def cannot(self, error):
+        raise UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed")
+    monkeypatch.setattr(responses.Exchange, "failed", cannot)
+    engine = ScriptedEngine([xtml_answer("a", "b", "c")])
+    engine.before_token = failing_at_token(1)
+    lines: list[str] = []
+    with serving(scripted_service(engine, thinking=False), log=lines.append) as srv:
+        for _ in range(10):
+            resp = call(srv.port, "POST", RESPONSES, {"model": "m", "input": "hi", "stream": True})
+            assert resp.status == 200 and b"HTTP/1." not in resp.body
+            assert [name for name, _ in resp.named_events()][:2] == ["response.created",
+                                                                     "response.in_progress"]
+        assert call(srv.port, "POST", RESPONSES, {"model": "m", "input": "hi"}).status == 500
+    assert writer_threads() == 0
+    assert sum("internal error: UnicodeEncodeError" in line for line in lines) == 10
