@@ -154,7 +154,7 @@ def _defs(schema: Mapping[str, Any]) -> dict:
 class Lark:
     """A grammar's rules, one per line, each remembering the request field it enforces.
 
-    llguidance names the line it cannot build; `field_at` turns that into the
+    llguidance names the line it cannot build; `explain` turns that into the
     field, so a 400 says which schema (and often which keyword) is at fault.
     Every body is one line: literals are JSON strings, regexes go through
     llguidance's own quoting, and %json bodies are json.dumps output.
@@ -298,7 +298,7 @@ class _ToolGrammar:
             branches = schema[key]
             if not isinstance(branches, list):
                 raise invalid(f"{path}.{key}", f"{path}.{key} must be a list of schemas")
-            rest = {k: v for k, v in schema.items() if k not in ("anyOf", "oneOf")}
+            rest = {k: v for k, v in schema.items() if k != key}   # a oneOf beside it applies too
             pairs = []
             for i, branch in enumerate(branches):
                 branch, at = _resolve(branch, root, f"{path}.{key}[{i}]", root_path)

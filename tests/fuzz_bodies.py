@@ -449,8 +449,8 @@ def check_stream(path: str, body: bytes) -> Optional[str]:
         return None if name in FINAL_EVENTS[path] else f"an event stream ending in {name!r}"
     if data != "[DONE]":
         return "an event stream not ending in [DONE]"
-    errors = [json.loads(d) for _, d in events[:-1] if '"error"' in d]
-    return next((check_error(path, e) for e in errors if check_error(path, e)), None)
+    payloads = [json.loads(data) for _, data in events[:-1]]
+    return next((check_error(path, p) for p in payloads if "error" in p and check_error(path, p)), None)
 
 
 # ---- the tally ------------------------------------------------------------------------------

@@ -322,3 +322,15 @@ def test_a_stream_whose_failure_cannot_be_told_still_ends_whole(monkeypatch):
         assert call(srv.port, "POST", RESPONSES, {"model": "m", "input": "hi"}).status == 500
     assert writer_threads() == 0
     assert sum("internal error: UnicodeEncodeError" in line for line in lines) == 10
+
+
+# ---- what the fuzz suite found besides ----------------------------------------------------
+
+@pytest.mark.parametrize("path", [MESSAGES, COUNT])
+def test_a_forged_signature_with_any_text_in_it_is_dropped_not_a_500(k3, path):
+    srv, _ = k3
+    forged = {"role": "assistant", "content": [
+        {"type": "thinking", "thinking": "I plan.", "signature": "sig\u00e9\x80"},
+        {"type": "text", "text": "Hello."}]}
+    body = {"model": "m", "max_tokens": 2, "messages": [HI[0], forged, HI[0]]}
+    assert call(srv.port, "POST", path, body).status == 200
