@@ -92,7 +92,7 @@ class Bench:
             req = parse_chat_request({"messages": ASK, **body})
             m = self.fmt.markers
             lark = grammar.xtml_grammar(req, grammar.Markup(m.open, m.sep, m.close), False)
-            compiled = grammar.compile_grammar(lark, "bench")
+            compiled = grammar.compile_grammar(lark)
             matcher = lambda n_vocab: self.vocabulary.matcher(compiled)  # noqa: E731
         decoder = Decoder(self.engine, temperature=temperature, top_k=0, top_p=1.0, grammar=matcher,
                           top_logprobs=5 if logprobs else None)

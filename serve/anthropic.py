@@ -228,6 +228,7 @@ def _tools(tools: Any, left_out: list[str]) -> tuple[Optional[list[dict]], dict[
         if tool.get("strict") is not None:   # enforced by constrained decoding when true
             function["strict"] = tool["strict"]
         fields[f"tools[{len(out)}]"] = fields[f"tools[{len(out)}].function"] = at
+        fields[f"tools[{len(out)}].function.parameters"] = f"{at}.input_schema"
         out.append({"type": "function", "function": function})
     return out, fields
 

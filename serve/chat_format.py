@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Protocol, Sequence
 
 from .api import ChatRequest
+from .grammar import Lark
 from .xtml import Segment
 from .xtml_reply import Delta, Reply
 
@@ -100,6 +101,6 @@ class ChatFormat(Protocol):
     def new_parser(self, thinking: bool) -> ReplyParser:
         """A parser for one reply that follows this format's generation prompt."""
 
-    def grammar(self, req: ChatRequest, thinking: bool) -> str:
+    def grammar(self, req: ChatRequest, thinking: bool) -> Lark:
         """A Lark grammar of the whole reply the request asks for (its response_format,
         tools and tool_choice), from after the generation prompt to the stop token."""

@@ -16,6 +16,7 @@ from typing import Any, Mapping, Sequence
 from .api import ChatRequest
 from .chat_format import ChatFormat, ChatFormatError, FormatRefused, Rendering, ReplyParser
 from .engine_api import EngineApi
+from .grammar import Lark
 from .xtml import Segment
 from .template_format import TemplateFormat
 from .xtml_format import XtmlFormat
@@ -47,7 +48,7 @@ class NoChatFormat:
     def new_parser(self, thinking: bool) -> ReplyParser:
         raise ChatFormatError(self.refusal)
 
-    def grammar(self, req: ChatRequest, thinking: bool) -> str:
+    def grammar(self, req: ChatRequest, thinking: bool) -> Lark:
         raise ChatFormatError(self.refusal)
 
 

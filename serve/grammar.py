@@ -39,8 +39,26 @@ JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separat
 # Every JSON type an argument element can declare, and the JSON Schema types behind it.
 ARGUMENT_TYPES = {"string": ("string",), "number": ("integer", "number"), "boolean": ("boolean",),
                   "null": ("null",), "object": ("object",), "array": ("array",)}
-MAX_REF_DEPTH = 32
-_UNESCAPED_SLASH = re.compile(r"(?<!\\)/")   # ends a Lark regex literal
+MAX_REF_DEPTH = 32        # $refs followed in a row, and anyOf/oneOf levels, in one argument
+MAX_ALTERNATIVES = 1024   # schemas one argument's anyOf/oneOf branches may expand into
+# A string argument is written unquoted, so its body is a regex of its own making: no reply
+# holds a string this long, so a longer maxLength bounds nothing and a longer minLength
+# admits nothing a reply could end.
+LONGEST_STRING = 1 << 24
+JSON_TYPES = ("string", "number", "integer", "boolean", "null", "object", "array")
+# What constrains a string that its regex does not enforce: a strict tool is refused for
+# them, a lenient one ignores them (as llguidance ignores what it cannot enforce).
+UNENFORCED_STRING_KEYWORDS = ("format", "allOf", "not", "if", "then", "else")
+# What constrains the arguments object beyond its declared keys, which calls are built from.
+UNENFORCED_OBJECT_KEYWORDS = ("minProperties", "maxProperties", "patternProperties",
+                              "propertyNames", "dependentRequired", "dependentSchemas",
+                              "dependencies", "allOf", "anyOf", "oneOf", "not", "if", "then", "else")
+# A JSON-typed argument is enforced as its own %json document, whose root carries the tool's
+# $defs: only $refs into those mean there what they meant in the tool's schema.
+_DEF_REF = re.compile(r"#/(\$defs|definitions)/")
+_LINE_ERROR = re.compile(r"at (\d+)\(\d+\): ", re.S)   # llguidance: "at LINE(COLUMN): why"
+_EXCERPT = re.compile(r"\n\s*\d+ \| ")                   # where it starts quoting the grammar
+MAX_SHOWN = 300   # characters of a client's value or of llguidance's complaint put in a message
 # Tool calls are numbered in the grammar (index="1", "2", ...) up to this many per reply.
 MAX_CALLS = 16
 
@@ -115,6 +133,12 @@ def _special(token: int) -> str:
     return f"<[{token}]>"
 
 
+def _shown(value: Any) -> str:
+    """A client's value, as a message may quote it: as JSON, and never long."""
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= MAX_SHOWN else text[:MAX_SHOWN] + "..."
+
+
 def _json_rule(schema: Mapping[str, Any], defs: Mapping[str, Any], lenient: bool) -> str:
     body = dict(schema)
     for key, value in defs.items():  # $refs inside resolve against the inlined schema's root
@@ -127,21 +151,45 @@ def _defs(schema: Mapping[str, Any]) -> dict:
     return {k: schema[k] for k in ("$defs", "definitions") if isinstance(schema.get(k), dict)}
 
 
-class _Lark:
-    """Accumulates named rules."""
+class Lark:
+    """A grammar's rules, one per line, each remembering the request field it enforces.
 
-    def __init__(self) -> None:
+    llguidance names the line it cannot build; `explain` turns that into the
+    field, so a 400 says which schema (and often which keyword) is at fault.
+    Every body is one line: literals are JSON strings, regexes go through
+    llguidance's own quoting, and %json bodies are json.dumps output.
+    """
+
+    def __init__(self, field: str) -> None:
+        self.field = field   # the field of rules that carry no schema of their own
         self.rules: list[str] = []
+        self.fields: list[str] = []
         self._n = 0
 
-    def add(self, body: str, name: str = "") -> str:
+    def add(self, body: str, name: str = "", field: str = "") -> str:
         self._n += 1
         name = name or f"r{self._n}"
         self.rules.append(f"{name}: {body}")
+        self.fields.append(field or self.field)
         return name
+
+    def terminal(self, body: str, field: str) -> str:
+        """A lexeme rule (an UPPERCASE name), which `&` needs."""
+        return self.add(body, f"T{self._n + 1}", field)
 
     def text(self) -> str:
         return "\n".join(self.rules) + "\n"
+
+    def explain(self, complaint: str) -> tuple[str, str]:
+        """(field, why) for llguidance's complaint about this grammar."""
+        field, why = self.field, complaint
+        at = _LINE_ERROR.match(complaint)
+        if at is not None:
+            line = int(at.group(1))
+            field = self.fields[line - 1] if 0 < line <= len(self.fields) else self.field
+            why = complaint[at.end():]
+        why = " ".join(_EXCERPT.split(why, 1)[0].split())  # without its quote of the grammar
+        return field, why if len(why) <= MAX_SHOWN else why[:MAX_SHOWN] + "..."
 
 
 @dataclass(frozen=True)
@@ -161,99 +209,227 @@ class Markup:
         return f"{_special(self.close)} {_literal(name)} {_special(self.sep)}"
 
 
-def _resolve(schema: Any, root: Mapping[str, Any]) -> dict:
-    """A property's schema with local $refs followed (for deciding its element's type)."""
+def _pointer(root: Any, ref: str) -> tuple[Any, list[str]]:
+    """What a local `#/a/b` reference points at in `root` (None if nothing), and its steps."""
+    steps = [part.replace("~1", "/").replace("~0", "~") for part in ref[2:].split("/")]
+    node = root
+    for step in steps:
+        if isinstance(node, dict):
+            node = node.get(step)
+        elif isinstance(node, list) and step.isdigit() and int(step) < len(node):
+            node = node[int(step)]
+        else:
+            return None, steps
+    return node, steps
+
+
+def _resolve(schema: Any, root: Mapping[str, Any], path: str, root_path: str) -> tuple[Any, str]:
+    """A schema with its $refs into `root` followed, and the path of where it now comes from."""
     for _ in range(MAX_REF_DEPTH):
-        if not isinstance(schema, dict) or not isinstance(schema.get("$ref"), str):
-            break
-        node: Any = root
-        ref = schema["$ref"]
-        if not ref.startswith("#/"):
-            raise ValueError(f"only local $refs are supported, not {ref!r}")
-        for part in ref[2:].split("/"):
-            node = node.get(part.replace("~1", "/").replace("~0", "~")) if isinstance(node, dict) else None
-        if not isinstance(node, dict):
-            raise ValueError(f"$ref {ref!r} does not resolve")
-        schema = {**{k: v for k, v in schema.items() if k != "$ref"}, **node}
-    return schema if isinstance(schema, dict) else {}
+        if not isinstance(schema, dict) or "$ref" not in schema:
+            return schema, path
+        ref, where = schema["$ref"], f"{path}.$ref"
+        if ref == "#":
+            raise invalid(where, f"{where}: a $ref to the whole schema is not supported here; "
+                                 "put what is shared under $defs")
+        if not isinstance(ref, str) or not ref.startswith("#/"):
+            raise invalid(where, f"{where}: only local $refs (#/...) are supported, not {_shown(ref)}")
+        node, steps = _pointer(root, ref)
+        if not isinstance(node, (dict, bool)):
+            raise invalid(where, f"{where}: {_shown(ref)} does not resolve to a schema")
+        siblings = {k: v for k, v in schema.items() if k != "$ref"}
+        if isinstance(node, dict):
+            schema = {**siblings, **node}
+        else:   # true admits what the siblings admit; false admits nothing
+            schema = (siblings or True) if node else False
+        path = root_path + "".join(f".{step}" for step in steps)
+    raise invalid(path, f"{path}: $refs lead on to $refs more than {MAX_REF_DEPTH} times")
 
 
-def _raw_string(g: _Lark, schema: Mapping[str, Any]) -> str:
-    """An argument body of type string: the text itself, unquoted, as history writes it."""
-    if isinstance(schema.get("pattern"), str):
-        return g.add("/" + _UNESCAPED_SLASH.sub(r"\\/", schema["pattern"]) + "/")
-    low, high = schema.get("minLength", 0), schema.get("maxLength")
-    return g.add(f"/(?s:.{{{int(low)},{'' if high is None else int(high)}}})/")
+def _check_refs(schema: Any, path: str) -> None:
+    """Every $ref in a JSON-typed argument's schema points into the $defs its rule carries."""
+    stack = [(schema, path)]
+    while stack:
+        node, at = stack.pop()
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if ref is not None and not (isinstance(ref, str) and _DEF_REF.match(ref)):
+                raise invalid(f"{at}.$ref", f"{at}.$ref: inside an argument, $refs must point "
+                                            f"into $defs or definitions, not {_shown(ref)}")
+            stack.extend((value, f"{at}.{key}") for key, value in node.items())
+        elif isinstance(node, list):
+            stack.extend((value, f"{at}[{i}]") for i, value in enumerate(node))
+
+
+def _length(schema: Mapping[str, Any], key: str, path: str) -> Optional[int]:
+    """minLength or maxLength: absent (None), or a count; a 400 naming it otherwise."""
+    if key not in schema:
+        return None
+    value = schema[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise invalid(f"{path}.{key}", f"{path}.{key} must be a non-negative integer, "
+                                       f"not {_shown(value)}")
+    return value
 
 
 class _ToolGrammar:
     """The tools block: calls of declared tools, each argument element typed by the schema."""
 
-    def __init__(self, g: _Lark, markup: Markup):
+    def __init__(self, g: Lark, markup: Markup):
         self.g, self.m = g, markup
-        self.lenient = True   # unknown schema keywords ignored, unless the tool is strict
+        self.strict = False   # unknown schema keywords ignored, unless the tool is strict
+        self._left = 0        # how many more schemas the argument being built may expand into
 
-    def argument_bodies(self, schema: Any, root: Mapping[str, Any]) -> list[tuple[str, str]]:
-        """(type attribute, body rule) pairs a value of `schema` can be written as."""
-        schema = _resolve(schema, root)
-        branches = schema.get("anyOf") or schema.get("oneOf")
-        if isinstance(branches, list) and branches:
-            rest = {k: v for k, v in schema.items() if k not in ("anyOf", "oneOf")}
-            return [pair for branch in branches
-                    for pair in self.argument_bodies({**rest, **_resolve(branch, root)}, root)]
-        values = ([schema["const"]] if "const" in schema
-                  else schema["enum"] if isinstance(schema.get("enum"), list) else None)
-        if values is not None:
-            return self._enum_bodies(values)
+    def argument_bodies(self, schema: Any, root: Mapping[str, Any], path: str,
+                        root_path: str, depth: int = 0) -> list[tuple[str, str]]:
+        """(type attribute, body rule) pairs a value of `schema` (found at `path`) can be written as."""
+        self._left -= 1
+        if depth > MAX_REF_DEPTH or self._left < 0:
+            raise invalid(path, f"{path}: anyOf/oneOf nest deeper than {MAX_REF_DEPTH} levels or "
+                                f"expand into more than {MAX_ALTERNATIVES} schemas (is it recursive?)")
+        schema, path = _resolve(schema, root, path, root_path)
+        if isinstance(schema, bool):
+            schema = {} if schema else {"enum": []}   # true admits anything, false nothing
+        if not isinstance(schema, dict):
+            raise invalid(path, f"{path} must be a schema (an object or a boolean), not {_shown(schema)}")
+        for key in ("anyOf", "oneOf"):
+            if key not in schema:
+                continue
+            branches = schema[key]
+            if not isinstance(branches, list):
+                raise invalid(f"{path}.{key}", f"{path}.{key} must be a list of schemas")
+            rest = {k: v for k, v in schema.items() if k != key}   # a oneOf beside it applies too
+            pairs = []
+            for i, branch in enumerate(branches):
+                branch, at = _resolve(branch, root, f"{path}.{key}[{i}]", root_path)
+                if isinstance(branch, dict):
+                    branch = {**rest, **branch}
+                elif branch is True:
+                    branch = rest
+                pairs += self.argument_bodies(branch, root, at, root_path, depth + 1)
+            return pairs
+        if "const" in schema or "enum" in schema:
+            values = [schema["const"]] if "const" in schema else schema["enum"]
+            if not isinstance(values, list):
+                raise invalid(f"{path}.enum", f"{path}.enum must be a list")
+            return self._enum_bodies(values, path)
         types = schema.get("type")
-        types = [types] if isinstance(types, str) else types if isinstance(types, list) else None
+        types = [types] if isinstance(types, str) else types
+        if "type" in schema and not (isinstance(types, list)
+                                      and all(isinstance(t, str) and t in JSON_TYPES for t in types)):
+            raise invalid(f"{path}.type", f"{path}.type must be one of {', '.join(JSON_TYPES)} "
+                                          f"or a list of them, not {_shown(schema['type'])}")
         pairs = []
         for attr, json_types in ARGUMENT_TYPES.items():
             allowed = [t for t in json_types if types is None or t in types]
             if not allowed:
                 continue
             if attr == "string":
-                pairs.append((attr, _raw_string(self.g, schema)))
+                body = self._raw_string(schema, path)
+                if body is not None:
+                    pairs.append((attr, body))
             else:
                 typed = {**schema, "type": "number" if "number" in allowed else allowed[0]}
-                pairs.append((attr, self.g.add(_json_rule(typed, _defs(root), self.lenient))))
+                _check_refs(typed, path)
+                pairs.append((attr, self.g.add(_json_rule(typed, _defs(root), not self.strict),
+                                               field=path)))
         return pairs
 
-    def _enum_bodies(self, values: Sequence[Any]) -> list[tuple[str, str]]:
+    def _raw_string(self, schema: Mapping[str, Any], path: str) -> Optional[str]:
+        """An argument body of type string: the text itself, unquoted, as history writes it;
+        None when the schema admits no string."""
+        if self.strict:
+            for key in UNENFORCED_STRING_KEYWORDS:
+                if key in schema:
+                    raise invalid(f"{path}.{key}", f"{path}.{key}: a string argument is written "
+                                  "unquoted, and its pattern, minLength, maxLength, enum and const "
+                                  f"are all a strict tool can enforce there, not {key}",
+                                  code="unsupported_schema")
+        low, high = _length(schema, "minLength", path) or 0, _length(schema, "maxLength", path)
+        if low > LONGEST_STRING:
+            raise invalid(f"{path}.minLength", f"{path}.minLength: no reply holds a string that long")
+        if high is not None and high < low:
+            return None
+        bound = f"/(?s:.{{{low},{'' if high is None or high > LONGEST_STRING else high}}})/"
+        if "pattern" not in schema:
+            return self.g.add(bound, field=path)
+        pattern = schema["pattern"]
+        if not isinstance(pattern, str):
+            raise invalid(f"{path}.pattern", f"{path}.pattern must be a string")
+        regex = "/" + llguidance.regex_to_lark(pattern) + "/"
+        if low == 0 and high is None:
+            return self.g.add(regex, field=f"{path}.pattern")
+        return self.g.terminal(f"{regex} & {bound}", field=f"{path}.pattern")
+
+    def _enum_bodies(self, values: Sequence[Any], path: str) -> list[tuple[str, str]]:
         by_type: dict[str, list[str]] = {}
         for value in values:
             kind = _type_attr(value)
             body = value if kind == "string" else json.dumps(value, ensure_ascii=False)
-            by_type.setdefault(kind, []).append(_literal(body))
-        return [(kind, self.g.add(" | ".join(dict.fromkeys(bodies)))) for kind, bodies in by_type.items()]
+            by_type.setdefault(kind, []).append(body)
+        pairs = []
+        for kind, bodies in by_type.items():
+            bodies = list(dict.fromkeys(bodies))
+            # One regex, not a Lark alternation: llguidance builds the latter in time that
+            # grows with the square of its length (a 130,000-value enum took 34 s).
+            rule = (_literal(bodies[0]) if len(bodies) == 1 else
+                    "/(?:" + "|".join(llguidance.regex_to_lark(re.escape(b)) for b in bodies) + ")/")
+            pairs.append((kind, self.g.add(rule, field=f"{path}.enum")))
+        return pairs
 
-    def arguments(self, parameters: Any) -> str:
+    def arguments(self, parameters: Any, path: str) -> str:
         """The argument elements of one call: declared keys in order, required ones present."""
-        params = parameters if isinstance(parameters, dict) else {}
-        props = params.get("properties") if isinstance(params.get("properties"), dict) else {}
-        required = [k for k in params.get("required") or () if isinstance(k, str)]
+        root = parameters if isinstance(parameters, dict) else {}
+        params, where = _resolve(root, root, path, path)
+        if not isinstance(params, dict):
+            raise invalid(where, f"{where} must be a JSON Schema object")
+        props = params.get("properties")
+        props = {} if props is None else props
+        if not isinstance(props, dict):
+            raise invalid(f"{where}.properties", f"{where}.properties must be an object")
+        required = params.get("required")
+        required = [] if required is None else required
+        if not isinstance(required, list) or not all(isinstance(k, str) for k in required):
+            raise invalid(f"{where}.required", f"{where}.required must be a list of strings")
+        if self.strict:
+            self._check_strict_object(params, where)
         keys = list(props) + [k for k in required if k not in props]
         parts = []
         for key in keys:
-            bodies = self.argument_bodies(props.get(key, {}), params)
+            self._left = MAX_ALTERNATIVES
+            at = f"{where}.properties.{key}"
+            bodies = self.argument_bodies(props.get(key, {}), root, at, path)
             if not bodies:
                 if key in required:
-                    raise ValueError(f"required argument {key!r} admits no value")
+                    raise invalid(at, f"{at}: required argument {_shown(key)} admits no value")
                 continue
             options = " | ".join(
                 self.m.element(f'argument key="{escape_attr(key)}" type="{attr}"', body)
                 for attr, body in bodies)
-            rule = self.g.add(options)
+            rule = self.g.add(options, field=at)
             parts.append(rule if key in required else f"{rule}?")
         return " ".join(parts)
 
-    def block(self, tools: Sequence[Mapping[str, Any]], at_most: int) -> str:
+    @staticmethod
+    def _check_strict_object(params: Mapping[str, Any], path: str) -> None:
+        types = params.get("type", "object")
+        if types != "object" and not (isinstance(types, list) and "object" in types):
+            raise invalid(f"{path}.type", f"{path}.type: a strict tool's parameters are an object",
+                          code="unsupported_schema")
+        for key in UNENFORCED_OBJECT_KEYWORDS:
+            if key in params:
+                raise invalid(f"{path}.{key}", f"{path}.{key}: a strict tool's arguments are its "
+                              f"declared properties, and {key} on them cannot be enforced",
+                              code="unsupported_schema")
+
+    def block(self, tools: Sequence[tuple[int, Mapping[str, Any]]], at_most: int) -> str:
         """`<|open|>tools<|sep|>` one to `at_most` calls `<|close|>tools<|sep|>`, numbered from 1."""
         args = {}
-        for tool in tools:
+        for j, tool in tools:
             fn = tool["function"]
-            self.lenient = fn.get("strict") is not True
-            args[fn["name"]] = self.g.add(self.arguments(fn.get("parameters")) or '""')
+            self.strict = fn.get("strict") is True
+            args[fn["name"]] = self.g.add(
+                self.arguments(fn.get("parameters"), f"tools[{j}].function.parameters") or '""')
         more = ""
         for index in range(at_most, 0, -1):
             call = " | ".join(self.m.element(f'call tool="{escape_attr(name)}" index="{index}"', rule)
@@ -274,28 +450,35 @@ def _type_attr(value: Any) -> str:
     return "object" if isinstance(value, dict) else "array"
 
 
-def _chosen_tools(req: ChatRequest) -> tuple[list, int, int]:
-    """(tools the reply may call, at least, at most) for the request's tool_choice."""
-    tools = list(req.tools or ())
+def _chosen_tools(req: ChatRequest) -> tuple[list[tuple[int, dict]], int, int]:
+    """(tools the reply may call, with their places in `tools`; at least; at most) for the
+    request's tool_choice."""
+    tools = list(enumerate(req.tools or ()))
     choice = req.tool_choice
     if not tools or choice == "none":
         return [], 0, 0
     if isinstance(choice, dict):
         name = choice["function"]["name"]
-        named = [t for t in tools if t["function"]["name"] == name]
+        named = [(j, t) for j, t in tools if t["function"]["name"] == name]
         if not named:
             raise invalid("tool_choice", f"tool_choice names {name!r}, which is not in tools")
         return named, 1, 1
     return tools, (1 if choice == "required" else 0), MAX_CALLS
 
 
-def xtml_grammar(req: ChatRequest, markup: Markup, thinking: bool) -> str:
+def _format_field(req: ChatRequest) -> str:
+    fmt = req.response_format
+    return "response_format.json_schema.schema" if fmt["type"] == "json_schema" else "response_format"
+
+
+def xtml_grammar(req: ChatRequest, markup: Markup, thinking: bool) -> Lark:
     """The whole XTML reply, from just after the generation prompt to the message close."""
-    g = _Lark()
+    g = Lark(grammar_field(req))
     schema = _schema_of(req)
     tools, at_least, at_most = _chosen_tools(req)
     if schema is not None:
-        response = g.add(_json_rule(schema, _defs(schema), lenient=not _format_strict(req)))
+        response = g.add(_json_rule(schema, _defs(schema), lenient=not _format_strict(req)),
+                         field=_format_field(req))
     elif at_least:
         response = '""'  # a forced call is the whole answer
     else:
@@ -310,22 +493,24 @@ def xtml_grammar(req: ChatRequest, markup: Markup, thinking: bool) -> str:
         body = (f"{g.add('/(?s:.*)/')} {markup.closing('think')} "
                 f"{_special(markup.open)} \"response\" {_special(markup.sep)} {body}")
     g.add(body, "start")
-    return g.text()
+    return g
 
 
-def json_grammar(req: ChatRequest) -> str:
+def json_grammar(req: ChatRequest) -> Lark:
     """A chat.json reply: the JSON document and nothing else (that format refuses tools)."""
     schema = _schema_of(req)
-    return f"start: {_json_rule(schema, _defs(schema), lenient=not _format_strict(req))}\n"
+    g = Lark(_format_field(req))
+    g.add(_json_rule(schema, _defs(schema), lenient=not _format_strict(req)), "start")
+    return g
 
 
-def compile_grammar(lark: str, field: str) -> str:
-    """The grammar in llguidance's form; a 400 naming `field` when it cannot be enforced."""
-    grammar = llguidance.LLMatcher.grammar_from_lark(lark)
+def compile_grammar(lark: Lark) -> str:
+    """The grammar in llguidance's form; a 400 naming the field it cannot enforce."""
+    grammar = llguidance.LLMatcher.grammar_from_lark(lark.text())
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
     if is_error:
-        raise invalid(field, f"cannot enforce this structure: {messages[0]}",
-                      code="unsupported_schema")
+        field, why = lark.explain(messages[0])
+        raise invalid(field, f"cannot enforce {field}: {why}", code="unsupported_schema")
     return grammar
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable, Optional
 
-from . import anthropic, api, metrics, openai, responses
+from . import anthropic, api, heap, metrics, openai, responses
 from .api import ApiError
 from .connections import DEFAULT_MAX_CONNECTIONS, ConnectionServer
 from .engine_queue import ClientGone
@@ -43,6 +43,7 @@ class Server(ConnectionServer):
         self.api_key = api_key
         self.socket_timeout = socket_timeout  # bounds each send to a client that stopped reading
         self.request_timeout = request_timeout
+        heap.map_large_blocks()   # what a large body held goes back once it is freed
         super().__init__(address, Handler, log=log, max_connections=max_connections)
 
 
@@ -107,6 +108,8 @@ class Handler(BaseHTTPRequestHandler):
         self.request_id = api.new_id("req")
         self.connection.settimeout(self.timeout)  # sends are bounded per send, not by the deadline
         self._body_read = False
+        self._body_bytes = 0
+        self.streaming = False   # an event stream's headers have gone out
         path = self.path.split("?", 1)[0]
         self._counted = False
         self._endpoint = endpoint_label(path)
@@ -119,14 +122,21 @@ class Handler(BaseHTTPRequestHandler):
         except ClientGone:
             self.status = 499  # nginx's code for a client that left before its answer
             self.close_connection = True
-        except ApiError as e:
-            self._send_json(e.status, self.error_body(e), e.headers)
         except Exception as e:  # anything unexpected is the server's fault, and must not kill it
-            self._send_json(500, self.error_body(e))
+            if self.streaming:
+                # Its sink has ended the stream; a second response inside it would corrupt it.
+                self.public_error(e)   # logged
+                self.close_connection = True
+            elif isinstance(e, ApiError):
+                self._send_json(e.status, self.error_body(e), e.headers)
+            else:
+                self._send_json(500, self.error_body(e))
         finally:
             self.server.request_finished()
             self._log(method, path)
             self._count()   # a stream, or a client that left: nothing was sent to count before
+            if self._body_bytes >= heap.TRIM_AFTER_BYTES:
+                heap.give_back()   # what its text and values held, once they are gone
 
     def error_body(self, error: Exception) -> dict:
         """The body of `public_error(error)`, in the shape of the path's dialect."""
@@ -252,6 +262,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def open_stream(self) -> EventWriter:
         self.status = 200
+        self.streaming = True
         self.close_connection = True  # the stream ends when the connection does
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
@@ -300,6 +311,7 @@ class Handler(BaseHTTPRequestHandler):
         if length > MAX_BODY_BYTES:
             raise ApiError(413, f"request body is larger than {MAX_BODY_BYTES >> 20} MB",
                            code="request_too_large")
+        self._body_bytes = length
         body, got = bytearray(length), 0  # read in place: no second copy of a large body
         with memoryview(body) as view:
             try:

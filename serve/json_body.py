@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from . import wellformed
 from .api import ApiError
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -59,9 +60,14 @@ def decode_body(raw: bytes | bytearray) -> str:
         raise ApiError(400, "request body is not valid UTF-8", code="invalid_body") from None
 
 
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not a JSON value")
+
+
 def parse_json_text(text: str) -> dict:
+    floats = wellformed.FloatWatch()
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_float=floats, parse_constant=_not_json)
     except RecursionError:  # Python's parser recurses once per nesting level
         raise ApiError(400, f"JSON is nested deeper than {MAX_JSON_DEPTH} levels",
                        code="invalid_body") from None
@@ -71,4 +77,5 @@ def parse_json_text(text: str) -> dict:
         raise ApiError(400, "request body must be a JSON object", code="invalid_body")
     if json_depth(value) > MAX_JSON_DEPTH:
         raise ApiError(400, f"JSON is nested deeper than {MAX_JSON_DEPTH} levels", code="invalid_body")
+    wellformed.check(value, text, floats.overflowed)
     return value

@@ -20,7 +20,7 @@ from .engine_api import EngineApi, ImageProbe
 from .history_ids import tokenize_history
 from .images import StagedImages, image_parts
 from .reply_memory import ReplyMemory
-from .xtml import PromptError, Segment, image_prompt
+from .xtml import IMAGE_PLACEHOLDER, PromptError, Segment, image_prompt
 
 
 @dataclass
@@ -62,6 +62,37 @@ def check_fits(engine: EngineApi, chars: int, param: str) -> None:
                        param=param, code="context_length_exceeded")
 
 
+def least_chars(value: object) -> int:
+    """Characters in the strings (keys too) of a JSON value: what its JSON text holds at least."""
+    total, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, dict):
+            total += sum(len(key) for key in item if isinstance(key, str))
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return total
+
+
+def least_rendered_chars(messages: Sequence[object], images: int) -> int:
+    """Characters every format's rendering of `messages` holds at least, for refusing a
+    prompt that cannot fit before rendering it: each message's text is in it verbatim, but
+    for the image placeholders that may stand for the request's `images`."""
+    chars = 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            chars += len(content)
+        elif isinstance(content, list):
+            chars += sum(len(part["text"]) for part in content
+                         if isinstance(part, dict) and part.get("type") == "text"
+                         and isinstance(part.get("text"), str))
+    return max(0, chars - images * len(IMAGE_PLACEHOLDER))
+
+
 class PromptBuilder:
     def __init__(self, engine: EngineApi, images: ImageProbe, chat_format: ChatFormat, *,
                  vision: bool, reply_memory: Optional[ReplyMemory], keep_reasoning: bool,
@@ -94,6 +125,10 @@ class PromptBuilder:
                 raise invalid(param, "images need the vision tower: start the server with --vision")
             if not fmt.supports_images:
                 raise invalid(param, f"the {fmt.name} chat format cannot carry images")
+        # Before the engine is held: text that cannot fit is refused unrendered.
+        tools = least_chars(req.tools or ())
+        check_fits(self.engine, tools, "tools")
+        check_fits(self.engine, tools + least_rendered_chars(req.messages, len(images)), "messages")
         return ChatCheck(thinking, images)
 
     def thinking(self, req: ChatRequest) -> bool:

@@ -36,6 +36,8 @@ INCLUDE_REASONING = "reasoning.encrypted_content"
 TOP_FIELDS = {"messages": "input", "max_tokens": "max_output_tokens",
               "response_format": "text.format", "response_format.json_schema": "text.format",
               "reasoning_effort": "reasoning.effort"}
+ECHOED = ("instructions", "max_output_tokens", "parallel_tool_calls", "previous_response_id",
+          "reasoning", "text", "tool_choice", "tools", "user", "metadata")
 UNSUPPORTED = {"background": "background responses are not supported",
                "conversation": "conversations are not supported; continue with previous_response_id",
                "prompt": "stored prompt templates are not supported"}
@@ -238,11 +240,12 @@ def _tools(tools: Any, left_out: list[str]
             if not isinstance(inner, list):
                 raise invalid(f"{at}.tools", "a namespace holds a list of tools")
             for k, member in enumerate(inner):
-                if isinstance(member, dict) and member.get("type") == "function":
+                if not isinstance(member, dict):
+                    raise invalid(f"{at}.tools[{k}]", "each tool in a namespace must be an object")
+                if member.get("type") == "function":
                     add(member, f"{at}.tools[{k}]", namespace)
                 else:
-                    left_out.append(f"{namespace}.{(member or {}).get('name')} "
-                                    f"({(member or {}).get('type')})")
+                    left_out.append(f"{namespace}.{member.get('name')} ({member.get('type')})")
         elif isinstance(tool, dict):
             left_out.append(f"{tool['name']} ({kind})" if tool.get("name") else str(kind))
         else:
@@ -294,7 +297,8 @@ class Exchange:
         self.left_out = parsed.translation.left_out
         self._history = parsed.history
         self._namespaced = parsed.namespaced
-        self._body = body
+        # Only what the Response echoes: the input is in the request now, and need not stay.
+        self._body = {key: body[key] for key in ECHOED if key in body}
         self._store = store
         self._keep = body.get("store") is not False
         include = body.get("include") or []

@@ -40,7 +40,8 @@ def sign(text: str) -> str:
 
 
 def verify(text: str, signature: str) -> bool:
-    return isinstance(signature, str) and hmac.compare_digest(signature, sign(text))
+    # As bytes: compare_digest refuses a str with anything but ASCII in it.
+    return isinstance(signature, str) and hmac.compare_digest(signature.encode(), sign(text).encode())
 
 
 def seal(text: str) -> str:

@@ -128,14 +128,16 @@ class Service:
 
     def chat(self, req: ChatRequest, sink: ReplySink) -> ChatReply:
         check = self.prompts.check(req)
+        # Built before the engine is held: a schema the grammar cannot enforce is a 400
+        # before any stream opens, and a large one compiles while others use the engine.
+        constraint = self._constraint(req, check.thinking)
         with self._turn(sink) as sink, StagedImages(self.options.allow_local_images) as staged:
             prompt = self.prompts.chat(req, check, staged)
             reader = ChatReader(self.chat_format.new_parser(check.thinking), req.sampling.stop,
                                 self.chat_format.stop_tokens)
             outcome = self.generation.run(
                 prompt, req.sampling, sink, reader, stop_tokens=self.chat_format.stop_tokens,
-                logprobs=req.logprobs, constraint=self._constraint(req, check.thinking),
-                label=req.request_id)
+                logprobs=req.logprobs, constraint=constraint, label=req.request_id)
             message = reader.message()
             if not outcome.client_gone:
                 self.settler.after_reply(prompt, outcome, message)
@@ -169,7 +171,7 @@ class Service:
         off = self.generation.decoding_off(grammar.missing())
         if not grammar.check_available(req, fmt.prompts_response_format, off):
             return None
-        return grammar.compile_grammar(fmt.grammar(req, thinking), grammar.grammar_field(req))
+        return grammar.compile_grammar(fmt.grammar(req, thinking))
 
     @contextmanager
     def _turn(self, sink: ReplySink) -> Iterator[_Watched]:

@@ -71,27 +71,30 @@ class ExchangeSink:
         """Runs the generation. Errors before the stream opens are ordinary HTTP errors, in
         the format's field names; after, the format's failure events end the stream."""
         try:
+            return self._run(generate)
+        finally:
+            self._close()   # however the run ends, the writer thread ends too
+
+    def _run(self, generate: Callable[["ExchangeSink"], Any]) -> Answer:
+        try:
             reply = generate(self)
-        except ClientGone:
-            self._close()
-            raise
         except ApiError as e:
             if self._writer is None:
                 raise self._exchange.error(e) from None
             return self._fail(e)
+        except ClientGone:
+            raise
         except Exception as e:
             if self._writer is None:
                 raise
             return self._fail(e)
         tokens = reply.usage.completion_tokens
         if reply.client_gone:
-            self._close()
             return Answer(499, tokens)
         self._exchange.keep(reply)
         if self._writer is None:
             return Answer(200, tokens, self._exchange.body(reply))
         self._put(self._exchange.closing(reply))
-        self._close()
         return Answer(200, tokens)
 
     def _open(self) -> None:
@@ -110,9 +113,10 @@ class ExchangeSink:
             self._writer.put(data)
 
     def _fail(self, error: Exception) -> Answer:
+        """An error after the stream opened: the format's failure events end it (the writer
+        is closed by run() even when those events cannot be built)."""
         public = self._exchange.error(self._connection.public_error(error))
         self._put(self._exchange.failed(public))
-        self._close()
         return Answer(200)
 
     def _close(self) -> None:

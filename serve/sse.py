@@ -64,7 +64,7 @@ class EventWriter(threading.Thread):
             self._queue.put(data)
 
     def close(self) -> None:
-        """Send everything queued so far, then stop."""
+        """Send everything queued so far, then stop; once stopped, closing again does nothing."""
         self._queue.put(None)
         self.join()
 

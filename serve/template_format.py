@@ -228,7 +228,7 @@ class TemplateFormat:
     def new_parser(self, thinking: bool) -> PlainReplyParser:
         return PlainReplyParser(frozenset(self.stop_tokens), self._special_ids)
 
-    def grammar(self, req: ChatRequest, thinking: bool) -> str:
+    def grammar(self, req: ChatRequest, thinking: bool) -> grammar.Lark:
         return grammar.json_grammar(req)   # the JSON document alone: this format has no tools
 
 

@@ -56,7 +56,7 @@ class XtmlFormat:
     def new_parser(self, thinking: bool) -> ReplyParser:
         return ReplyParser(self.markers, thinking=thinking, special_ids=self._special_ids)
 
-    def grammar(self, req: ChatRequest, thinking: bool) -> str:
+    def grammar(self, req: ChatRequest, thinking: bool) -> grammar.Lark:
         markers = self.markers
         return grammar.xtml_grammar(req, grammar.Markup(markers.open, markers.sep, markers.close),
                                     thinking)

@@ -11,7 +11,7 @@ from typing import Optional
 import pytest
 
 from serve import xtml
-from cli import cli_server, run_cli
+from served import cli_server, run_cli
 from scripted import (assert_error, call, data_url, image_message, raw_exchange, real_service,
                       serving, status_of, tiny_png)
 
@@ -133,12 +133,15 @@ def test_injection_is_tokenized_as_text(k3, k3_service):
     assert injected - base == len(as_text) - len(one_x)
 
 
-@pytest.mark.parametrize("text", ["a\u0000b", "a\ud800b"])  # a NUL; a lone surrogate, not UTF-8
-def test_text_a_c_string_cannot_carry_is_a_400(k3, text):
+@pytest.mark.parametrize("text,param", [
+    ("a\u0000b", "messages"),   # a NUL: refused where it is tokenized
+    ("a\ud800b", "messages[0].content"),   # a lone surrogate, not UTF-8: refused at parse time
+])
+def test_text_a_c_string_cannot_carry_is_a_400(k3, text, param):
     # JSON carries both; the engine's const char * tokenizer takes neither.
     for stream in (False, True):
         chat_body = {"messages": [{"role": "user", "content": text}], "stream": stream}
-        assert_error(call(k3.port, "POST", CHAT, chat_body), 400, param="messages")
+        assert_error(call(k3.port, "POST", CHAT, chat_body), 400, param=param)
         assert_error(call(k3.port, "POST", "/v1/completions", {"prompt": text, "stream": stream}),
                      400, param="prompt")
     assert chat(k3.port)["choices"][0]["message"]

@@ -10,107 +10,24 @@ import json
 import os
 import random
 import re
-import resource
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional
 
 import pytest
 
 from conftest import ROOT
 from scripted import call, post_open, read_all, read_until, sse_data, tiny_png, wait_idle
+from served import serve, settle
 
 CHAT = "/v1/chat/completions"
 GREEDY = {"temperature": 0, "seed": 1}
 
 pytestmark = [pytest.mark.soak,
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")]
-
-
-class Served:
-    """`python3 -m serve` on an ephemeral port, its stderr in a file."""
-
-    def __init__(self, proc: subprocess.Popen, port: int, banner: list[str], log: Path,
-                 prefix: Path):
-        self.proc, self.port, self.banner, self._log, self.prefix = proc, port, banner, log, prefix
-
-    @property
-    def snapshots(self) -> Optional[str]:
-        """This server's own work in the snapshot directory (the snapshots outlive it)."""
-        found = list(self.prefix.glob(f"work-{self.proc.pid}-*"))
-        return str(found[0]) if found else None
-
-    def log(self) -> str:
-        return self._log.read_text()
-
-    def status(self, field: str) -> int:
-        """A number from /proc/PID/status (VmRSS and VmHWM in kB, Threads)."""
-        text = Path(f"/proc/{self.proc.pid}/status").read_text()
-        return int(re.search(rf"^{field}:\s+(\d+)", text, re.M).group(1))
-
-    def fds(self) -> int:
-        return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
-
-    def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def stop(self, sig: int = signal.SIGTERM) -> int:
-        self.proc.send_signal(sig)
-        return self.proc.wait(timeout=60)
-
-
-@contextmanager
-def serve(container: Path, lib_path: Path, tmp_path: Path, *args: str,
-          nofile: Optional[int] = None, fsize: Optional[int] = None) -> Iterator[Served]:
-    def limits() -> None:  # in the child, before exec
-        if nofile is not None:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
-        if fsize is not None:
-            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails instead
-            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-
-    log = tmp_path / f"serve-{time.monotonic_ns()}.log"
-    env = {k: v for k, v in os.environ.items() if k not in ("WASTE_LIB", "WASTE_API_KEY")}
-    env["TMPDIR"] = str(tmp_path)  # snapshots and staged images: nothing outside the test's directory
-    with open(log, "w") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "serve", str(container), "--lib", str(lib_path), "--port", "0",
-             "--usage", str(tmp_path / "usage.waste"), "--prefix-cache-dir", str(tmp_path / "prefix"),
-             *args],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True, env=env,
-            preexec_fn=limits if nofile or fsize else None)
-    try:
-        banner: list[str] = []
-        while not banner or not banner[-1].startswith("listen"):
-            line = proc.stdout.readline()
-            assert line, log.read_text()
-            banner.append(line.strip())
-        yield Served(proc, int(banner[-1].rsplit(":", 1)[1].split("/")[0]), banner, log,
-                     tmp_path / "prefix")
-    finally:
-        if proc.poll() is None:
-            proc.terminate()  # an orderly stop removes its snapshot work directory
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        proc.stdout.close()
-
-
-def settle(read, target: int, slack: int, what: str) -> None:
-    """Wait until a count (threads, descriptors) comes back within `slack` of `target`."""
-    deadline = time.monotonic() + 30
-    while read() > target + slack:
-        assert time.monotonic() < deadline, f"{what}: {read()} against {target} before"
-        time.sleep(0.05)
 
 
 # ---- shutdown --------------------------------------------------------------------

@@ -176,7 +176,7 @@ def test_schemas_that_cannot_be_enforced_are_a_400(k3):
     bad = json_schema_format({"type": "object", "properties": {"a": {"type": "string",
                                                                     "pattern": "(unclosed"}}}, True)
     assert_error(call(k3.port, "POST", CHAT, {"messages": USER, "response_format": bad}), 400,
-                 param="response_format", code="unsupported_schema")
+                 param="response_format.json_schema.schema", code="unsupported_schema")
     named = {"type": "function", "function": {"name": "nowhere"}}
     assert_error(call(k3.port, "POST", CHAT, {"messages": USER, "tools": [WEATHER], "tool_choice": named}),
                  400, param="tool_choice")
@@ -236,7 +236,7 @@ def matcher_for(lib, k3_container):
         def build(body: dict, thinking: bool = False):
             req = parse_chat_request({"messages": USER, **body})
             lark = grammar.xtml_grammar(req, grammar.Markup(*markers), thinking)
-            return vocabulary.matcher(grammar.compile_grammar(lark, "tools")), engine
+            return vocabulary.matcher(grammar.compile_grammar(lark)), engine
         yield build
 
 
@@ -303,6 +303,6 @@ def test_string_patterns_and_strict_tools(k3):
         "properties": {"n": {"type": "array", "items": {"type": "boolean"}, "uniqueItems": True,
                              "maxItems": 2}}}}}
     assert_error(call(k3.port, "POST", CHAT, {"messages": USER, "tools": [unique], "tool_choice": "required"}),
-                 400, param="tools", code="unsupported_schema")
+                 400, param="tools[0].function.parameters.properties.n", code="unsupported_schema")
     unique["function"]["strict"] = False
     assert chat(k3.port, tools=[unique], tool_choice="required", seed=1)["choices"][0]["message"]["tool_calls"]

@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 
 from scripted import assert_error, call, real_service, serving
 from serve.grammar import ENABLE_HINT
-from test_e2e import cli_server
+from served import cli_server
 
 CHAT = "/v1/chat/completions"
 ASK = [{"role": "user", "content": "Describe a city."}]

@@ -11,6 +11,7 @@ import hashlib
 import json
 import re
 import threading
+import time
 
 import pytest
 
@@ -34,6 +35,10 @@ class Gate:
         if index == self.at:
             self.reached.set()
             self.release.wait(WAIT_MS / 1000)
+        elif index > self.at:
+            # Past the gate, a slow model's pace: a client that has hung up is seen within a
+            # token or two however late its close reaches the server on a busy machine.
+            time.sleep(0.1)
 
 
 def paced_engine(script: list[str], at: int) -> tuple[ScriptedEngine, Gate]:
@@ -135,9 +140,10 @@ def test_stop_aborts_the_fetch_and_the_server_cancels(browser):
         # The request's log line is written once its generation has returned.
         assert wait_until(lambda: any("POST /v1/chat/completions" in line for line in lines)), lines
     result = engine.results[-1]
-    assert result.cancelled and result.n_tokens == 4 < len(script)
+    # The three shown, and the first that found the client gone (its close may come late).
+    assert result.cancelled and 4 <= result.n_tokens < len(script)
     logged = next(line for line in lines if "POST /v1/chat/completions" in line)
-    assert " tokens=4 " in logged  # the three shown, and the one that found the client gone
+    assert f" tokens={result.n_tokens} " in logged
 
 
 def wait_until(condition) -> bool:

@@ -15,7 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Iterator
 
-from cli import cli_server, run_cli
+from served import cli_server, run_cli
 from conftest import make_container
 from scripted import ScriptedEngine, call, real_service, scripted_service, serving, xtml_answer
 from serve.api import parse_chat_request
