@@ -70,6 +70,8 @@ class Server(ThreadingHTTPServer):
         self._backoff = 0.0
         self.responses = ResponseStore()
         super().__init__(address, Handler)
+        # Behind a router, every reply says which host wrote it (docs/serving-a-team.md).
+        self.host_id = f"{socket.gethostname()}:{self.port}"
 
     @property
     def port(self) -> int:
@@ -305,6 +307,7 @@ class Handler(BaseHTTPRequestHandler):
     def send_response(self, code: int, message: Optional[str] = None) -> None:
         super().send_response(code, message)
         self.send_header("X-Request-Id", self.request_id)
+        self.send_header("X-Serve-Host", self.server.host_id)
 
     # -- dispatch -----------------------------------------------------------------------
 
@@ -652,9 +655,10 @@ class _SocketWriter(threading.Thread):
     socket round trip per token, for at most SEND_GAP of added latency.
     """
 
-    def __init__(self, wfile: Any):
+    def __init__(self, wfile: Any, chunked: bool):
         super().__init__(name="sse-writer", daemon=True)
         self._wfile = wfile
+        self._chunked = chunked
         self._queue: "queue.SimpleQueue[Optional[bytes]]" = queue.SimpleQueue()
         self.failed = False  # the client went away mid-stream
 
@@ -680,6 +684,8 @@ class _SocketWriter(threading.Thread):
                     break
             done = None in batch
             data = b"".join(item for item in batch if item is not None)
+            if self._chunked:
+                data = (b"%x\r\n%s\r\n" % (len(data), data) if data else b"") + (b"0\r\n\r\n" if done else b"")
             if data and not self.failed:
                 try:
                     self._wfile.write(data)
@@ -696,8 +702,13 @@ def open_event_stream(h: Handler) -> _SocketWriter:
     h.send_header("Content-Type", "text/event-stream")
     h.send_header("Cache-Control", "no-cache")
     h.send_header("Connection", "close")
+    # Chunked for HTTP/1.1, so that a stream cut by a dying server is told apart from a finished
+    # one, also through a proxy: only a finished stream ends with the last chunk.
+    chunked = h.request_version == "HTTP/1.1"
+    if chunked:
+        h.send_header("Transfer-Encoding", "chunked")
     h.end_headers()
-    writer = _SocketWriter(h.wfile)
+    writer = _SocketWriter(h.wfile, chunked)
     writer.start()
     return writer
 
