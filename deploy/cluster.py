@@ -46,7 +46,17 @@ class Host:
     pid: Optional[int] = None
 
 
-def backends_cfg(hosts: list[Host]) -> str:
+POLICIES = {
+    # each conversation on the host of its first turn, new ones on the least loaded: the default
+    "affinity": ["    stick-table type string len 256 size 1m expire 7d",
+                 "    stick on var(txn.conversation)"],
+    # for comparison (bench/cluster.py): every request to the least loaded, or to the next host
+    "leastconn": [],
+    "roundrobin": ["    balance roundrobin"],
+}
+
+
+def backends_cfg(hosts: list[Host], policy: str = "affinity") -> str:
     """One backend per model, named model1, model2... in order of first appearance.
 
     The stick table lives in the backend: the same conversation key asking for two
@@ -54,9 +64,7 @@ def backends_cfg(hosts: list[Host]) -> str:
     """
     lines = []
     for n, (model, members) in enumerate(by_model(hosts).items(), 1):
-        lines += [f"backend model{n}  # {model}",
-                  "    stick-table type string len 256 size 1m expire 7d",
-                  "    stick on var(txn.conversation)"]
+        lines += [f"backend model{n}  # {model}", *POLICIES[policy]]
         for host in members:
             address = host.url.split("://", 1)[1].rstrip("/")
             lines.append(f"    server {host.name} {address}")
@@ -71,11 +79,11 @@ def by_model(hosts: Iterable[Host]) -> dict[str, list[Host]]:
     return grouped
 
 
-def write_router_files(directory: Path, hosts: list[Host]) -> None:
+def write_router_files(directory: Path, hosts: list[Host], policy: str = "affinity") -> None:
     """backends.cfg, models.map (model id -> backend) and models.json (the union) in `directory`."""
     directory.mkdir(parents=True, exist_ok=True)
     grouped = by_model(hosts)
-    (directory / "backends.cfg").write_text(backends_cfg(hosts))
+    (directory / "backends.cfg").write_text(backends_cfg(hosts, policy))
     (directory / "models.map").write_text(
         "".join(f"{model} model{n}\n" for n, model in enumerate(grouped, 1)))
     union = {"object": "list", "data": [members[0].model for members in grouped.values()]}
@@ -203,6 +211,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                    help="flags for every host, e.g. \"--ctx 8192 --quiet\"")
     p.add_argument("--host-args", action="append", default=[], metavar="N:FLAGS",
                    help="flags for host N only (1-based), e.g. \"3:--warm preamble.json\"")
+    p.add_argument("--policy", choices=list(POLICIES), default="affinity",
+                   help="affinity (default), or leastconn / roundrobin for comparison")
     p.add_argument("--write-router", type=Path, metavar="DIR",
                    help="write the router's files for running hosts given as URLs, and exit")
     args = p.parse_args(argv)
@@ -211,9 +221,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     return args
 
 
-def write_for_remote(directory: Path, urls: list[str]) -> int:
+def write_for_remote(directory: Path, urls: list[str], policy: str) -> int:
     hosts = [Host(f"h{n}", url.rstrip("/"), ask_model(url.rstrip("/"))) for n, url in enumerate(urls, 1)]
-    write_router_files(directory, hosts)
+    write_router_files(directory, hosts, policy)
     print(f"wrote {directory}/backends.cfg, models.map, models.json for "
           f"{len(hosts)} hosts; run: SERVE_ROUTER_BIND=:443 SERVE_ROUTER_DIR={directory} "
           f"haproxy -f {CONFIG} -f {directory}/backends.cfg")
@@ -223,7 +233,7 @@ def write_for_remote(directory: Path, urls: list[str]) -> int:
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     if args.write_router:
-        return write_for_remote(args.write_router, args.containers)
+        return write_for_remote(args.write_router, args.containers, args.policy)
     per_host: dict[int, list[str]] = {}
     for spec in args.host_args:
         number, _, flags = spec.partition(":")
@@ -247,7 +257,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"host h{n} {host.url} model={host.model['id']} pid={proc.pid} dir={args.dir / f'h{n}'}",
                   flush=True)
         router_dir = args.dir / "router"
-        write_router_files(router_dir, hosts)
+        write_router_files(router_dir, hosts, args.policy)
         router = start_router(router_dir, f"{args.bind}:{args.port}")
         procs.insert(0, router)
         wait_checked(router_dir, [h.name for h in hosts], router)
