@@ -15,6 +15,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -434,3 +435,32 @@ def test_the_router_asks_for_its_api_key(start, k3_container):
     assert send(cluster.port, "/v1/completions", body, {"Authorization": "Bearer sesame"}).status == 200
     assert send(cluster.port, "/v1/completions", body, {"x-api-key": "sesame"}).status == 200
     assert send(cluster.port, "/health", {}, method="GET").status == 200  # for load balancers in front
+
+
+@needs_router
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl makes the test certificate")
+def test_the_router_serves_https_with_a_key_in_front_of_hosts_with_their_own(start, k3_container, tmp_path):
+    pem = tmp_path / "router.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                    "/CN=127.0.0.1", "-keyout", str(tmp_path / "key.pem"), "-out", str(tmp_path / "cert.pem")],
+                   check=True, capture_output=True)
+    pem.write_bytes((tmp_path / "cert.pem").read_bytes() + (tmp_path / "key.pem").read_bytes())
+    cluster = start(k3_container, serve_args="--api-key host-secret",
+                    env={"SERVE_ROUTER_CERT": str(pem), "SERVE_ROUTER_API_KEY": "team-secret",
+                         "SERVE_HOST_API_KEY": "host-secret"})
+    context = ssl.create_default_context(cafile=str(tmp_path / "cert.pem"))
+    context.check_hostname = False
+
+    def ask(key: str) -> int:
+        conn = http.client.HTTPSConnection("127.0.0.1", cluster.port, context=context, timeout=60)
+        conn.request("POST", "/v1/completions", json.dumps({"model": "k3", "prompt": "hi", "max_tokens": 2}),
+                     {"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+        status = conn.getresponse().status
+        conn.close()
+        return status
+
+    # The team's key opens the router; the router sends the hosts' own key, which no client knows.
+    assert ask("team-secret") == 200
+    assert ask("host-secret") == 401
+    with pytest.raises((ConnectionError, http.client.BadStatusLine)):
+        send(cluster.port, "/v1/completions", {"prompt": "hi"})  # plain HTTP on the TLS port
