@@ -188,11 +188,16 @@ CANDIDATES: dict[str, Callable] = {
 def wait_serving(port: int, proc: subprocess.Popen, seconds: float = 60) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline and proc.poll() is None:
-        r = post(port, "/v1/completions", {"prompt": "ping", "max_tokens": 1}, timeout=10)
+        r = post(port, "/v1/completions", {"model": "k3", "prompt": "ping", "max_tokens": 1}, timeout=10)
         if r.status == 200:
             return True
         time.sleep(0.5)
     return False
+
+
+def last_lines(directory: Path) -> str:
+    log = directory / "router.log"
+    return " / ".join(log.read_text().splitlines()[-3:]) if log.exists() else "(no log)"
 
 
 class Router:
@@ -376,7 +381,6 @@ def main() -> int:
                    capture_output=True)
     subprocess.run([sys.executable, str(ROOT / "tools/make_container.py"), str(kl), "--flavour",
                     "kimi-linear"], check=True, capture_output=True)
-    rows = {}
     try:
         for name in args.only or CANDIDATES:
             row: dict[str, object] = {}
@@ -384,7 +388,7 @@ def main() -> int:
             router = Router(name, hosts.urls(), work, args.rv)
             try:
                 if not router.up:
-                    rows[name] = {"error": "never served a request"}
+                    print(json.dumps({name: "never served a request: " + last_lines(router.dir)}), flush=True)
                     continue
                 direct = int(hosts.hosts[0].url.rsplit(":", 1)[1])
                 row["apis"] = check_apis(router.port)
@@ -397,7 +401,6 @@ def main() -> int:
             row["warming host"] = check_warming(name, work, args.rv, k3)
             row["failover"] = check_failover(name, work, args.rv, k3)
             row["models"] = check_models(name, work, args.rv, k3, kl)
-            rows[name] = row
             print(json.dumps({name: row}), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
