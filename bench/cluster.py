@@ -4,7 +4,7 @@
 
 A multi-user trace: `--sessions` agent sessions start a little apart, each a
 conversation of `--turns` turns (a new user message of ~300 tokens, a short
-reply, a pause for the tool or the reader), in the three APIs with the key its
+reply, a pause for the tool or the reader, drawn per session), in the three APIs with the key its
 agent sends (Claude Code's header on Messages, Codex's prompt_cache_key on
 Responses, Open-WebUI's chat id on chat). Every turn streams. The reference
 engine runs at a slowed clock (WASTE_DELAY_MS per evaluated token), so that
@@ -21,6 +21,7 @@ import argparse
 import http.client
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -127,6 +128,9 @@ def usage_of(event: dict) -> dict:
 
 
 def session(port: int, n: int, turns: int, pause: float, out: list[Turn], lock: threading.Lock) -> None:
+    # Tool runs and reading take their own time: each session's pauses drawn apart, the same
+    # in every run, so that the policies are compared on one trace.
+    pauses = random.Random(n)
     dialect = DIALECTS[n % len(DIALECTS)]
     key = f"bench-session-{n}-{time.monotonic_ns()}"
     history: list = []
@@ -139,7 +143,7 @@ def session(port: int, n: int, turns: int, pause: float, out: list[Turn], lock: 
         history.append({"role": "assistant", "content": text})
         with lock:
             out.append(Turn(n, t, host, ttft, usage["prompt"] - usage["cached"], usage["generated"]))
-        time.sleep(pause)  # the tool runs, or the user reads
+        time.sleep(pauses.uniform(0, 2 * pause))  # the tool runs, or the user reads
 
 
 def run(containers: list[Path], policy: str, work: Path, args: argparse.Namespace) -> dict:
@@ -186,7 +190,7 @@ def main() -> int:
     p.add_argument("--sessions", type=int, default=6)
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--delay-ms", default="2", help="WASTE_DELAY_MS: the engine's clock per token")
-    p.add_argument("--pause", type=float, default=0.5, help="seconds between a reply and the next turn")
+    p.add_argument("--pause", type=float, default=1.0, help="mean seconds between a reply and the next turn")
     p.add_argument("--stagger", type=float, default=0.2, help="seconds between session starts")
     p.add_argument("--hosts", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--policies", nargs="+", default=["affinity", "roundrobin"],

@@ -48,7 +48,7 @@ class Host:
 
 POLICIES = {
     # each conversation on the host of its first turn, new ones on the least loaded: the default
-    "affinity": ["    stick-table type string len 256 size 1m expire 7d",
+    "affinity": ["    stick-table type string len 256 size 100k expire 7d",
                  "    stick on var(txn.conversation)"],
     # for comparison (bench/cluster.py): every request to the least loaded, or to the next host
     "leastconn": [],

@@ -464,3 +464,34 @@ def test_the_router_serves_https_with_a_key_in_front_of_hosts_with_their_own(sta
     assert ask("host-secret") == 401
     with pytest.raises((ConnectionError, http.client.BadStatusLine)):
         send(cluster.port, "/v1/completions", {"prompt": "hi"})  # plain HTTP on the TLS port
+
+
+@needs_router
+def test_conversations_without_a_key_stay_with_their_first_message_in_all_four_apis(start, k3_container):
+    cluster = start(k3_container, k3_container, k3_container)
+    system = {"role": "system", "content": "You are terse."}
+
+    def conversation(n: int) -> set:
+        path = ("/v1/chat/completions", "/v1/messages", "/v1/responses", "/v1/completions")[n % 4]
+        opening = f"conversation {n}: " + " ".join(f"w{n}-{i}" for i in range(20))
+        history, hosts = [], set()
+        for turn in range(3):
+            history.append({"role": "user", "content": opening if turn == 0 else f"and then {turn}"})
+            if path == "/v1/chat/completions":
+                body = {"messages": [system, *history], "max_tokens": 3}
+            elif path == "/v1/messages":
+                body = {"system": "You are terse.", "messages": history, "max_tokens": 3}
+            elif path == "/v1/responses":
+                body = {"input": history, "max_output_tokens": 3, "store": False}
+            else:
+                body = {"prompt": " ".join(m["content"] for m in history), "max_tokens": 3}
+            reply = send(cluster.port, path, {"model": "k3", **body, **GREEDY})
+            assert reply.status == 200, reply.body[-300:]
+            hosts.add(cluster.host_of(reply.headers))
+            history.append({"role": "assistant", "content": "ok"})
+        return hosts
+
+    with ThreadPoolExecutor(4) as pool:
+        placed = list(pool.map(conversation, range(8)))
+    assert all(len(hosts) == 1 for hosts in placed), placed
+    assert len(set().union(*placed)) >= 2, placed  # and they were spread, not all sent to one host
