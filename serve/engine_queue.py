@@ -53,6 +53,11 @@ class EngineQueue:
         """Requests waiting (not counting the one that holds the engine)."""
         return len(self._line)
 
+    @property
+    def busy(self) -> bool:
+        """A request holds the engine."""
+        return self._busy
+
     @contextmanager
     def turn(self, waiter: Waiter) -> Iterator[None]:
         """Waits for the engine in arrival order and holds it for the block.

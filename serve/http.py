@@ -386,7 +386,8 @@ class Handler(BaseHTTPRequestHandler):
         warming = self.server.service.warming
         if path == "/health":
             # 503 while warming: load balancers send nothing to a server that is not ready.
-            self._send_json(503 if warming else 200, warming or {"status": "ok"})
+            self._send_json(503 if warming else 200,
+                            {**(warming or {"status": "ok"}), **self.server.service.activity().as_json()})
         elif path == "/":
             page, policy = chat_page()
             self._send(200, PAGE_TYPE, page, {"Content-Security-Policy": policy,

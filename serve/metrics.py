@@ -13,6 +13,7 @@ import math
 import threading
 from typing import Callable, Optional, Sequence
 
+from .activity import Activity
 from .engine import Stats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -63,8 +64,8 @@ class _Histogram:
 class Metrics:
     """Every metric of one server. Thread-safe: request threads update it while it is scraped."""
 
-    def __init__(self, engine_stats: Stats, queue_length: Callable[[], int], prefix_cache=None):
-        self._queue_length = queue_length
+    def __init__(self, engine_stats: Stats, activity: Callable[[], Activity], prefix_cache=None):
+        self._activity = activity
         self._cache = prefix_cache                 # a PrefixCache, or None when it is off
         self._lock = threading.Lock()
         self._requests: dict[tuple[str, str], int] = {}
@@ -107,7 +108,7 @@ class Metrics:
     # -- exposition -----------------------------------------------------------------------
 
     def render(self) -> bytes:
-        queued = self._queue_length()
+        now = self._activity()
         cache = self._cache
         with self._lock:
             requests = sorted(self._requests.items())
@@ -129,7 +130,11 @@ class Metrics:
             _family("serve_decode_tokens_per_second", "histogram",
                     "Decode rate of each generation of two tokens or more", rate),
             _family("serve_queue_length", "gauge", "Requests waiting for the engine",
-                    [("", [], queued)]),
+                    [("", [], now.queue)]),
+            _family("serve_busy", "gauge", "1 while a request holds the engine",
+                    [("", [], int(now.busy))]),
+            _family("serve_idle", "gauge", "1 when nothing runs or waits, idle-time work included",
+                    [("", [], int(now.idle))]),
         ]
         for name, what, value in (
                 ("expert_hits", "Expert lookups served from the expert cache", engine.experts_hit),

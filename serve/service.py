@@ -21,6 +21,7 @@ from .api import ApiError, ChatRequest, CompletionRequest, Sampling, Usage, inva
 from .chatfmt import ChatFormatError, NoChatFormat
 from .checkpoints import preamble_ends
 from .engine import GenParams, GenResult, Stats, TokenInfo, UnencodableText, WasteError
+from .activity import Activity
 from .engine_queue import EngineQueue, shutting_down
 from .history_ids import overlay, tokenize_history
 from .images import StagedImages, image_parts
@@ -177,16 +178,19 @@ class Service:
         # A snapshot to make when the engine is idle: the history's ids, the reply's rendering
         # and ids, and how many of those the snapshot saved after generation holds.
         self._settle: Optional[tuple[list[int], list, list[int], int]] = None
+        self._deferred = 0                  # settle threads started and not yet finished
         self._closed = False
         self._vocabularies: dict[tuple, Any] = {}   # llguidance's view of the vocabulary, built once
         self.queue = EngineQueue(options.max_queue)
         self._stopping = threading.Event()
         self._request_id = ""  # of the request holding the engine, for its log lines
-        self.metrics = Metrics(engine.stats(), self.queue_length, options.prefix_cache)
+        self.metrics = Metrics(engine.stats(), self.activity, options.prefix_cache)
 
-    def queue_length(self) -> int:
-        """Requests waiting in line for the engine (what /metrics reports)."""
-        return len(self.queue)
+    def activity(self) -> Activity:
+        # Deferred work first: a settle job is counted until its thread has let the engine go.
+        with self._waiting_lock:
+            deferred = self._deferred > 0
+        return Activity(self.queue.busy, len(self.queue), deferred, self.warming is not None)
 
     # -- shutdown -------------------------------------------------------------
 
@@ -495,7 +499,16 @@ class Service:
             # stop string's cut (never past what the client saw); after max_tokens, the closing
             # markup the model never wrote. The idle engine builds that state.
             self._settle = (prompt.ids[:len(prompt.ids) - len(prompt.generation)], rendered, ids, saved)
-            threading.Thread(target=self.settle, name="settle", daemon=True).start()
+            with self._waiting_lock:
+                self._deferred += 1
+            threading.Thread(target=self._settle_deferred, name="settle", daemon=True).start()
+
+    def _settle_deferred(self) -> None:
+        try:
+            self.settle()
+        finally:
+            with self._waiting_lock:
+                self._deferred -= 1
 
     def settle(self) -> None:
         """Make the deferred snapshot, in idle time only.

@@ -13,6 +13,7 @@ import json
 import socket
 import struct
 import threading
+import time
 import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -369,6 +370,18 @@ def call(port: int, method: str, path: str, body: Any = None,
         return Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read())
     finally:
         conn.close()
+
+
+def wait_idle(port: int, timeout: float = 180) -> dict:
+    """Poll GET /health until the server says it is idle: no request, no queue, no idle-time
+    work (settling, eviction, warming). What a test then inspects on disk stays put."""
+    deadline = time.monotonic() + timeout
+    while True:
+        health = call(port, "GET", "/health").json()
+        if health["idle"]:
+            return health
+        assert time.monotonic() < deadline, f"not idle after {timeout} s: {health}"
+        time.sleep(0.05)
 
 
 def data_url(raw: bytes, kind: str = "png") -> str:

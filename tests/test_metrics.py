@@ -8,6 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from scripted import (ScriptedEngine, assert_error, call, real_service, scripted_service, serving,
                       xtml_answer)
+from serve.activity import Activity
 from serve.metrics import Metrics
 from serve.prefix_cache import PrefixCache
 
@@ -143,7 +144,7 @@ def test_queue_length_counts_requests_waiting_for_the_engine():
 
 
 def test_label_values_are_escaped():
-    metrics = Metrics(ScriptedEngine().stats(), lambda: 0)
+    metrics = Metrics(ScriptedEngine().stats(), lambda: Activity(False, 0, False, False))
     odd = 'a "quoted" back\\slash\nnewline'
     metrics.request(odd, 200)
     parsed = samples(metrics.render().decode())
@@ -151,7 +152,7 @@ def test_label_values_are_escaped():
 
 
 def test_histogram_buckets_are_cumulative():
-    metrics = Metrics(ScriptedEngine().stats(), lambda: 0)
+    metrics = Metrics(ScriptedEngine().stats(), lambda: Activity(False, 0, False, False))
     for ttft in (0.01, 0.3, 0.3, 1000.0):
         metrics.reply(1, 0, 1, ttft, None)
     parsed = samples(metrics.render().decode())

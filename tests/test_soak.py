@@ -23,7 +23,7 @@ from typing import Iterator, Optional
 
 import pytest
 
-from scripted import call, post_open, read_all, read_until, sse_data, tiny_png
+from scripted import call, post_open, read_all, read_until, sse_data, tiny_png, wait_idle
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAT = "/v1/chat/completions"
@@ -242,7 +242,7 @@ def test_slowloris_connections_are_bounded_and_cut(lib_path, k3_container, tmp_p
 def test_clients_that_leave_at_random_points_leave_nothing(lib_path, k3_container, tmp_path, soak):
     rng = random.Random(13)
     with serve(k3_container, lib_path, tmp_path, "--quiet", "--prefix-cache", "64M") as srv:
-        call(srv.port, "GET", "/health")
+        wait_idle(srv.port)
         threads, fds = srv.status("Threads"), srv.fds()
         for _ in range(100 if soak else 20):
             body = json.dumps({"messages": [{"role": "user", "content": f"hi {rng.random()}"}],
@@ -262,6 +262,7 @@ def test_clients_that_leave_at_random_points_leave_nothing(lib_path, k3_containe
         answer = call(srv.port, "POST", CHAT, {"messages": [{"role": "user", "content": "after"}],
                                                "max_tokens": 5, **GREEDY})
         assert answer.status == 200
+        wait_idle(srv.port)
         settle(lambda: srv.status("Threads"), threads, 1, "threads")
         settle(srv.fds, fds, 1, "descriptors")
         assert "Traceback" not in srv.log()
@@ -297,9 +298,13 @@ def test_mixed_requests_leave_nothing_behind(lib_path, k3_container, tmp_path, s
 
         for i in range(warmup):
             one(i)
+        wait_idle(srv.port)   # no settle thread in the baseline
         rss, threads, fds = srv.status("VmRSS"), srv.status("Threads"), srv.fds()
         for i in range(warmup, 3000 if soak else 300):
             one(i)
+        # Idle-time work (settling cut replies, storing and evicting snapshots) ends first:
+        # only then do the snapshot files stop changing under the listing below.
+        wait_idle(srv.port)
         settle(lambda: srv.status("Threads"), threads, 1, "threads")
         settle(srv.fds, fds, 1, "descriptors")
         grown_kb = srv.status("VmRSS") - rss
