@@ -22,6 +22,7 @@ import http.client
 import json
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -197,6 +198,7 @@ def main() -> int:
                    choices=list(cluster.POLICIES))
     args = p.parse_args()
     os.environ["WASTE_DELAY_MS"] = args.delay_ms
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stopped: the hosts and routers stop too
     with tempfile.TemporaryDirectory(prefix="bench-cluster-") as tmp:
         work = Path(tmp)
         k3 = work / "k3.waste"

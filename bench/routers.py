@@ -374,6 +374,7 @@ def main() -> int:
     p.add_argument("--rv", type=Path, default=Path("/tmp/rv"), help="venv with vllm-router, sglang-router")
     args = p.parse_args()
     os.environ["WASTE_DELAY_MS"] = DELAY_MS
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stopped: the hosts and routers stop too
     work = Path(tempfile.mkdtemp(prefix="routers-"))
     k3 = work / "k3.waste"
     kl = work / "kl.waste"
