@@ -110,18 +110,23 @@ def start_host(container: Path, name: str, directory: Path, serve_args: list[str
          *serve_args],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
     log.close()
-    url = None
-    for line in proc.stdout:  # the banner; its last line says where it listens
-        found = re.match(r"listen\s+(http://[^/\s]+)", line)  # http://127.0.0.1:PORT/v1
-        if found:
-            url = found.group(1)
-            break
-    if url is None:
+    try:
+        url = None
+        for line in proc.stdout:  # the banner; its last line says where it listens
+            found = re.match(r"listen\s+(http://[^/\s]+)", line)  # http://127.0.0.1:PORT/v1
+            if found:
+                url = found.group(1)
+                break
+        if url is None:
+            raise RuntimeError(f"{name} did not start:\n{(directory / 'serve.log').read_text()}")
+        host = Host(name, url, ask_model(url), proc.pid)
+    except BaseException:
+        proc.kill()  # not yet the caller's to stop
         proc.wait()
-        raise RuntimeError(f"{name} did not start:\n{(directory / 'serve.log').read_text()}")
+        raise
     # The rest of its stdout (--warm progress) goes to the log's neighbour, never blocking it.
     threading.Thread(target=_drain, args=(proc.stdout, directory / "stdout.log"), daemon=True).start()
-    return Host(name, url, ask_model(url), proc.pid), proc
+    return host, proc
 
 
 def _drain(stream, path: Path) -> None:
@@ -294,4 +299,7 @@ def watch(procs: list[subprocess.Popen], hosts: list[Host], stopping: threading.
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except RuntimeError as e:  # a host or the router would not start: say why, without a traceback
+        sys.exit(f"cluster: {e}")
