@@ -23,7 +23,7 @@ DEMO_PY  := $(DEMO_VENV)/bin/python
 HOST     ?= 127.0.0.1
 PORT     ?= 8000
 
-.PHONY: all demo demo-k3 check test asan bench soak clean chromium
+.PHONY: all demo demo-k3 check test asan bench soak clean chromium router cluster
 
 all: $(LIB)
 
@@ -75,7 +75,7 @@ demo: $(LIB) $(DEMO) $(DEMO_VENV)/.ok
 demo-k3: $(LIB) $(DEMO) $(DEMO_VENV)/.ok
 	$(DEMO_PY) -m serve $(DEMO) --host $(HOST) --port $(PORT) --vision
 
-test: $(LIB) $(VENV)/.ok $(WHEELHOUSE)/.ok chromium
+test: $(LIB) $(VENV)/.ok $(WHEELHOUSE)/.ok chromium router
 	$(VPY) -m pytest -q tests
 
 # The chat page's tests drive Debian's chromium; installed once, when root can. Without it they skip.
@@ -83,6 +83,17 @@ chromium:
 	@if ! command -v chromium >/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
 	  || echo "chromium could not be installed: the browser tests will skip"; fi
+
+# The cluster's router is Debian's HAProxy (deploy/), installed the same way. Without it the
+# cluster tests skip, saying so.
+router:
+	@if ! command -v haproxy >/dev/null && [ ! -x /usr/sbin/haproxy ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null) \
+	  || echo "haproxy could not be installed: the cluster tests will skip"; fi
+
+# Three hosts of the K3-flavoured demo container behind the router on 127.0.0.1:$(PORT).
+cluster: $(LIB) $(DEMO) router
+	exec $(PYTHON) deploy/cluster.py --hosts 3 --port $(PORT) $(DEMO)
 
 asan: build/libwaste-asan.so $(VENV)/.ok
 	WASTE_LIB=$(CURDIR)/build/libwaste-asan.so \

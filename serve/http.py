@@ -45,6 +45,8 @@ class Server(ConnectionServer):
         self.request_timeout = request_timeout
         heap.map_large_blocks()   # what a large body held goes back once it is freed
         super().__init__(address, Handler, log=log, max_connections=max_connections)
+        # Behind a router, every reply says which host wrote it (docs/serving-a-team.md).
+        self.host_id = f"{socket.gethostname()}:{self.port}"
 
 
 class _DeadlineReader(io.RawIOBase):
@@ -97,6 +99,7 @@ class Handler(BaseHTTPRequestHandler):
     def send_response(self, code: int, message: Optional[str] = None) -> None:
         super().send_response(code, message)
         self.send_header("X-Request-Id", self.request_id)
+        self.send_header("X-Serve-Host", self.server.host_id)
 
     # -- dispatch -----------------------------------------------------------------------
 
@@ -268,8 +271,11 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Connection", "close")
+        chunked = self.request_version == "HTTP/1.1"
+        if chunked:
+            self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        writer = EventWriter(self.wfile)
+        writer = EventWriter(self.wfile, chunked)
         writer.start()
         return writer
 

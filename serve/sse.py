@@ -53,9 +53,12 @@ class EventWriter(threading.Thread):
     most SEND_GAP of added latency.
     """
 
-    def __init__(self, wfile: BinaryIO):
+    def __init__(self, wfile: BinaryIO, chunked: bool = False):
         super().__init__(name="sse-writer", daemon=True)
         self._wfile = wfile
+        # HTTP/1.1 chunked framing: only a finished stream ends with the last chunk, so one
+        # cut by a dying server is told apart from a finished one, through a proxy too.
+        self._chunked = chunked
         self._queue: "queue.SimpleQueue[Optional[bytes]]" = queue.SimpleQueue()
         self.failed = False  # the client went away mid-stream
 
@@ -82,6 +85,8 @@ class EventWriter(threading.Thread):
                     break
             done = None in batch
             data = b"".join(item for item in batch if item is not None)
+            if self._chunked:
+                data = (b"%x\r\n%s\r\n" % (len(data), data) if data else b"") + (b"0\r\n\r\n" if done else b"")
             if data and not self.failed:
                 try:
                     self._wfile.write(data)

@@ -401,6 +401,10 @@ def check(path: str, raw: bytes) -> tuple[int, Optional[str]]:
     if status >= 500:
         return status, f"a {status}"
     if headers.get("content-type") == "text/event-stream":
+        if headers.get("transfer-encoding") == "chunked":
+            body, whole = unchunked(body)
+            if not whole:
+                return status, "an event stream without its last chunk"
         return status, check_stream(path, body)
     if "content-length" not in headers:
         return status, "a body without Content-Length"
@@ -413,6 +417,24 @@ def check(path: str, raw: bytes) -> tuple[int, Optional[str]]:
     if status >= 400:
         return status, check_error(path, payload)
     return status, None
+
+
+def unchunked(body: bytes) -> tuple[bytes, bool]:
+    """A chunked body's data, and whether it ended with the last (empty) chunk."""
+    out = []
+    while body:
+        size, crlf, rest = body.partition(b"\r\n")
+        try:
+            n = int(size, 16)
+        except ValueError:
+            return b"".join(out), False
+        if not crlf or rest[n:n + 2] != b"\r\n":
+            return b"".join(out), False
+        if n == 0:
+            return b"".join(out), rest[2:] == b""
+        out.append(rest[:n])
+        body = rest[n + 2:]
+    return b"".join(out), False
 
 
 def check_error(path: str, payload: Any) -> Optional[str]:

@@ -470,8 +470,23 @@ def read_all(s: socket.socket, got: bytes = b"") -> bytes:
     return got
 
 
+def dechunk(raw: bytes) -> bytes:
+    """The body of a raw HTTP response, its chunked transfer coding undone when it has one."""
+    head, body = raw.split(b"\r\n\r\n", 1)
+    if b"transfer-encoding: chunked" not in head.lower():
+        return body
+    out = b""
+    while body:
+        size, _, rest = body.partition(b"\r\n")
+        n = int(size, 16)
+        if n == 0:
+            break
+        out, body = out + rest[:n], rest[n + 2:]
+    return out
+
+
 def sse_data(raw: bytes) -> list:
     """The SSE payloads of a raw HTTP response, parsed; "[DONE]" stays a string."""
-    body = raw.split(b"\r\n\r\n", 1)[1].decode()
+    body = dechunk(raw).decode()
     return [b[6:] if b[6:] == "[DONE]" else json.loads(b[6:])
             for b in body.split("\n\n") if b.startswith("data: ")]
