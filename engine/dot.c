@@ -2,123 +2,188 @@
 
 #include <math.h>
 
-void wdot_quantize(const float *x, size_t n, wqvec *out) {
-    for (size_t b = 0; b < n / 32; b++) {
-        const float *xb = x + 32 * b;
-        float peak = 0.0f;
-        for (size_t j = 0; j < 32; j++) peak = fmaxf(peak, fabsf(xb[j]));
-        float d = peak / 32767.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
-        int32_t sum = 0;
-        for (size_t j = 0; j < 32; j++) {
-            int32_t q = (int32_t)lrintf(xb[j] * inv);
-            out->q[32 * b + j] = (int16_t)q;
-            sum += q;
+#include "simd.h"
+
+void wdot_quantize(const float *x, size_t n, size_t cols, wqvec *out) {
+    size_t blocks = cols / 32;
+    out->cols = cols;
+    for (size_t t = 0; t < n; t++)
+        for (size_t b = 0; b < blocks; b++) {
+            const float *xb = x + t * cols + 32 * b;
+            int16_t *q = out->q + t * cols + 32 * b;
+            float peak = 0.0f;
+            for (size_t j = 0; j < 32; j++) peak = fmaxf(peak, fabsf(xb[j]));
+            float d = peak / 32767.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
+            int32_t sum = 0;
+            for (size_t j = 0; j < 32; j++) {
+                q[j] = (int16_t)lrintf(xb[j] * inv);
+                sum += q[j];
+            }
+            out->d[t * blocks + b] = d;
+            out->sum[t * blocks + b] = d * (float)sum;
         }
-        out->d[b] = d;
-        out->sum[b] = d * (float)sum;
-    }
 }
 
 /* ------------------------------------------------------------ plain C */
 
-static float q4_1_plain(const uint8_t *nib, const float *scale, const float *min, const wqvec *x,
-                        size_t blocks) {
-    float sum = 0.0f;
-    for (size_t b = 0; b < blocks; b++) {
-        const uint8_t *n = nib + 16 * b;
-        const int16_t *q = x->q + 32 * b;
-        int32_t dot = 0;
-        for (int k = 0; k < 16; k++) dot += (n[k] & 15) * q[k] + (n[k] >> 4) * q[k + 16];
-        sum += scale[b] * x->d[b] * (float)dot + min[b] * x->sum[b];
-    }
+/* Integer products are exact, so how a block's sum is formed does not
+ * matter; the float steps after it are the same everywhere. */
+static int32_t q4_1_block(const uint8_t *nib, const int16_t *q) {
+    int32_t dot = 0;
+    for (int k = 0; k < 16; k++) dot += (nib[k] & 15) * q[k] + (nib[k] >> 4) * q[k + 16];
+    return dot;
+}
+
+static int32_t q8_block(const int8_t *w, const int16_t *q) {
+    int32_t dot = 0;
+    for (int k = 0; k < 32; k++) dot += w[k] * q[k];
+    return dot;
+}
+
+/* Blocks [from, blocks) of one row and one token, added to sum. */
+static float q4_1_tail(const uint8_t *nib, const float *scale, const float *min, const wqvec *x,
+                       size_t token, size_t from, float sum) {
+    size_t blocks = x->cols / 32;
+    const int16_t *q = x->q + token * x->cols;
+    const float *d = x->d + token * blocks, *xs = x->sum + token * blocks;
+    for (size_t b = from; b < blocks; b++)
+        sum += scale[b] * d[b] * (float)q4_1_block(nib + 16 * b, q + 32 * b) + min[b] * xs[b];
     return sum;
 }
 
-static float q8_plain(const int8_t *codes, const float *scale, const wqvec *x, size_t blocks) {
-    float sum = 0.0f;
-    for (size_t b = 0; b < blocks; b++) {
-        const int8_t *w = codes + 32 * b;
-        const int16_t *q = x->q + 32 * b;
-        int32_t dot = 0;
-        for (int k = 0; k < 32; k++) dot += w[k] * q[k];
-        sum += scale[b] * x->d[b] * (float)dot;
-    }
+static float q8_tail(const int8_t *codes, const float *scale, const wqvec *x, size_t token,
+                     size_t from, float sum) {
+    size_t blocks = x->cols / 32;
+    const int16_t *q = x->q + token * x->cols;
+    const float *d = x->d + token * blocks;
+    for (size_t b = from; b < blocks; b++)
+        sum += scale[b] * d[b] * (float)q8_block(codes + 32 * b, q + 32 * b);
     return sum;
+}
+
+static void f32_plain(const float *row, const float *x, size_t cols, size_t n, float *out,
+                      size_t out_stride) {
+    for (size_t t = 0; t < n; t++) {
+        float sum = 0.0f;
+        for (size_t c = 0; c < cols; c++) sum += row[c] * x[t * cols + c];
+        out[t * out_stride] = sum;
+    }
 }
 
 /* ---------------------------------------------------------------- AVX2 */
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#include <stdatomic.h>
-#define HAVE_AVX2_PATH 1
-
-/* 16-bit pairs multiply-add into 32-bit lanes (vpmaddwd): no overflow, as
- * |w| <= 128 and |q| <= 32767. */
-__attribute__((target("avx2,fma"))) static float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    return _mm_cvtss_f32(s);
+#ifdef WSIMD_AVX2
+/* Eight blocks at a time: each block's 32 products become one exact int32
+ * (vpmaddwd pairs 16-bit codes into 32-bit lanes without overflow, as
+ * |w| <= 128 and |q| <= 32767), then the eight block sums are scaled and
+ * accumulated as one vector.  Leftover blocks go through the tail above. */
+WSIMD_TARGET static __m256i madd_block(__m256i lo, __m256i hi, const int16_t *q) {
+    const __m256i *v = (const __m256i *)(const void *)q;
+    return _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_loadu_si256(v)),
+                            _mm256_madd_epi16(hi, _mm256_loadu_si256(v + 1)));
 }
 
-__attribute__((target("avx2,fma"))) static float q4_1_avx2(const uint8_t *nib, const float *scale,
-                                                         const float *min, const wqvec *x,
-                                                         size_t blocks) {
+WSIMD_TARGET static void q4_1_avx2(const uint8_t *nib, const float *scale, const float *min,
+                                   const wqvec *x, size_t first, size_t n, float *out,
+                                   size_t out_stride) {
     const __m128i low4 = _mm_set1_epi8(15);
-    __m256 acc = _mm256_setzero_ps();
-    float offset = 0.0f;
-    for (size_t b = 0; b < blocks; b++) {
-        __m128i n = _mm_loadu_si128((const __m128i *)(const void *)(nib + 16 * b));
-        __m256i lo = _mm256_cvtepu8_epi16(_mm_and_si128(n, low4));
-        __m256i hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(n, 4), low4));
-        const __m256i *q = (const __m256i *)(const void *)(x->q + 32 * b);
-        __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_loadu_si256(q)),
-                                       _mm256_madd_epi16(hi, _mm256_loadu_si256(q + 1)));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(scale[b] * x->d[b]), acc);
-        offset += min[b] * x->sum[b];
+    size_t cols = x->cols, blocks = cols / 32, b = 0;
+    __m256 acc[WDOT_TOKENS], off[WDOT_TOKENS];
+    __m256i dots[WDOT_TOKENS][8];
+    for (size_t t = 0; t < n; t++) acc[t] = off[t] = _mm256_setzero_ps();
+    for (; b + 8 <= blocks; b += 8) {
+        for (size_t i = 0; i < 8; i++) {
+            __m128i raw = _mm_loadu_si128((const __m128i *)(const void *)(nib + 16 * (b + i)));
+            __m256i lo = _mm256_cvtepu8_epi16(_mm_and_si128(raw, low4));
+            __m256i hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), low4));
+            for (size_t t = 0; t < n; t++)
+                dots[t][i] = madd_block(lo, hi, x->q + (first + t) * cols + 32 * (b + i));
+        }
+        __m256 s = _mm256_loadu_ps(scale + b), mn = _mm256_loadu_ps(min + b);
+        for (size_t t = 0; t < n; t++) {
+            const float *d = x->d + (first + t) * blocks + b, *xs = x->sum + (first + t) * blocks + b;
+            __m256 sums = _mm256_cvtepi32_ps(wsimd_hsum8_epi32(dots[t]));
+            acc[t] = _mm256_fmadd_ps(sums, _mm256_mul_ps(s, _mm256_loadu_ps(d)), acc[t]);
+            off[t] = _mm256_fmadd_ps(mn, _mm256_loadu_ps(xs), off[t]);
+        }
     }
-    return hsum(acc) + offset;
+    for (size_t t = 0; t < n; t++)
+        out[t * out_stride] =
+            q4_1_tail(nib, scale, min, x, first + t, b, wsimd_hsum(acc[t]) + wsimd_hsum(off[t]));
 }
 
-__attribute__((target("avx2,fma"))) static float q8_avx2(const int8_t *codes, const float *scale,
-                                                       const wqvec *x, size_t blocks) {
-    __m256 acc = _mm256_setzero_ps();
-    for (size_t b = 0; b < blocks; b++) {
-        __m256i w = _mm256_loadu_si256((const __m256i *)(const void *)(codes + 32 * b));
-        __m256i lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w));
-        __m256i hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1));
-        const __m256i *q = (const __m256i *)(const void *)(x->q + 32 * b);
-        __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_loadu_si256(q)),
-                                       _mm256_madd_epi16(hi, _mm256_loadu_si256(q + 1)));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(scale[b] * x->d[b]), acc);
+WSIMD_TARGET static void q8_avx2(const int8_t *codes, const float *scale, const wqvec *x,
+                                 size_t first, size_t n, float *out, size_t out_stride) {
+    size_t cols = x->cols, blocks = cols / 32, b = 0;
+    __m256 acc[WDOT_TOKENS];
+    __m256i dots[WDOT_TOKENS][8];
+    for (size_t t = 0; t < n; t++) acc[t] = _mm256_setzero_ps();
+    for (; b + 8 <= blocks; b += 8) {
+        for (size_t i = 0; i < 8; i++) {
+            __m256i w = _mm256_loadu_si256((const __m256i *)(const void *)(codes + 32 * (b + i)));
+            __m256i lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w));
+            __m256i hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1));
+            for (size_t t = 0; t < n; t++)
+                dots[t][i] = madd_block(lo, hi, x->q + (first + t) * cols + 32 * (b + i));
+        }
+        __m256 s = _mm256_loadu_ps(scale + b);
+        for (size_t t = 0; t < n; t++) {
+            const float *d = x->d + (first + t) * blocks + b;
+            __m256 sums = _mm256_cvtepi32_ps(wsimd_hsum8_epi32(dots[t]));
+            acc[t] = _mm256_fmadd_ps(sums, _mm256_mul_ps(s, _mm256_loadu_ps(d)), acc[t]);
+        }
     }
-    return hsum(acc);
+    for (size_t t = 0; t < n; t++)
+        out[t * out_stride] = q8_tail(codes, scale, x, first + t, b, wsimd_hsum(acc[t]));
 }
 
-static int use_avx2(void) {
-    static atomic_int answer = -1; /* threads that race here all store the same value */
-    int known = atomic_load_explicit(&answer, memory_order_relaxed);
-    if (known < 0) {
-        __builtin_cpu_init();
-        known = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-        atomic_store_explicit(&answer, known, memory_order_relaxed);
+WSIMD_TARGET static void f32_avx2(const float *row, const float *x, size_t cols, size_t n,
+                                  float *out, size_t out_stride) {
+    __m256 acc[WDOT_TOKENS];
+    size_t c = 0;
+    for (size_t t = 0; t < n; t++) acc[t] = _mm256_setzero_ps();
+    for (; c + 8 <= cols; c += 8) {
+        __m256 w = _mm256_loadu_ps(row + c);
+        for (size_t t = 0; t < n; t++)
+            acc[t] = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + t * cols + c), acc[t]);
     }
-    return known;
+    for (size_t t = 0; t < n; t++) {
+        float sum = wsimd_hsum(acc[t]);
+        for (size_t k = c; k < cols; k++) sum += row[k] * x[t * cols + k];
+        out[t * out_stride] = sum;
+    }
 }
 #endif
 
-float wdot_q4_1(const uint8_t *nibbles, const float *scale, const float *min, const wqvec *x,
-                size_t blocks) {
-#ifdef HAVE_AVX2_PATH
-    if (use_avx2()) return q4_1_avx2(nibbles, scale, min, x, blocks);
+void wdot_q4_1(const uint8_t *nibbles, const float *scale, const float *min, const wqvec *x,
+               size_t first, size_t n, float *out, size_t out_stride) {
+#ifdef WSIMD_AVX2
+    if (wsimd_avx2()) {
+        q4_1_avx2(nibbles, scale, min, x, first, n, out, out_stride);
+        return;
+    }
 #endif
-    return q4_1_plain(nibbles, scale, min, x, blocks);
+    for (size_t t = 0; t < n; t++) out[t * out_stride] = q4_1_tail(nibbles, scale, min, x, first + t, 0, 0.0f);
 }
 
-float wdot_q8(const int8_t *codes, const float *scale, const wqvec *x, size_t blocks) {
-#ifdef HAVE_AVX2_PATH
-    if (use_avx2()) return q8_avx2(codes, scale, x, blocks);
+void wdot_q8(const int8_t *codes, const float *scale, const wqvec *x, size_t first, size_t n,
+             float *out, size_t out_stride) {
+#ifdef WSIMD_AVX2
+    if (wsimd_avx2()) {
+        q8_avx2(codes, scale, x, first, n, out, out_stride);
+        return;
+    }
 #endif
-    return q8_plain(codes, scale, x, blocks);
+    for (size_t t = 0; t < n; t++) out[t * out_stride] = q8_tail(codes, scale, x, first + t, 0, 0.0f);
+}
+
+void wdot_f32(const float *row, const float *x, size_t cols, size_t n, float *out,
+              size_t out_stride) {
+#ifdef WSIMD_AVX2
+    if (wsimd_avx2()) {
+        f32_avx2(row, x, cols, n, out, out_stride);
+        return;
+    }
+#endif
+    f32_plain(row, x, cols, n, out, out_stride);
 }

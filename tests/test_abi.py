@@ -303,11 +303,11 @@ def test_only_the_api_is_exported(lib_path):
 
 
 def test_version_and_build_info(lib):
-    assert lib.waste_version() == b"0.6.0"
+    assert lib.waste_version() == b"0.6.1"
     major, minor, patch = map(int, lib.waste_version().split(b"."))
     assert lib.waste_version_number() == major * 10000 + minor * 100 + patch
     info = lib.waste_build_info().decode()
-    assert "\n" not in info and "0.6.0" in info and "waste-ref v1" in info
+    assert "\n" not in info and "0.6.1" in info and "waste-ref v1" in info
 
 
 def test_strerror_covers_every_code(lib):
@@ -582,20 +582,44 @@ def test_eval_errors_change_nothing(lib, k3_container, prompt):
         assert lib.waste_eval(ctx, ints([1]), 1, C.byref(logits), C.byref(n)) == E_ARG
 
 
-def test_stats_count_tokens_and_experts(lib, k3_container, prompt):
+def read_usage(path: Path, keys: int) -> list[int]:
+    """The routing counts of a hotlist file (engine/usage.h: a 20-byte header, then u64s)."""
+    return list(struct.unpack_from(f"<{keys}Q", path.read_bytes(), 20))
+
+
+def test_stats_count_one_fetch_per_expert_and_batch(lib, k3_container, prompt, tmp_path):
+    """The hit and miss counters count experts read through the cache.  A batch (here the
+    whole prompt) reads each expert its tokens chose once, however many tokens it serves; a
+    generated token reads its own top_k per MoE layer.  The hotlist still counts routings:
+    top_k per token and MoE layer."""
     m = manifest(k3_container)
-    moe = m["n_layers"] - m["n_dense_layers"]
-    with opened(lib, k3_container, usage_path="/nonexistent/usage.waste") as ctx:
+    moe, keys = m["n_layers"] - m["n_dense_layers"], (m["n_layers"] - m["n_dense_layers"]) * m["n_experts"]
+    per_token = moe * m["top_k"]
+    alone, usage = tmp_path / "alone.waste", tmp_path / "usage.waste"
+    with opened(lib, k3_container, usage_path=str(alone)) as ctx:
+        evaluate(lib, ctx, prompt)
+        stats = Stats()
+        lib.waste_get_stats(ctx, C.byref(stats))
+        assert lib.waste_save_usage(ctx) == OK
+    routed = read_usage(alone, keys)
+    distinct = sum(1 for count in routed if count)  # the (layer, expert) pairs the prompt chose
+    assert sum(routed) == len(prompt) * per_token
+    assert stats.experts_hit + stats.experts_missed == distinct < len(prompt) * per_token
+    with opened(lib, k3_container, usage_path=str(usage)) as ctx:
         status, seen = generate(lib, ctx, prompt, max_tokens=5)
         assert status == OK and len(seen) == 5
-        stats = Stats()
         assert lib.waste_get_stats(ctx, C.byref(stats)) == OK
         assert stats.tokens_generated == 5
-        assert stats.experts_hit + stats.experts_missed == (len(prompt) + 5) * moe * m["top_k"]
+        # the first token's counters include its prompt's
+        assert seen[0]["hit"] + seen[0]["missed"] == distinct + per_token
+        assert all(t["hit"] + t["missed"] == per_token for t in seen[1:])
+        assert stats.experts_hit + stats.experts_missed == distinct + 5 * per_token
         assert sum(t["hit"] + t["missed"] for t in seen) == stats.experts_hit + stats.experts_missed
         assert stats.bytes_read == stats.experts_missed * plan_of(lib, k3_container).min_expert_cache
         assert sum(t["bytes"] for t in seen) == stats.bytes_read
         assert stats.direct_io in (0, 1) and stats.sec_total >= stats.sec_io >= 0
+        assert lib.waste_save_usage(ctx) == OK
+    assert sum(read_usage(usage, keys)) == (len(prompt) + 5) * per_token
     with opened(lib, k3_container, use_direct_io=0) as ctx:
         stats = Stats()
         lib.waste_get_stats(ctx, C.byref(stats))
