@@ -87,11 +87,20 @@ WSIMD_TARGET static void tile_avx2(const float *q, const float *k, const float *
         _mm256_storeu_ps(p + 8 * g, e);
     }
     r->sum += wsimd_hsum(sum);
+    /* Four running sums per 8 channels (keys j, j+1, j+2, j+3), so the
+     * multiply-adds do not wait on one another. */
     for (size_t c = 0; c < hd; c += 8) {
-        __m256 a = _mm256_loadu_ps(acc + c);
-        for (size_t j = 0; j < count; j++)
-            a = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(v + j * hd + c), a);
-        _mm256_storeu_ps(acc + c, a);
+        __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                       _mm256_setzero_ps()};
+        size_t j = 0;
+        for (; j + 4 <= count; j += 4)
+            for (size_t u = 0; u < 4; u++)
+                a[u] = _mm256_fmadd_ps(_mm256_set1_ps(p[j + u]), _mm256_loadu_ps(v + (j + u) * hd + c),
+                                       a[u]);
+        for (; j < count; j++)
+            a[0] = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(v + j * hd + c), a[0]);
+        __m256 tile = _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3]));
+        _mm256_storeu_ps(acc + c, _mm256_add_ps(_mm256_loadu_ps(acc + c), tile));
     }
 }
 #endif
