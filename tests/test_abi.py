@@ -12,8 +12,10 @@ import math
 import os
 import re
 import shutil
+import random
 import struct
 import subprocess
+import sys
 import time
 import zlib
 from pathlib import Path
@@ -22,6 +24,8 @@ from typing import Iterator, Sequence
 import pytest
 
 from conftest import make_container
+from gguf_writer import tiny_llama
+from state_layout import v2_to_v1
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -529,6 +533,83 @@ def test_chunked_eval_equals_token_at_a_time(lib, k3_container, prompt):
     assert all(math.isfinite(x) for x in whole)
 
 
+def random_chunks(rng: random.Random, total: int, largest: int = 700) -> list[int]:
+    """Sizes 1..largest adding up to total."""
+    sizes: list[int] = []
+    while sum(sizes) < total:
+        sizes.append(min(rng.randint(1, largest), total - sum(sizes)))
+    return sizes
+
+
+def one_at_a_time(lib, ctx, tokens: Sequence[int]) -> list[list[float]]:
+    """The logits after each position, evaluating one token per call."""
+    return [evaluate(lib, ctx, [token]) for token in tokens]
+
+
+@pytest.fixture(scope="module")
+def gguf_container(tmp_path_factory) -> Path:
+    """A llama converted from a GGUF (q4_1 blocks, q8g32 tied embeddings, 2 KV heads for 4)."""
+    d = tmp_path_factory.mktemp("gguf")
+    converted = subprocess.run([sys.executable, str(ROOT / "tools" / "make_container.py"),
+                                str(d / "tiny.waste"), "--from-gguf", str(tiny_llama(d / "tiny.gguf"))],
+                               capture_output=True, text=True)
+    assert converted.returncode == 0, converted.stderr
+    return d / "tiny.waste"
+
+
+@pytest.mark.parametrize("name", ["k3", "k3 vision", "kimi-linear", "plain", "gguf"])
+def test_batches_of_any_size_equal_one_position_at_a_time(lib, name, request):
+    """A prompt cut into random chunks of 1 to 700 (so past one internal batch of 512),
+    on random tokens (so the batch's tokens spread over many experts), evaluated with 3
+    threads, gives at every chunk's end the bits one position at a time gives on one thread."""
+    container = request.getfixturevalue({"k3": "k3_container", "k3 vision": "k3_vision_container",
+                                         "kimi-linear": "kimi_linear_container",
+                                         "plain": "plain_container",
+                                         "gguf": "gguf_container"}[name])
+    rng = random.Random(name)
+    vocab = manifest(container)["vocab_size"]
+    tokens = [rng.randrange(vocab) for _ in range(1000)]
+    with opened(lib, container, ctx_tokens=1024, n_threads=1) as ctx:
+        single = one_at_a_time(lib, ctx, tokens)
+    for seed in range(2):
+        sizes = random_chunks(random.Random(seed), len(tokens))
+        assert max(sizes) > 512 or seed == 0
+        with opened(lib, container, ctx_tokens=1024, n_threads=3) as ctx:
+            at = 0
+            for size in sizes:
+                logits = evaluate(lib, ctx, tokens[at:at + size])
+                at += size
+                assert logits == single[at - 1], (sizes, at)
+
+
+def test_an_image_in_the_middle_of_a_chunk(lib, k3_vision_container, tmp_path):
+    """Image rows enter at their pad positions whichever chunk holds them: chunks that start
+    before, inside and after the image give the bits of one position at a time."""
+    image = write(tmp_path / "a.png", png_bytes(96, 64, seed=5))
+    pad = specials(k3_vision_container)["<|media_pad|>"]
+    rng = random.Random(3)
+    with opened(lib, k3_vision_container, vision=1, ctx_tokens=512) as ctx:
+        n = C.c_size_t()
+        assert lib.waste_image_add(ctx, str(image).encode(), C.byref(n)) == OK
+        text = [rng.randrange(1200) for _ in range(60)]
+        _, tokens, _ = expand(lib, ctx, text[:25] + [pad] + text[25:])
+        assert tokens.count(pad) == n.value > 4
+        single = one_at_a_time(lib, ctx, tokens)
+        first = tokens.index(pad)
+        for cuts in ([first - 3, first + 2, len(tokens)], [first + 1, len(tokens)],
+                     [5, first + n.value + 3, len(tokens)], [len(tokens)]):
+            lib.waste_state_reset(ctx)
+            assert lib.waste_image_add(ctx, str(image).encode(), C.byref(n)) == OK
+            at = 0
+            for cut in cuts:
+                logits = evaluate(lib, ctx, tokens[at:cut])
+                at = cut
+                assert logits == single[at - 1], (cuts, at)
+        lib.waste_state_reset(ctx)
+        plain = evaluate(lib, ctx, tokens)   # no image queued: the pads are ordinary tokens
+    assert plain != single[-1]
+
+
 def test_one_record_cache_gives_the_same_logits(lib, k3_container, prompt):
     plan = plan_of(lib, k3_container)
     results = {}
@@ -851,6 +932,24 @@ def test_state_load_rejects_foreign_and_damaged_files(lib, k3_container, plain_c
         assert lib.waste_state_load(ctx, str(tmp_path / "none").encode()) == E_IO
     with opened(lib, k3_container, ctx_tokens=4) as ctx:
         assert lib.waste_state_load(ctx, str(mine).encode()) == E_ARG
+
+
+def test_a_state_of_the_old_layout_is_refused(lib, k3_container, prompt, tmp_path):
+    """Version 1 files (engine 0.6.0: keys position by position) would be misread by a cache
+    laid out head by head: refused as WASTE_E_FORMAT, naming the version, the state reset."""
+    current, old = tmp_path / "v2.state", tmp_path / "v1.state"
+    m = manifest(k3_container)
+    with opened(lib, k3_container) as ctx:
+        evaluate(lib, ctx, prompt)
+        assert lib.waste_state_save(ctx, str(current).encode()) == OK
+        v2_to_v1(current, old, m.get("n_kv_heads", m["n_heads"]))
+        assert old.stat().st_size == current.stat().st_size and old.read_bytes() != current.read_bytes()
+        assert lib.waste_state_load(ctx, str(old).encode()) == E_FORMAT
+        assert "version 1" in detail_of(lib, ctx)
+        after = evaluate(lib, ctx, [4])
+        lib.waste_state_reset(ctx)
+        assert after == evaluate(lib, ctx, [4])
+        assert lib.waste_state_load(ctx, str(current).encode()) == OK
 
 
 # ---------------------------------------------------------------- expert I/O
