@@ -81,16 +81,26 @@ static void row_tokens_grouped(const job *j, size_t r) {
     }
 }
 
+/* The tokens whose activations (about 32 KB of them) stay in the core's
+ * first-level cache while a thread's rows pass over them: a multiple of
+ * WDOT_TOKENS. */
+static size_t token_tile(size_t cols) {
+    size_t tile = (32768 / 2 / cols) / WDOT_TOKENS * WDOT_TOKENS;
+    return tile < WDOT_TOKENS ? WDOT_TOKENS : tile > 64 ? 64 : tile;
+}
+
 static void mul_rows(void *arg, size_t begin, size_t end) {
     const job *j = arg;
-    int blocked = j->w->q.kind != WQ_F32 && j->w->q.group == 32;
-    for (size_t r = begin; r < end; r++) {
-        if (j->w->q.kind == WQ_Q8 && !blocked) {
-            row_tokens_grouped(j, r);
-            continue;
-        }
-        for (size_t t = 0; t < j->n; t += WDOT_TOKENS)
-            row_tokens(j, r, t, j->n - t < WDOT_TOKENS ? j->n - t : WDOT_TOKENS);
+    size_t n = j->n, tile = token_tile(j->w->cols);
+    if (j->w->q.kind == WQ_Q8 && j->w->q.group != 32) {
+        for (size_t r = begin; r < end; r++) row_tokens_grouped(j, r);
+        return;
+    }
+    for (size_t t0 = 0; t0 < n; t0 += tile) {
+        size_t t1 = t0 + tile < n ? t0 + tile : n;
+        for (size_t r = begin; r < end; r++)
+            for (size_t t = t0; t < t1; t += WDOT_TOKENS)
+                row_tokens(j, r, t, t1 - t < WDOT_TOKENS ? t1 - t : WDOT_TOKENS);
     }
 }
 
