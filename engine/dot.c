@@ -91,29 +91,45 @@ WSIMD_TARGET static __m256i first_lanes(size_t count) {
                               _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
+/* dots[t][i] = the int32 lanes of block b+i's products for token first+t,
+ * i < count; zeros for the lanes of a short last group.  row: q4_1 nibbles
+ * (16 bytes a block) or q8 codes (32 bytes a block). */
+WSIMD_TARGET static inline void group_products(int q4_1, const uint8_t *row, const wqvec *x,
+                                               size_t first, size_t n, size_t b, size_t count,
+                                               __m256i dots[][8]) {
+    const __m128i low4 = _mm_set1_epi8(15);
+    for (size_t i = 0; i < 8; i++) {
+        if (i == count) {
+            for (size_t t = 0; t < n; t++)
+                for (size_t k = i; k < 8; k++) dots[t][k] = _mm256_setzero_si256();
+            return;
+        }
+        __m256i lo, hi;
+        if (q4_1) {
+            __m128i raw = _mm_loadu_si128((const __m128i *)(const void *)(row + 16 * (b + i)));
+            lo = _mm256_cvtepu8_epi16(_mm_and_si128(raw, low4));
+            hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), low4));
+        } else {
+            __m256i w = _mm256_loadu_si256((const __m256i *)(const void *)(row + 32 * (b + i)));
+            lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w));
+            hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1));
+        }
+        for (size_t t = 0; t < n; t++)
+            dots[t][i] = madd_block(lo, hi, x->q + (first + t) * x->cols + 32 * (b + i));
+    }
+}
+
 WSIMD_TARGET static void q4_1_avx2(const uint8_t *nib, const float *scale, const float *min,
                                    const wqvec *x, size_t first, size_t n, float *out,
                                    size_t out_stride) {
-    const __m128i low4 = _mm_set1_epi8(15);
-    size_t cols = x->cols, blocks = cols / 32;
+    size_t blocks = x->cols / 32;
     __m256 acc[WDOT_TOKENS], off[WDOT_TOKENS];
     __m256i dots[WDOT_TOKENS][8];
     for (size_t t = 0; t < n; t++) acc[t] = off[t] = _mm256_setzero_ps();
     for (size_t b = 0; b < blocks; b += 8) {
         size_t count = blocks - b < 8 ? blocks - b : 8;
         __m256i lanes = first_lanes(count);
-        for (size_t i = 0; i < 8; i++) {
-            if (i == count) {
-                for (size_t t = 0; t < n; t++)
-                    for (size_t k = i; k < 8; k++) dots[t][k] = _mm256_setzero_si256();
-                break;
-            }
-            __m128i raw = _mm_loadu_si128((const __m128i *)(const void *)(nib + 16 * (b + i)));
-            __m256i lo = _mm256_cvtepu8_epi16(_mm_and_si128(raw, low4));
-            __m256i hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), low4));
-            for (size_t t = 0; t < n; t++)
-                dots[t][i] = madd_block(lo, hi, x->q + (first + t) * cols + 32 * (b + i));
-        }
+        group_products(1, nib, x, first, n, b, count, dots);
         __m256 s = _mm256_maskload_ps(scale + b, lanes), mn = _mm256_maskload_ps(min + b, lanes);
         for (size_t t = 0; t < n; t++) {
             const float *d = x->d + (first + t) * blocks + b, *xs = x->sum + (first + t) * blocks + b;
@@ -127,25 +143,14 @@ WSIMD_TARGET static void q4_1_avx2(const uint8_t *nib, const float *scale, const
 
 WSIMD_TARGET static void q8_avx2(const int8_t *codes, const float *scale, const wqvec *x,
                                  size_t first, size_t n, float *out, size_t out_stride) {
-    size_t cols = x->cols, blocks = cols / 32;
+    size_t blocks = x->cols / 32;
     __m256 acc[WDOT_TOKENS];
     __m256i dots[WDOT_TOKENS][8];
     for (size_t t = 0; t < n; t++) acc[t] = _mm256_setzero_ps();
     for (size_t b = 0; b < blocks; b += 8) {
         size_t count = blocks - b < 8 ? blocks - b : 8;
         __m256i lanes = first_lanes(count);
-        for (size_t i = 0; i < 8; i++) {
-            if (i == count) {
-                for (size_t t = 0; t < n; t++)
-                    for (size_t k = i; k < 8; k++) dots[t][k] = _mm256_setzero_si256();
-                break;
-            }
-            __m256i w = _mm256_loadu_si256((const __m256i *)(const void *)(codes + 32 * (b + i)));
-            __m256i lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w));
-            __m256i hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1));
-            for (size_t t = 0; t < n; t++)
-                dots[t][i] = madd_block(lo, hi, x->q + (first + t) * cols + 32 * (b + i));
-        }
+        group_products(0, (const uint8_t *)codes, x, first, n, b, count, dots);
         __m256 s = _mm256_maskload_ps(scale + b, lanes);
         for (size_t t = 0; t < n; t++) {
             const float *d = x->d + (first + t) * blocks + b;
