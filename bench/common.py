@@ -5,7 +5,6 @@ import argparse
 import http.client
 import json
 import os
-import struct
 import subprocess
 import sys
 import tempfile
@@ -75,29 +74,6 @@ def build_engine_at(commit: str, directory: str | Path) -> Path:
     name = "libwaste.dylib" if sys.platform == "darwin" else "libwaste.so"
     subprocess.run(["make", "-s", "-C", str(directory), name], check=True, stdout=subprocess.DEVNULL)
     return Path(directory) / name
-
-
-def state_v2_to_v1(src: str | Path, dst: str | Path, n_kv_heads: int) -> None:
-    """Rewrite a state file of engine 0.6.1 (version 2: each layer's keys, then values, head by
-    head) in engine 0.6.0's layout (version 1: position by position), for the old engine to load."""
-    import zlib
-    from array import array
-    data = Path(src).read_bytes()
-    magic, version, fingerprint, n_layers, kv_dim, pos = struct.unpack_from("<4s5I", data)
-    assert (magic, version) == (b"WSTA", 2), src
-    head_dim, floats = kv_dim // n_kv_heads, pos * kv_dim
-    header = struct.pack("<4s5I", magic, 1, fingerprint, n_layers, kv_dim, pos)
-    crc, body = zlib.crc32(header), []
-    for plane in range(2 * n_layers):
-        by_head = array("f", data[24 + 4 * floats * plane:24 + 4 * floats * (plane + 1)])
-        by_pos = array("f", bytes(4 * floats))
-        for h in range(n_kv_heads):
-            for c in range(head_dim):
-                by_pos[h * head_dim + c::kv_dim] = by_head[h * pos * head_dim + c:(h + 1) * pos * head_dim:head_dim]
-        chunk = by_pos.tobytes()
-        crc = zlib.crc32(chunk, crc)
-        body.append(chunk)
-    Path(dst).write_bytes(header + b"".join(body) + struct.pack("<I", crc))
 
 
 def rate(stamps: list[float]) -> float:

@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import DEMO, PREVIOUS_ENGINE, ROOT, build_engine_at, machine, state_v2_to_v1
+from common import DEMO, PREVIOUS_ENGINE, ROOT, build_engine_at, machine
 
 from serve import anthropic  # noqa: E402
 from serve.engine import Engine, EngineConfig, load_library  # noqa: E402
@@ -37,6 +37,7 @@ from serve.xtml import build_chat_segments  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "tests"))
 from agents import claude_code_first_message, claude_code_request  # noqa: E402
+from state_layout import v2_to_v1  # noqa: E402
 
 WINDOW = 512
 STARTS = (0, 4096, 16384, 32768)
@@ -64,7 +65,7 @@ def windows(old_lib, new_lib, container: Path, config: EngineConfig, tokens: lis
             filled = start
             states[start] = tmp / f"new-{start}.state"
             engine.save_state(states[start])
-            state_v2_to_v1(states[start], tmp / f"old-{start}.state", n_kv_heads)
+            v2_to_v1(states[start], tmp / f"old-{start}.state", n_kv_heads)
     rows = []
     for start in STARTS:
         rates = []
