@@ -63,12 +63,17 @@ def gguf_path() -> Path:
 # ---- llama.cpp side: runs in the bench venv --------------------------------------------
 
 def llama_worker(gguf: str, threads: int, prompts: dict[str, list[int]], decode: int) -> dict:
+    import llama_cpp
     import numpy as np
     from llama_cpp import Llama
+
+    def next_token() -> int:   # greedy, from the last evaluated position's logits
+        logits = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
+        return int(np.argmax(np.ctypeslib.as_array(logits, shape=(llm.n_vocab(),))))
     n_ctx = max(len(ids) for ids in prompts.values()) + decode + 16
     llm = Llama(model_path=gguf, n_ctx=n_ctx, n_batch=512, n_threads=threads,
                 n_threads_batch=threads, verbose=False)
-    result: dict = {"version": __import__("llama_cpp").__version__, "prefill": {}}
+    result: dict = {"version": llama_cpp.__version__, "prefill": {}}
     for name, ids in prompts.items():
         llm.reset()
         started = time.perf_counter()
@@ -76,11 +81,11 @@ def llama_worker(gguf: str, threads: int, prompts: dict[str, list[int]], decode:
         result["prefill"][name] = len(ids) / (time.perf_counter() - started)
     llm.reset()
     llm.eval(prompts["512"])
-    token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    token = next_token()
     started = time.perf_counter()
     for _ in range(decode):
         llm.eval([token])
-        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        token = next_token()
     result["decode"] = decode / (time.perf_counter() - started)
     return result
 
@@ -125,10 +130,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=cores)
     ap.add_argument("--decode", type=int, default=128, help="tokens decoded after the 512-token prompt")
     ap.add_argument("--lib", default=None, help="libwaste to measure (default ./libwaste.so)")
-    ap.add_argument("--llama-worker", help=argparse.SUPPRESS)  # JSON arguments, in the bench venv
+    ap.add_argument("--llama-worker", action="store_true", help=argparse.SUPPRESS)  # in the bench venv
     args = ap.parse_args()
-    if args.llama_worker:
-        job = json.loads(args.llama_worker)
+    if args.llama_worker:   # the job comes as JSON on stdin
+        job = json.loads(sys.stdin.read())
         print(json.dumps(llama_worker(job["gguf"], job["threads"], job["prompts"], job["decode"])))
         return
     sys.path.insert(0, str(HERE))
@@ -142,8 +147,11 @@ def main() -> None:
     python = llama_python()
     job = json.dumps({"gguf": str(gguf), "threads": args.threads, "prompts": prompts,
                       "decode": args.decode})
-    llama = json.loads(subprocess.run([str(python), __file__, "--llama-worker", job], check=True,
-                                      capture_output=True, text=True).stdout)
+    worker = subprocess.run([str(python), __file__, "--llama-worker"], input=job, capture_output=True,
+                            text=True)
+    if worker.returncode != 0:
+        raise SystemExit(f"llama.cpp side failed:\n{worker.stderr}")
+    llama = json.loads(worker.stdout)
     ours = waste_side(container, args.threads, prompts, args.decode, args.lib)
     print(f"SmolLM2-135M-Instruct Q4_1, {args.threads} threads: llama.cpp (llama-cpp-python "
           f"{llama['version']}) and libwaste {ours['version']} — {machine()}")
