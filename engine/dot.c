@@ -74,12 +74,16 @@ static void f32_plain(const float *row, const float *x, size_t cols, size_t n, f
 /* ---------------------------------------------------------------- AVX2 */
 
 #ifdef WSIMD_AVX2
-/* Eight blocks at a time: each block's 32 products become one exact int32
- * (vpmaddwd pairs 16-bit codes into 32-bit lanes without overflow, as
- * |w| <= 128 and |q| <= 32767), then the eight block sums are scaled and
- * accumulated as one vector.  A last group of fewer than eight blocks has
- * its missing lanes zeroed (masked loads never touch memory past the row). */
-WSIMD_TARGET static __m256i madd_block(__m256i lo, __m256i hi, const int16_t *q) {
+/* Per block of 32: the integer products in eight int32 lanes (vpmaddwd pairs
+ * 16-bit codes into 32-bit lanes without overflow, as |w| <= 128 and
+ * |q| <= 32767), converted and accumulated with the block's scale times the
+ * activation's (as the plain path does, lane-wise).  The scale products and
+ * q4_1's minimum terms are taken eight blocks at a time; a last group of
+ * fewer than eight has its missing lanes masked (masked loads never touch
+ * memory past the row). */
+#define INLINE_AVX2 WSIMD_TARGET static inline __attribute__((always_inline))
+
+INLINE_AVX2 __m256i madd_block(__m256i lo, __m256i hi, const int16_t *q) {
     const __m256i *v = (const __m256i *)(const void *)q;
     return _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_loadu_si256(v)),
                             _mm256_madd_epi16(hi, _mm256_loadu_si256(v + 1)));
@@ -91,74 +95,92 @@ WSIMD_TARGET static __m256i first_lanes(size_t count) {
                               _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-/* dots[t][i] = the int32 lanes of block b+i's products for token first+t,
- * i < count; zeros for the lanes of a short last group.  row: q4_1 nibbles
- * (16 bytes a block) or q8 codes (32 bytes a block). */
-WSIMD_TARGET static inline void group_products(int q4_1, const uint8_t *row, const wqvec *x,
-                                               size_t first, size_t n, size_t b, size_t count,
-                                               __m256i dots[][8]) {
-    const __m128i low4 = _mm_set1_epi8(15);
-    for (size_t i = 0; i < 8; i++) {
-        if (i == count) {
-            for (size_t t = 0; t < n; t++)
-                for (size_t k = i; k < 8; k++) dots[t][k] = _mm256_setzero_si256();
-            return;
-        }
-        __m256i lo, hi;
-        if (q4_1) {
-            __m128i raw = _mm_loadu_si128((const __m128i *)(const void *)(row + 16 * (b + i)));
-            lo = _mm256_cvtepu8_epi16(_mm_and_si128(raw, low4));
-            hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), low4));
-        } else {
-            __m256i w = _mm256_loadu_si256((const __m256i *)(const void *)(row + 32 * (b + i)));
-            lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w));
-            hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1));
-        }
-        for (size_t t = 0; t < n; t++)
-            dots[t][i] = madd_block(lo, hi, x->q + (first + t) * x->cols + 32 * (b + i));
+/* Block b's 32 weights as 16-bit codes: elements 0-15 in lo, 16-31 in hi.
+ * row: q4_1 nibbles (16 bytes a block) or q8 codes (32 bytes a block). */
+INLINE_AVX2 void decode_block(int q4_1, const uint8_t *row, size_t b, __m256i *lo,
+                                             __m256i *hi) {
+    if (q4_1) {
+        const __m128i low4 = _mm_set1_epi8(15);
+        __m128i raw = _mm_loadu_si128((const __m128i *)(const void *)(row + 16 * b));
+        *lo = _mm256_cvtepu8_epi16(_mm_and_si128(raw, low4));
+        *hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), low4));
+    } else {
+        __m256i w = _mm256_loadu_si256((const __m256i *)(const void *)(row + 32 * b));
+        *lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w));
+        *hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1));
     }
+}
+
+/* acc[t] += block b's products for token first+t, times sd[t]'s lane `lane`. */
+INLINE_AVX2 void add_block(int q4_1, const uint8_t *row, const wqvec *x, size_t first, size_t n,
+                           size_t b, int lane, const __m256 *sd, __m256 *acc) {
+    __m256i lo, hi, which = _mm256_set1_epi32(lane);
+    decode_block(q4_1, row, b, &lo, &hi);
+#pragma GCC unroll 4
+    for (size_t t = 0; t < n; t++) {
+        __m256i dot = madd_block(lo, hi, x->q + (first + t) * x->cols + 32 * b);
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_permutevar8x32_ps(sd[t], which),
+                                 acc[t]);
+    }
+}
+
+/* Both formats; min is NULL for q8.  Always inlined, so that the calls
+ * below get a copy for each format and one for a full WDOT_TOKENS whose
+ * accumulators stay in registers.  Each token keeps two running sums (even
+ * and odd blocks), so consecutive multiply-adds do not wait on each other. */
+INLINE_AVX2 void blocked_avx2(int q4_1, const uint8_t *row, const float *scale, const float *min,
+                              const wqvec *x, size_t first, size_t n, float *out,
+                              size_t out_stride) {
+    size_t blocks = x->cols / 32;
+    __m256 even[WDOT_TOKENS], odd[WDOT_TOKENS], sd[WDOT_TOKENS];
+#pragma GCC unroll 4
+    for (size_t t = 0; t < n; t++) even[t] = odd[t] = sd[t] = _mm256_setzero_ps();
+    for (size_t b = 0; b < blocks; b += 8) {
+        size_t count = blocks - b < 8 ? blocks - b : 8, i = 0;
+        __m256i lanes = first_lanes(count);
+        __m256 s = _mm256_maskload_ps(scale + b, lanes);
+#pragma GCC unroll 4
+        for (size_t t = 0; t < n; t++) {
+            size_t at = (first + t) * blocks + b;
+            sd[t] = _mm256_mul_ps(s, _mm256_maskload_ps(x->d + at, lanes));
+            if (q4_1)
+                odd[t] = _mm256_fmadd_ps(_mm256_maskload_ps(min + b, lanes),
+                                         _mm256_maskload_ps(x->sum + at, lanes), odd[t]);
+        }
+        for (; i + 2 <= count; i += 2) {
+            add_block(q4_1, row, x, first, n, b + i, (int)i, sd, even);
+            add_block(q4_1, row, x, first, n, b + i + 1, (int)i + 1, sd, odd);
+        }
+        if (i < count) add_block(q4_1, row, x, first, n, b + i, (int)i, sd, even);
+    }
+#pragma GCC unroll 4
+    for (size_t t = 0; t < n; t++) out[t * out_stride] = wsimd_hsum(_mm256_add_ps(even[t], odd[t]));
+}
+
+/* A full set of WDOT_TOKENS, compiled apart so its accumulators are registers. */
+WSIMD_TARGET __attribute__((noinline)) static void q4_1_avx2_full(const uint8_t *nib,
+        const float *scale, const float *min, const wqvec *x, size_t first, float *out,
+        size_t out_stride) {
+    blocked_avx2(1, nib, scale, min, x, first, WDOT_TOKENS, out, out_stride);
 }
 
 WSIMD_TARGET static void q4_1_avx2(const uint8_t *nib, const float *scale, const float *min,
                                    const wqvec *x, size_t first, size_t n, float *out,
                                    size_t out_stride) {
-    size_t blocks = x->cols / 32;
-    __m256 acc[WDOT_TOKENS], off[WDOT_TOKENS];
-    __m256i dots[WDOT_TOKENS][8];
-    for (size_t t = 0; t < n; t++) acc[t] = off[t] = _mm256_setzero_ps();
-    for (size_t b = 0; b < blocks; b += 8) {
-        size_t count = blocks - b < 8 ? blocks - b : 8;
-        __m256i lanes = first_lanes(count);
-        group_products(1, nib, x, first, n, b, count, dots);
-        __m256 s = _mm256_maskload_ps(scale + b, lanes), mn = _mm256_maskload_ps(min + b, lanes);
-        for (size_t t = 0; t < n; t++) {
-            const float *d = x->d + (first + t) * blocks + b, *xs = x->sum + (first + t) * blocks + b;
-            __m256 sums = _mm256_cvtepi32_ps(wsimd_hsum8_epi32(dots[t]));
-            acc[t] = _mm256_fmadd_ps(sums, _mm256_mul_ps(s, _mm256_maskload_ps(d, lanes)), acc[t]);
-            off[t] = _mm256_fmadd_ps(mn, _mm256_maskload_ps(xs, lanes), off[t]);
-        }
-    }
-    for (size_t t = 0; t < n; t++) out[t * out_stride] = wsimd_hsum(acc[t]) + wsimd_hsum(off[t]);
+    if (n == WDOT_TOKENS) q4_1_avx2_full(nib, scale, min, x, first, out, out_stride);
+    else blocked_avx2(1, nib, scale, min, x, first, n, out, out_stride);
+}
+
+WSIMD_TARGET __attribute__((noinline)) static void q8_avx2_full(const uint8_t *codes,
+        const float *scale, const wqvec *x, size_t first, float *out, size_t out_stride) {
+    blocked_avx2(0, codes, scale, NULL, x, first, WDOT_TOKENS, out, out_stride);
 }
 
 WSIMD_TARGET static void q8_avx2(const int8_t *codes, const float *scale, const wqvec *x,
                                  size_t first, size_t n, float *out, size_t out_stride) {
-    size_t blocks = x->cols / 32;
-    __m256 acc[WDOT_TOKENS];
-    __m256i dots[WDOT_TOKENS][8];
-    for (size_t t = 0; t < n; t++) acc[t] = _mm256_setzero_ps();
-    for (size_t b = 0; b < blocks; b += 8) {
-        size_t count = blocks - b < 8 ? blocks - b : 8;
-        __m256i lanes = first_lanes(count);
-        group_products(0, (const uint8_t *)codes, x, first, n, b, count, dots);
-        __m256 s = _mm256_maskload_ps(scale + b, lanes);
-        for (size_t t = 0; t < n; t++) {
-            const float *d = x->d + (first + t) * blocks + b;
-            __m256 sums = _mm256_cvtepi32_ps(wsimd_hsum8_epi32(dots[t]));
-            acc[t] = _mm256_fmadd_ps(sums, _mm256_mul_ps(s, _mm256_maskload_ps(d, lanes)), acc[t]);
-        }
-    }
-    for (size_t t = 0; t < n; t++) out[t * out_stride] = wsimd_hsum(acc[t]);
+    const uint8_t *row = (const uint8_t *)codes;
+    if (n == WDOT_TOKENS) q8_avx2_full(row, scale, x, first, out, out_stride);
+    else blocked_avx2(0, row, scale, NULL, x, first, n, out, out_stride);
 }
 
 WSIMD_TARGET static void f32_avx2(const float *row, const float *x, size_t cols, size_t n,
