@@ -4,24 +4,61 @@
 
 #include "simd.h"
 
+/* One block of 32: codes, d and d * sum of codes.  The AVX2 version below
+ * gives the same bits (the same products, and conversion rounds to nearest
+ * even as lrintf does). */
+static void quantize_block(const float *x, int16_t *q, float *d_out, float *sum_out) {
+    float peak = 0.0f;
+    for (size_t j = 0; j < 32; j++) peak = fmaxf(peak, fabsf(x[j]));
+    float d = peak / 32767.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
+    int32_t sum = 0;
+    for (size_t j = 0; j < 32; j++) {
+        q[j] = (int16_t)lrintf(x[j] * inv);
+        sum += q[j];
+    }
+    *d_out = d;
+    *sum_out = d * (float)sum;
+}
+
+#ifdef WSIMD_AVX2
+WSIMD_TARGET static void quantize_block_avx2(const float *x, int16_t *q, float *d_out,
+                                             float *sum_out) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 v[4], peak = _mm256_setzero_ps();
+    for (int k = 0; k < 4; k++) {
+        v[k] = _mm256_loadu_ps(x + 8 * k);
+        peak = _mm256_max_ps(peak, _mm256_andnot_ps(sign, v[k]));
+    }
+    float d = wsimd_hmax(peak) / 32767.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
+    __m256i codes[4], sum = _mm256_setzero_si256();
+    for (int k = 0; k < 4; k++) {
+        codes[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], _mm256_set1_ps(inv)));
+        sum = _mm256_add_epi32(sum, codes[k]);
+    }
+    /* packs works within 128-bit halves: put the eight 64-bit pieces back in order */
+    __m256i lo = _mm256_permute4x64_epi64(_mm256_packs_epi32(codes[0], codes[1]), 0xD8);
+    __m256i hi = _mm256_permute4x64_epi64(_mm256_packs_epi32(codes[2], codes[3]), 0xD8);
+    _mm256_storeu_si256((__m256i *)(void *)q, lo);
+    _mm256_storeu_si256((__m256i *)(void *)(q + 16), hi);
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    *d_out = d;
+    *sum_out = d * (float)_mm_cvtsi128_si32(s);
+}
+#endif
+
 void wdot_quantize(const float *x, size_t n, size_t cols, wqvec *out) {
     size_t blocks = cols / 32;
+    void (*block)(const float *, int16_t *, float *, float *) = quantize_block;
+#ifdef WSIMD_AVX2
+    if (wsimd_avx2()) block = quantize_block_avx2;
+#endif
     out->cols = cols;
     for (size_t t = 0; t < n; t++)
-        for (size_t b = 0; b < blocks; b++) {
-            const float *xb = x + t * cols + 32 * b;
-            int16_t *q = out->q + t * cols + 32 * b;
-            float peak = 0.0f;
-            for (size_t j = 0; j < 32; j++) peak = fmaxf(peak, fabsf(xb[j]));
-            float d = peak / 32767.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
-            int32_t sum = 0;
-            for (size_t j = 0; j < 32; j++) {
-                q[j] = (int16_t)lrintf(xb[j] * inv);
-                sum += q[j];
-            }
-            out->d[t * blocks + b] = d;
-            out->sum[t * blocks + b] = d * (float)sum;
-        }
+        for (size_t b = 0; b < blocks; b++)
+            block(x + t * cols + 32 * b, out->q + t * cols + 32 * b, &out->d[t * blocks + b],
+                  &out->sum[t * blocks + b]);
 }
 
 /* ------------------------------------------------------------ plain C */
