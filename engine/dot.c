@@ -162,8 +162,8 @@ INLINE_AVX2 void add_block(int q4_1, const uint8_t *row, const wqvec *x, size_t 
 }
 
 /* Both formats; min is NULL for q8.  Always inlined, so that the calls
- * below get a copy for each format and one for a full WDOT_TOKENS whose
- * accumulators stay in registers.  Each token keeps two running sums (even
+ * below get a copy for each format and token count, whose accumulators
+ * stay in registers.  Each token keeps two running sums (even
  * and odd blocks), so consecutive multiply-adds do not wait on each other. */
 INLINE_AVX2 void blocked_avx2(int q4_1, const uint8_t *row, const float *scale, const float *min,
                               const wqvec *x, size_t first, size_t n, float *out,
@@ -194,30 +194,27 @@ INLINE_AVX2 void blocked_avx2(int q4_1, const uint8_t *row, const float *scale, 
     for (size_t t = 0; t < n; t++) out[t * out_stride] = wsimd_hsum(_mm256_add_ps(even[t], odd[t]));
 }
 
-/* A full set of WDOT_TOKENS, compiled apart so its accumulators are registers. */
-WSIMD_TARGET __attribute__((noinline)) static void q4_1_avx2_full(const uint8_t *nib,
-        const float *scale, const float *min, const wqvec *x, size_t first, float *out,
-        size_t out_stride) {
-    blocked_avx2(1, nib, scale, min, x, first, WDOT_TOKENS, out, out_stride);
-}
-
+/* One copy per token count, each with its sums in registers. */
 WSIMD_TARGET static void q4_1_avx2(const uint8_t *nib, const float *scale, const float *min,
                                    const wqvec *x, size_t first, size_t n, float *out,
                                    size_t out_stride) {
-    if (n == WDOT_TOKENS) q4_1_avx2_full(nib, scale, min, x, first, out, out_stride);
-    else blocked_avx2(1, nib, scale, min, x, first, n, out, out_stride);
-}
-
-WSIMD_TARGET __attribute__((noinline)) static void q8_avx2_full(const uint8_t *codes,
-        const float *scale, const wqvec *x, size_t first, float *out, size_t out_stride) {
-    blocked_avx2(0, codes, scale, NULL, x, first, WDOT_TOKENS, out, out_stride);
+    switch (n) {
+    case 1: blocked_avx2(1, nib, scale, min, x, first, 1, out, out_stride); break;
+    case 2: blocked_avx2(1, nib, scale, min, x, first, 2, out, out_stride); break;
+    case 3: blocked_avx2(1, nib, scale, min, x, first, 3, out, out_stride); break;
+    default: blocked_avx2(1, nib, scale, min, x, first, WDOT_TOKENS, out, out_stride);
+    }
 }
 
 WSIMD_TARGET static void q8_avx2(const int8_t *codes, const float *scale, const wqvec *x,
                                  size_t first, size_t n, float *out, size_t out_stride) {
     const uint8_t *row = (const uint8_t *)codes;
-    if (n == WDOT_TOKENS) q8_avx2_full(row, scale, x, first, out, out_stride);
-    else blocked_avx2(0, row, scale, NULL, x, first, n, out, out_stride);
+    switch (n) {
+    case 1: blocked_avx2(0, row, scale, NULL, x, first, 1, out, out_stride); break;
+    case 2: blocked_avx2(0, row, scale, NULL, x, first, 2, out, out_stride); break;
+    case 3: blocked_avx2(0, row, scale, NULL, x, first, 3, out, out_stride); break;
+    default: blocked_avx2(0, row, scale, NULL, x, first, WDOT_TOKENS, out, out_stride);
+    }
 }
 
 WSIMD_TARGET static void f32_avx2(const float *row, const float *x, size_t cols, size_t n,
