@@ -53,9 +53,11 @@ static void tile_plain(const float *q, const float *k, const float *v, size_t co
 /* Eight keys' scores at once (head_dim a multiple of 8); lanes at or past
  * `count` read keys that are not the query's (or not yet written) and are
  * masked to -inf, which softmax turns into exact zeros. */
-WSIMD_TARGET static __m256 scores8(const float *q, const float *k, size_t hd, float scale,
-                                   size_t count) {
+#define INLINE_AVX2 WSIMD_TARGET static inline __attribute__((always_inline))
+
+INLINE_AVX2 __m256 scores8(const float *q, const float *k, size_t hd, float scale, size_t count) {
     __m256 parts[8];
+#pragma GCC unroll 8
     for (size_t i = 0; i < 8; i++) {
         const float *ki = k + i * hd;
         __m256 a = _mm256_mul_ps(_mm256_loadu_ps(q), _mm256_loadu_ps(ki));
@@ -69,8 +71,8 @@ WSIMD_TARGET static __m256 scores8(const float *q, const float *k, size_t hd, fl
     return _mm256_blendv_ps(s, _mm256_set1_ps(-INFINITY), past);
 }
 
-WSIMD_TARGET static void tile_avx2(const float *q, const float *k, const float *v, size_t count,
-                                   size_t hd, float scale, running *r, float *acc) {
+INLINE_AVX2 void tile_avx2(const float *q, const float *k, const float *v, size_t count, size_t hd,
+                           float scale, running *r, float *acc) {
     __m256 s[TILE / 8], top = _mm256_set1_ps(-INFINITY);
     size_t groups = (count + 7) / 8;
     for (size_t g = 0; g < groups; g++) {
@@ -94,6 +96,7 @@ WSIMD_TARGET static void tile_avx2(const float *q, const float *k, const float *
                        _mm256_setzero_ps()};
         size_t j = 0;
         for (; j + 4 <= count; j += 4)
+#pragma GCC unroll 4
             for (size_t u = 0; u < 4; u++)
                 a[u] = _mm256_fmadd_ps(_mm256_set1_ps(p[j + u]), _mm256_loadu_ps(v + (j + u) * hd + c),
                                        a[u]);
@@ -103,6 +106,31 @@ WSIMD_TARGET static void tile_avx2(const float *q, const float *k, const float *
         _mm256_storeu_ps(acc + c, _mm256_add_ps(_mm256_loadu_ps(acc + c), tile));
     }
 }
+
+/* Copies for the common head sizes, whose loops the compiler unrolls and
+ * whose query and sums stay in registers: the same operations as the
+ * general one. */
+WSIMD_TARGET static void tile_avx2_16(const float *q, const float *k, const float *v, size_t count,
+                                      size_t hd, float scale, running *r, float *acc) {
+    tile_avx2(q, k, v, count, 16, scale, r, acc);
+}
+
+WSIMD_TARGET static void tile_avx2_64(const float *q, const float *k, const float *v, size_t count,
+                                      size_t hd, float scale, running *r, float *acc) {
+    tile_avx2(q, k, v, count, 64, scale, r, acc);
+}
+
+WSIMD_TARGET static void tile_avx2_128(const float *q, const float *k, const float *v,
+                                       size_t count, size_t hd, float scale, running *r,
+                                       float *acc) {
+    tile_avx2(q, k, v, count, 128, scale, r, acc);
+}
+
+WSIMD_TARGET static void tile_avx2_any(const float *q, const float *k, const float *v,
+                                       size_t count, size_t hd, float scale, running *r,
+                                       float *acc) {
+    tile_avx2(q, k, v, count, hd, scale, r, acc);
+}
 #endif
 
 typedef void (*tile_fn)(const float *q, const float *k, const float *v, size_t count, size_t hd,
@@ -110,7 +138,9 @@ typedef void (*tile_fn)(const float *q, const float *k, const float *v, size_t c
 
 static tile_fn pick_tile(size_t hd) {
 #ifdef WSIMD_AVX2
-    if (hd % 8 == 0 && wsimd_avx2()) return tile_avx2;
+    if (hd % 8 == 0 && wsimd_avx2())
+        return hd == 16 ? tile_avx2_16 : hd == 64 ? tile_avx2_64 : hd == 128 ? tile_avx2_128
+                                                                          : tile_avx2_any;
 #endif
     (void)hd;
     return tile_plain;
