@@ -61,6 +61,7 @@ INLINE_AVX2 __m256 scores8(const float *q, const float *k, size_t hd, float scal
     for (size_t i = 0; i < 8; i++) {
         const float *ki = k + i * hd;
         __m256 a = _mm256_mul_ps(_mm256_loadu_ps(q), _mm256_loadu_ps(ki));
+#pragma GCC unroll 16
         for (size_t c = 8; c < hd; c += 8)
             a = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), _mm256_loadu_ps(ki + c), a);
         parts[i] = a;
