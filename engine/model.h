@@ -6,7 +6,7 @@
  * A batch is evaluated layer by layer for all its tokens at once: every
  * weight matrix meets the whole batch (matmul.h), attention covers the batch
  * causally (attention.h), and each routed expert is read once for the
- * tokens that chose it (moe.h).  Every kernel computes a token's values by
+ * tokens that chose it (ffn.h).  Every kernel computes a token's values by
  * the same operations whatever the batch, so a prompt evaluated in one
  * batch, in any split, or one position at a time gives the same bits.
  */

@@ -178,7 +178,9 @@ WASTE_API waste_status waste_plan_memory(const char *model_path, uint32_t ctx_to
  * WASTE_VERIFY=1 forces verify_records on; WASTE_DELAY_MS=x (0 < x < 60000)
  * adds x milliseconds of sleep per evaluated token, prompt or generated, so
  * that tests can run the engine at a slow model's clock (K3 prefills about
- * 0.47 tokens/s: x = 2128).  The delay counts in ms_total and sec_total. */
+ * 0.47 tokens/s: x = 2128).  The delay counts in ms_total and sec_total.
+ * WASTE_NO_AVX2=1, read once per process at the first evaluation, keeps the
+ * reference engine's kernels on their plain C path (for tests). */
 WASTE_API waste_status waste_open(const char *model_path, const waste_cfg *cfg,
                                   waste_ctx **out);
 

@@ -582,6 +582,49 @@ def test_batches_of_any_size_equal_one_position_at_a_time(lib, name, request):
                 assert logits == single[at - 1], (sizes, at)
 
 
+KERNEL_CHILD = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from test_abi import evaluate, load_library, opened
+lib, tokens = load_library(sys.argv[2]), json.loads(sys.argv[4])
+with opened(lib, sys.argv[3], ctx_tokens=1024) as ctx:
+    whole = evaluate(lib, ctx, tokens)
+    lib.waste_state_reset(ctx)
+    for at in range(0, len(tokens), 97):
+        split = evaluate(lib, ctx, tokens[at:at + 97])
+print(json.dumps({"whole": whole, "split": split}))
+"""
+
+
+def logits_in_child(lib_path: Path, container: Path, tokens: list[int], plain: bool) -> dict:
+    """The logits of tokens in one call and in chunks of 97, in a process of its own (the
+    kernel choice is made once per process)."""
+    env = {**os.environ, "WASTE_NO_AVX2": "1" if plain else "0"}
+    proc = subprocess.run([sys.executable, "-c", KERNEL_CHILD, str(ROOT / "tests"), str(lib_path),
+                           str(container), json.dumps(tokens)], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize("name", ["k3", "gguf"])
+def test_the_plain_c_kernels_agree_with_the_simd_ones(lib_path, name, request):
+    """WASTE_NO_AVX2=1 keeps the kernels on their portable path: it too gives the same bits
+    however a prompt is split, and logits within 1e-4 of their spread of the AVX2 path's
+    (the two differ by rounding only).  Without AVX2 on the machine both runs are plain."""
+    container = request.getfixturevalue({"k3": "k3_container", "gguf": "gguf_container"}[name])
+    vocab = manifest(container)["vocab_size"]
+    tokens = [random.Random(name).randrange(vocab) for _ in range(600)]
+    plain = logits_in_child(lib_path, container, tokens, plain=True)
+    simd = logits_in_child(lib_path, container, tokens, plain=False)
+    assert plain["whole"] == plain["split"] and simd["whole"] == simd["split"]
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    if re.search(r"\bavx2\b", flags) and re.search(r"\bfma\b", flags):
+        assert plain["whole"] != simd["whole"]   # two paths were taken
+    spread = max(simd["whole"]) - min(simd["whole"])
+    assert max(abs(a - b) for a, b in zip(plain["whole"], simd["whole"])) < 1e-4 * spread
+
+
 def test_an_image_in_the_middle_of_a_chunk(lib, k3_vision_container, tmp_path):
     """Image rows enter at their pad positions whichever chunk holds them: chunks that start
     before, inside and after the image give the bits of one position at a time."""
