@@ -62,6 +62,20 @@ def decode_rate(lib_path: Optional[str], container: Path, prompt: str | list[dic
     return rate(stamps), len(stamps)
 
 
+# The engine before batched prefill (issue 19): the "before" of bench/engine_prefill.py.
+PREVIOUS_ENGINE = "8196aea"
+
+
+def build_engine_at(commit: str, directory: str | Path) -> Path:
+    """libwaste built from `commit`'s engine/ and Makefile in `directory` (the work tree is untouched)."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "Makefile", "engine"],
+                             check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(directory)], input=archive, check=True)
+    name = "libwaste.dylib" if sys.platform == "darwin" else "libwaste.so"
+    subprocess.run(["make", "-s", "-C", str(directory), name], check=True, stdout=subprocess.DEVNULL)
+    return Path(directory) / name
+
+
 def rate(stamps: list[float]) -> float:
     if len(stamps) < 2 or stamps[-1] == stamps[0]:
         return float("nan")

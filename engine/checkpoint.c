@@ -10,15 +10,16 @@
 #include "fileio.h"
 
 #define HEADER_BYTES 24
-#define VERSION 1
+#define VERSION 2
 
 /* Bytes of one layer's keys (or values) for pos positions. */
 static size_t plane_bytes(const wmanifest *m, uint32_t pos) {
     return (size_t)pos * wmanifest_kv_dim(m) * sizeof(float);
 }
 
-static const float *plane(const wstate *s, const float *base, const wmanifest *m, uint32_t layer) {
-    return base + (size_t)layer * s->ctx * wmanifest_kv_dim(m);
+/* Bytes of one key/value head's first pos positions. */
+static size_t head_bytes(const wmanifest *m, uint32_t pos) {
+    return (size_t)pos * m->head_dim * sizeof(float);
 }
 
 static int write_all(FILE *f, const void *p, size_t n, uLong *crc) {
@@ -41,8 +42,9 @@ waste_status wcheckpoint_save(const char *path, uint32_t fingerprint, const wman
     uLong crc = crc32(0L, Z_NULL, 0);
     int ok = write_all(f, header, sizeof header, &crc);
     for (uint32_t l = 0; ok && l < m->n_layers; l++)
-        ok = write_all(f, plane(s, s->keys, m, l), plane_bytes(m, s->pos), &crc) &&
-             write_all(f, plane(s, s->values, m, l), plane_bytes(m, s->pos), &crc);
+        for (int values = 0; values < 2; values++)
+            for (uint32_t h = 0; ok && h < m->n_kv_heads; h++)
+                ok = write_all(f, wstate_kv(s, m, values, l, h), head_bytes(m, s->pos), &crc);
     wle32_put(tail, (uint32_t)crc);
     ok = ok && fwrite(tail, 1, 4, f) == 4;
     return wfile_commit(f, tmp, path, ok, err, errcap);
@@ -56,9 +58,12 @@ static int read_all(FILE *f, void *p, size_t n, uLong *crc) {
 
 static waste_status check_header(const uint8_t *h, uint32_t fingerprint, const wmanifest *m,
                                  const char *path, char *err, size_t errcap) {
-    if (memcmp(h, "WSTA", 4) != 0 || wle32_get(h + 4) != VERSION)
-        return wdetail(err, errcap, WASTE_E_FORMAT, "%s: not a waste state file (version %d)", path,
-                       VERSION);
+    if (memcmp(h, "WSTA", 4) != 0)
+        return wdetail(err, errcap, WASTE_E_FORMAT, "%s: not a waste state file", path);
+    if (wle32_get(h + 4) != VERSION)
+        return wdetail(err, errcap, WASTE_E_FORMAT,
+                       "%s: state format version %u; this engine reads version %d only", path,
+                       wle32_get(h + 4), VERSION);
     if (wle32_get(h + 8) != fingerprint || wle32_get(h + 12) != m->n_layers || wle32_get(h + 16) != wmanifest_kv_dim(m))
         return wdetail(err, errcap, WASTE_E_FORMAT, "%s: saved by another model", path);
     return WASTE_OK;
@@ -83,8 +88,9 @@ static waste_status load(FILE *f, const char *path, uint32_t fingerprint, const 
                        pos, s->ctx);
     int ok = 1;
     for (uint32_t l = 0; ok && l < m->n_layers; l++)
-        ok = read_all(f, (float *)plane(s, s->keys, m, l), plane_bytes(m, pos), &crc) &&
-             read_all(f, (float *)plane(s, s->values, m, l), plane_bytes(m, pos), &crc);
+        for (int values = 0; values < 2; values++)
+            for (uint32_t h = 0; ok && h < m->n_kv_heads; h++)
+                ok = read_all(f, wstate_kv(s, m, values, l, h), head_bytes(m, pos), &crc);
     if (!ok || fread(tail, 1, 4, f) != 4 || wle32_get(tail) != (uint32_t)crc)
         return wdetail(err, errcap, WASTE_E_FORMAT, "%s: damaged (checksum mismatch)", path);
     s->pos = pos;

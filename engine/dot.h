@@ -1,8 +1,12 @@
 /*
- * dot.h -- one row of a blocked weight matrix dotted with a quantised
- * activation: the inner loop of every matmul.  Integer products per block of
- * 32, scaled once per block.  Plain C everywhere; on x86-64 with GCC or
- * Clang an AVX2 version is chosen at run time when the CPU has it.
+ * dot.h -- one row of a weight matrix dotted with the activations of up to
+ * WDOT_TOKENS tokens at once: the inner loop of every matmul.  The row is
+ * decoded once for all of them; each token's sum is computed by the same
+ * operations in the same order however many tokens share the call, so a
+ * chunk gives bit for bit what one token at a time gives.
+ *
+ * Blocked formats (groups of 32) take integer products per block, scaled
+ * once per block.  Plain C everywhere; AVX2 when the CPU has it (simd.h).
  */
 #ifndef WASTE_DOT_H
 #define WASTE_DOT_H
@@ -10,24 +14,37 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* An activation vector quantised for integer dot products: per block of 32,
- * int16 codes q, their scale d (x ~= d*q) and d * sum(q).  int16, not int8:
+/* Tokens one call serves: the row's decoded blocks are reused this often. */
+#define WDOT_TOKENS 4
+
+/* The activations of n tokens quantised for integer dot products: per block
+ * of 32, int16 codes q, their scale d (x ~= d*q) and d * sum(q).  Token t's
+ * codes start at q + t*cols, its d and sum at t*cols/32.  int16, not int8:
  * int8 activations move logits by ~0.5 on SmolLM2, enough to flip near ties
  * in greedy answers; int16 keeps them within ~0.01. */
 typedef struct {
     int16_t *q;
     float *d, *sum;
+    size_t cols;
 } wqvec;
 
-/* x ~= d*q per block of 32 (n a multiple of 32). */
-void wdot_quantize(const float *x, size_t n, wqvec *out);
+/* Quantise n rows of cols floats (cols a multiple of 32) into out. */
+void wdot_quantize(const float *x, size_t n, size_t cols, wqvec *out);
 
-/* sum over blocks b of (scale[b]*q_w + min[b]) . (d[b]*q_x) for q4_1 codes:
- * 16 bytes per block, byte k holding element k (low nibble) and k+16. */
-float wdot_q4_1(const uint8_t *nibbles, const float *scale, const float *min, const wqvec *x,
-                size_t blocks);
+/* out[t * out_stride] = row . token t, for t in [0, n), n <= WDOT_TOKENS,
+ * tokens first..first+n-1 of x. */
 
-/* sum over blocks b of scale[b]*q_w . d[b]*q_x for int8 codes. */
-float wdot_q8(const int8_t *codes, const float *scale, const wqvec *x, size_t blocks);
+/* q4_1 row: 16 bytes per block, byte k holding element k (low nibble) and
+ * k+16, with a scale and a minimum per block. */
+void wdot_q4_1(const uint8_t *nibbles, const float *scale, const float *min, const wqvec *x,
+               size_t first, size_t n, float *out, size_t out_stride);
+
+/* q8 row with groups of 32: int8 codes and a scale per block. */
+void wdot_q8(const int8_t *codes, const float *scale, const wqvec *x, size_t first, size_t n,
+             float *out, size_t out_stride);
+
+/* f32 row against float activations x (token t at x + t*cols). */
+void wdot_f32(const float *row, const float *x, size_t cols, size_t n, float *out,
+              size_t out_stride);
 
 #endif

@@ -66,10 +66,10 @@ static waste_status load_record(wexperts *x, uint32_t key, uint32_t uses, uint8_
     return st;
 }
 
-waste_status wexperts_get(wexperts *x, uint32_t layer, uint32_t expert, const uint8_t **payload,
-                          char *err, size_t errcap) {
+waste_status wexperts_get(wexperts *x, uint32_t layer, uint32_t expert, uint32_t uses,
+                          const uint8_t **payload, char *err, size_t errcap) {
     uint32_t key = (layer - x->m->n_dense_layers) * x->m->n_experts + expert;
-    x->usage[key]++;
+    x->usage[key] += uses;
     uint8_t *buf = wcache_lookup(&x->cache, key);
     if (buf) {
         x->token.hits++;

@@ -37,9 +37,11 @@ void wexperts_close(wexperts *x);
 int wexperts_direct_io(const wexperts *x);
 
 /* The payload of expert e of model layer `layer`, valid until the next
- * call.  Counts a hit or a miss and one routing use. */
-waste_status wexperts_get(wexperts *x, uint32_t layer, uint32_t expert, const uint8_t **payload,
-                          char *err, size_t errcap);
+ * call.  One fetch counts one hit or one miss, however many tokens it
+ * serves; `uses` (the tokens routed to it) goes to the routing counts behind
+ * the hotlist. */
+waste_status wexperts_get(wexperts *x, uint32_t layer, uint32_t expert, uint32_t uses,
+                          const uint8_t **payload, char *err, size_t errcap);
 
 /* Load the hotlist at path (ignored when unusable) and pre-load the most
  * used experts until the cache is full.  Records that fail to read are

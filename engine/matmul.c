@@ -2,8 +2,6 @@
 
 #include <string.h>
 
-#include "ops.h"
-
 wmat wmat_view(wquant q, size_t rows, size_t cols, const uint8_t *p) {
     size_t n = rows * cols;
     wmat w = {.q = q, .rows = rows, .cols = cols, .data = p};
@@ -43,39 +41,72 @@ void wmat_dequant_row(const wmat *w, size_t row, float *out) {
 typedef struct {
     float *out;
     const wmat *w;
-    const wqvec *x;
-} qjob;
+    const float *x;
+    const wqvec *xq;
+    size_t n;
+} job;
 
-static void matmul_q4_1_rows(void *arg, size_t begin, size_t end) {
-    const qjob *j = arg;
-    size_t blocks = j->w->cols / 32;
-    const float *scales = (const float *)(const void *)j->w->scales;
-    const float *minima = (const float *)(const void *)j->w->minima;
-    for (size_t r = begin; r < end; r++)
-        j->out[r] = wdot_q4_1(j->w->data + r * blocks * 16, scales + r * blocks,
-                              minima + r * blocks, j->x, blocks);
-}
-
-static void matmul_q8_rows(void *arg, size_t begin, size_t end) {
-    const qjob *j = arg;
-    size_t blocks = j->w->cols / 32;
-    const float *scales = (const float *)(const void *)j->w->scales;
-    for (size_t r = begin; r < end; r++)
-        j->out[r] = wdot_q8((const int8_t *)j->w->data + r * j->w->cols, scales + r * blocks, j->x,
-                            blocks);
-}
-
-void wmat_mul(const wpool_team *team, float *out, const wmat *w, const float *x, wqvec *xq) {
-    size_t work = w->rows * w->cols;
+/* One row against tokens [t, t + count) of the chunk. */
+static void row_tokens(const job *j, size_t r, size_t t, size_t count) {
+    const wmat *w = j->w;
+    size_t cols = w->cols, blocks = cols / 32, rows = w->rows;
+    float *out = j->out + t * rows + r;
     if (w->q.kind == WQ_F32) {
-        wops_matvec(team, out, (const float *)(const void *)w->data, x, w->rows, w->cols);
+        wdot_f32((const float *)(const void *)w->data + r * cols, j->x + t * cols, cols, count, out,
+                 rows);
+    } else if (w->q.kind == WQ_Q4_1) {
+        const float *scales = (const float *)(const void *)w->scales + r * blocks;
+        const float *minima = (const float *)(const void *)w->minima + r * blocks;
+        wdot_q4_1(w->data + r * blocks * 16, scales, minima, j->xq, t, count, out, rows);
+    } else {
+        const float *scales = (const float *)(const void *)w->scales + r * blocks;
+        wdot_q8((const int8_t *)w->data + r * cols, scales, j->xq, t, count, out, rows);
+    }
+}
+
+/* q8 with groups other than 32: float activations, a scale per group. */
+static void row_tokens_grouped(const job *j, size_t r) {
+    const wmat *w = j->w;
+    size_t cols = w->cols, group = w->q.group, groups = cols / group;
+    const int8_t *row = (const int8_t *)w->data + r * cols;
+    for (size_t t = 0; t < j->n; t++) {
+        const float *x = j->x + t * cols;
+        float sum = 0.0f;
+        for (size_t g = 0; g < groups; g++) {
+            float part = 0.0f;
+            for (size_t k = 0; k < group; k++) part += (float)row[g * group + k] * x[g * group + k];
+            sum += part * f32_at(w->scales, r * groups + g);
+        }
+        j->out[t * w->rows + r] = sum;
+    }
+}
+
+/* The tokens whose activations (about 32 KB of them) stay in the core's
+ * first-level cache while a thread's rows pass over them: a multiple of
+ * WDOT_TOKENS. */
+static size_t token_tile(size_t cols) {
+    size_t tile = (32768 / 2 / cols) / WDOT_TOKENS * WDOT_TOKENS;
+    return tile < WDOT_TOKENS ? WDOT_TOKENS : tile > 64 ? 64 : tile;
+}
+
+static void mul_rows(void *arg, size_t begin, size_t end) {
+    const job *j = arg;
+    size_t n = j->n, tile = token_tile(j->w->cols);
+    if (j->w->q.kind == WQ_Q8 && j->w->q.group != 32) {
+        for (size_t r = begin; r < end; r++) row_tokens_grouped(j, r);
         return;
     }
-    if (w->q.group != 32) { /* q8g<G> with another group: float activations */
-        wops_matvec_q8(team, out, (const int8_t *)w->data, w->scales, w->q.group, x, w->rows, w->cols);
-        return;
+    for (size_t t0 = 0; t0 < n; t0 += tile) {
+        size_t t1 = t0 + tile < n ? t0 + tile : n;
+        for (size_t r = begin; r < end; r++)
+            for (size_t t = t0; t < t1; t += WDOT_TOKENS)
+                row_tokens(j, r, t, t1 - t < WDOT_TOKENS ? t1 - t : WDOT_TOKENS);
     }
-    wdot_quantize(x, w->cols, xq);
-    qjob j = {.out = out, .w = w, .x = xq};
-    wpool_run(team, w->rows, work, w->q.kind == WQ_Q4_1 ? matmul_q4_1_rows : matmul_q8_rows, &j);
+}
+
+void wmat_mul(const wpool_team *team, float *out, const wmat *w, const float *x, size_t n,
+              wqvec *xq) {
+    if (w->q.kind != WQ_F32 && w->q.group == 32) wdot_quantize(x, n, w->cols, xq);
+    job j = {.out = out, .w = w, .x = x, .xq = xq, .n = n};
+    wpool_run(team, w->rows, w->rows * w->cols * n, mul_rows, &j);
 }

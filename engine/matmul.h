@@ -1,7 +1,9 @@
 /*
  * matmul.h -- weight matrices in any stored format (FORMAT.md, "Weight
- * formats") and their products with an activation vector.  Rows are split
- * across the thread team as in ops.h; the inner dot products are dot.h's.
+ * formats") and their products with the activations of a chunk of tokens.
+ * Each weight row is read once per chunk, not once per token: rows are split
+ * across the thread team (pool.h) and every row meets all the chunk's tokens
+ * (dot.h), so results depend neither on the chunk nor on the thread count.
  */
 #ifndef WASTE_MATMUL_H
 #define WASTE_MATMUL_H
@@ -28,9 +30,11 @@ wmat wmat_view(wquant q, size_t rows, size_t cols, const uint8_t *p);
 /* out[cols] = row `row` of w, dequantised. */
 void wmat_dequant_row(const wmat *w, size_t row, float *out);
 
-/* out[rows] = W . x for any stored format.  Blocked formats with groups of
- * 32 quantise x into xq (room for cols codes and cols/32 blocks, see dot.h)
- * and take integer dot products; f32 and other q8 groups use x as is. */
-void wmat_mul(const wpool_team *team, float *out, const wmat *w, const float *x, wqvec *xq);
+/* out[t][rows] = W . x[t] for the n tokens of x[n][cols], any stored format.
+ * Blocked formats with groups of 32 quantise x into xq (room for n*cols
+ * codes and n*cols/32 blocks, see dot.h) and take integer dot products; f32
+ * and other q8 groups use x as is. */
+void wmat_mul(const wpool_team *team, float *out, const wmat *w, const float *x, size_t n,
+              wqvec *xq);
 
 #endif

@@ -1,7 +1,8 @@
 #include "ops.h"
 
 #include <math.h>
-#include <string.h>
+
+#include "simd.h"
 
 void wops_rmsnorm(float *out, const float *x, const float *weight, size_t n, float eps) {
     float ss = 0.0f;
@@ -13,9 +14,7 @@ void wops_rmsnorm(float *out, const float *x, const float *weight, size_t n, flo
 typedef struct {
     float *out;
     const float *w, *x;
-    const int8_t *q;
-    const uint8_t *scales;
-    size_t group, cols;
+    size_t cols;
 } matvec_job;
 
 static void matvec_rows(void *arg, size_t begin, size_t end) {
@@ -34,33 +33,6 @@ void wops_matvec(const wpool_team *team, float *out, const float *w, const float
     wpool_run(team, rows, rows * cols, matvec_rows, &j);
 }
 
-/* Each group's integer dot product is scaled once; groups never straddle a
- * row because the group size divides the row length. */
-static void matvec_q8_rows(void *arg, size_t begin, size_t end) {
-    const matvec_job *j = arg;
-    size_t groups_per_row = j->cols / j->group;
-    for (size_t r = begin; r < end; r++) {
-        const int8_t *row = j->q + r * j->cols;
-        float sum = 0.0f;
-        for (size_t g = 0; g < groups_per_row; g++) {
-            const int8_t *qg = row + g * j->group;
-            const float *xg = j->x + g * j->group;
-            float part = 0.0f;
-            for (size_t k = 0; k < j->group; k++) part += (float)qg[k] * xg[k];
-            float scale;
-            memcpy(&scale, j->scales + 4 * (r * groups_per_row + g), sizeof scale);
-            sum += part * scale;
-        }
-        j->out[r] = sum;
-    }
-}
-
-void wops_matvec_q8(const wpool_team *team, float *out, const int8_t *q, const uint8_t *scales,
-                    size_t group, const float *x, size_t rows, size_t cols) {
-    matvec_job j = {.out = out, .x = x, .q = q, .scales = scales, .group = group, .cols = cols};
-    wpool_run(team, rows, rows * cols, matvec_q8_rows, &j);
-}
-
 void wops_softmax(float *x, size_t n) {
     float max = x[0];
     for (size_t i = 1; i < n; i++)
@@ -73,20 +45,43 @@ void wops_softmax(float *x, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] /= sum;
 }
 
-void wops_rope(float *v, size_t n_heads, size_t head_dim, uint32_t pos, float theta) {
+void wops_rope_angles(float *cos_sin, size_t head_dim, uint32_t pos, float theta) {
     for (size_t i = 0; i < head_dim / 2; i++) {
         float freq = powf(theta, -(float)(2 * i) / (float)head_dim);
         float angle = (float)pos * freq;
-        float c = cosf(angle), s = sinf(angle);
-        for (size_t h = 0; h < n_heads; h++) {
-            float *pair = v + h * head_dim + 2 * i;
+        cos_sin[2 * i] = cosf(angle);
+        cos_sin[2 * i + 1] = sinf(angle);
+    }
+}
+
+void wops_rope(float *v, size_t n_heads, size_t head_dim, const float *cos_sin) {
+    for (size_t h = 0; h < n_heads; h++)
+        for (size_t i = 0; i < head_dim / 2; i++) {
+            float *pair = v + h * head_dim + 2 * i, c = cos_sin[2 * i], s = cos_sin[2 * i + 1];
             float a = pair[0], b = pair[1];
             pair[0] = a * c - b * s;
             pair[1] = a * s + b * c;
         }
-    }
 }
 
+#ifdef WSIMD_AVX2
+WSIMD_TARGET static size_t swiglu_avx2(float *a, const float *b, size_t n) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(a + i);
+        __m256 e = wsimd_exp(_mm256_sub_ps(_mm256_setzero_ps(), x));
+        __m256 silu = _mm256_div_ps(x, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(a + i, _mm256_mul_ps(silu, _mm256_loadu_ps(b + i)));
+    }
+    return i;
+}
+#endif
+
 void wops_swiglu(float *a, const float *b, size_t n) {
-    for (size_t i = 0; i < n; i++) a[i] = a[i] / (1.0f + expf(-a[i])) * b[i];
+    size_t i = 0;
+#ifdef WSIMD_AVX2
+    if (wsimd_avx2()) i = swiglu_avx2(a, b, n);
+#endif
+    for (; i < n; i++) a[i] = a[i] / (1.0f + expf(-a[i])) * b[i];
 }

@@ -26,8 +26,8 @@
 #include "sys.h"
 #include "tokenizer.h"
 
-#define ENGINE_VERSION "0.6.0"
-#define ENGINE_VERSION_NUMBER 600
+#define ENGINE_VERSION "0.6.1"
+#define ENGINE_VERSION_NUMBER 601
 #define CONTAINER_VERSION 1
 #define DEFAULT_CTX 4096
 #define DETAIL_MAX 1024
@@ -83,8 +83,8 @@ const char *waste_version(void) { return ENGINE_VERSION; }
 int waste_version_number(void) { return ENGINE_VERSION_NUMBER; }
 
 const char *waste_build_info(void) {
-    return "waste reference engine " ENGINE_VERSION ": C11, AVX2 dot products when the CPU "
-           "has them, pthreads, container waste-ref v1";
+    return "waste reference engine " ENGINE_VERSION ": C11, batched prefill, AVX2 kernels when "
+           "the CPU has them, pthreads, container waste-ref v1, state v2";
 }
 
 /* ------------------------------------------------------------ error detail */
@@ -526,20 +526,26 @@ static waste_status check_input(waste_ctx *ctx, const int32_t *tokens, size_t n,
     return WASTE_OK;
 }
 
-/* A media pad takes the next queued image row; any other token its
- * embedding. */
-static waste_status eval_token(waste_ctx *ctx, int32_t token, int want_logits) {
-    float *embedding = ctx->s.xb2; /* free until the first layer runs */
-    if (token != ctx->media_pad || !wmedia_take_row(&ctx->media, embedding))
-        wmodel_embed(&ctx->w, token, embedding);
-    return wmodel_forward(&ctx->m, &ctx->w, &ctx->s, &ctx->team, &ctx->x, embedding, want_logits,
+/* Tokens [0, n) of a batch (n <= s.batch) into the model's input rows: a
+ * media pad takes the next queued image row, any other token its embedding. */
+static waste_status eval_batch(waste_ctx *ctx, const int32_t *tokens, size_t n, int want_logits) {
+    for (size_t i = 0; i < n; i++) {
+        float *row = ctx->s.x + i * ctx->m.hidden;
+        if (tokens[i] != ctx->media_pad || !wmedia_take_row(&ctx->media, row))
+            wmodel_embed(&ctx->w, tokens[i], row);
+    }
+    return wmodel_forward(&ctx->m, &ctx->w, &ctx->s, &ctx->team, &ctx->x, n, want_logits,
                           ctx->detail, sizeof ctx->detail);
 }
 
+/* Evaluate n tokens in batches; logits for the last.  WASTE_DELAY_MS
+ * sleeps once per token, batched or not. */
 static waste_status eval_tokens(waste_ctx *ctx, const int32_t *tokens, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        waste_status st = eval_token(ctx, tokens[i], i + 1 == n);
+    for (size_t done = 0; done < n;) {
+        size_t step = n - done < ctx->s.batch ? n - done : ctx->s.batch;
+        waste_status st = eval_batch(ctx, tokens + done, step, done + step == n);
         if (st != WASTE_OK) return st;
+        done += step;
     }
     wsys_sleep_ms(ctx->delay_ms * (double)n);
     return WASTE_OK;
@@ -608,9 +614,8 @@ static waste_status generate_loop(waste_ctx *ctx, const waste_gen_params *p, was
         }
         waste_token_info info = {.token_index = i};
         info.token = wsample(ctx->s.logits, ctx->m.vocab_size, p, &rng, ctx->s.sampler, &info.logprob);
-        waste_status st = eval_token(ctx, info.token, 1);
+        waste_status st = eval_tokens(ctx, &info.token, 1);
         if (st != WASTE_OK) return st;
-        wsys_sleep_ms(ctx->delay_ms);
         double now = wsys_now_ms();
         info.experts_hit = (uint32_t)ctx->x.token.hits;
         info.experts_missed = (uint32_t)ctx->x.token.misses;

@@ -145,6 +145,9 @@ typedef struct {
     const char *quant_summary;
 } waste_model_info;
 
+/* experts_hit and experts_missed count expert records fetched through the
+ * expert cache: an engine that evaluates a prompt in batches fetches each
+ * expert once per batch for all the tokens routed to it. */
 typedef struct {
     uint64_t tokens_generated;
     uint64_t experts_hit;
@@ -175,7 +178,9 @@ WASTE_API waste_status waste_plan_memory(const char *model_path, uint32_t ctx_to
  * WASTE_VERIFY=1 forces verify_records on; WASTE_DELAY_MS=x (0 < x < 60000)
  * adds x milliseconds of sleep per evaluated token, prompt or generated, so
  * that tests can run the engine at a slow model's clock (K3 prefills about
- * 0.47 tokens/s: x = 2128).  The delay counts in ms_total and sec_total. */
+ * 0.47 tokens/s: x = 2128).  The delay counts in ms_total and sec_total.
+ * WASTE_NO_AVX2=1, read once per process at the first evaluation, keeps the
+ * reference engine's kernels on their plain C path (for tests). */
 WASTE_API waste_status waste_open(const char *model_path, const waste_cfg *cfg,
                                   waste_ctx **out);
 
@@ -263,7 +268,11 @@ WASTE_API waste_status waste_generate(waste_ctx *ctx, const int32_t *prompt, siz
 
 /* Append tokens (n >= 1) without sampling; *logits_out points at the last
  * position's logits (owned by ctx, valid until the next call), *vocab_out is
- * their count.  Errors: WASTE_E_ARG (n == 0, does not fit), WASTE_E_IO. */
+ * their count.  Errors: WASTE_E_ARG (n == 0, does not fit), WASTE_E_IO.
+ * The reference engine evaluates the tokens in batches of up to 512
+ * positions: each weight, and each expert the batch's tokens chose, is read
+ * once per batch (one hit or miss in waste_stats), and the logits are the
+ * same bits however the tokens are split across calls. */
 WASTE_API waste_status waste_eval(waste_ctx *ctx, const int32_t *tokens, size_t n,
                                   const float **logits_out, size_t *vocab_out);
 

@@ -12,8 +12,10 @@ import math
 import os
 import re
 import shutil
+import random
 import struct
 import subprocess
+import sys
 import time
 import zlib
 from pathlib import Path
@@ -22,6 +24,8 @@ from typing import Iterator, Sequence
 import pytest
 
 from conftest import ROOT, make_container
+from gguf_writer import tiny_llama
+from state_layout import v2_to_v1
 
 
 OK, E_IO, E_FORMAT, E_RAM_BUDGET, E_OOM, E_ARG, E_UNSUPPORTED, E_CANCELLED, E_BUSY = (
@@ -302,11 +306,11 @@ def test_only_the_api_is_exported(lib_path):
 
 
 def test_version_and_build_info(lib):
-    assert lib.waste_version() == b"0.6.0"
+    assert lib.waste_version() == b"0.6.1"
     major, minor, patch = map(int, lib.waste_version().split(b"."))
     assert lib.waste_version_number() == major * 10000 + minor * 100 + patch
     info = lib.waste_build_info().decode()
-    assert "\n" not in info and "0.6.0" in info and "waste-ref v1" in info
+    assert "\n" not in info and "0.6.1" in info and "waste-ref v1" in info
 
 
 def test_strerror_covers_every_code(lib):
@@ -528,6 +532,127 @@ def test_chunked_eval_equals_token_at_a_time(lib, k3_container, prompt):
     assert all(math.isfinite(x) for x in whole)
 
 
+def random_chunks(rng: random.Random, total: int, largest: int = 700) -> list[int]:
+    """Sizes 1..largest adding up to total."""
+    sizes: list[int] = []
+    while sum(sizes) < total:
+        sizes.append(min(rng.randint(1, largest), total - sum(sizes)))
+    return sizes
+
+
+def one_at_a_time(lib, ctx, tokens: Sequence[int]) -> list[list[float]]:
+    """The logits after each position, evaluating one token per call."""
+    return [evaluate(lib, ctx, [token]) for token in tokens]
+
+
+@pytest.fixture(scope="module")
+def gguf_container(tmp_path_factory) -> Path:
+    """A llama converted from a GGUF (q4_1 blocks, q8g32 tied embeddings, 2 KV heads for 4)."""
+    d = tmp_path_factory.mktemp("gguf")
+    converted = subprocess.run([sys.executable, str(ROOT / "tools" / "make_container.py"),
+                                str(d / "tiny.waste"), "--from-gguf", str(tiny_llama(d / "tiny.gguf"))],
+                               capture_output=True, text=True)
+    assert converted.returncode == 0, converted.stderr
+    return d / "tiny.waste"
+
+
+@pytest.mark.parametrize("name", ["k3", "k3 vision", "kimi-linear", "plain", "gguf"])
+def test_batches_of_any_size_equal_one_position_at_a_time(lib, name, request):
+    """A prompt cut into random chunks of 1 to 700 (so past one internal batch of 512),
+    on random tokens (so the batch's tokens spread over many experts), evaluated with 3
+    threads, gives at every chunk's end the bits one position at a time gives on one thread."""
+    container = request.getfixturevalue({"k3": "k3_container", "k3 vision": "k3_vision_container",
+                                         "kimi-linear": "kimi_linear_container",
+                                         "plain": "plain_container",
+                                         "gguf": "gguf_container"}[name])
+    rng = random.Random(name)
+    vocab = manifest(container)["vocab_size"]
+    tokens = [rng.randrange(vocab) for _ in range(1000)]
+    with opened(lib, container, ctx_tokens=1024, n_threads=1) as ctx:
+        single = one_at_a_time(lib, ctx, tokens)
+    for seed in range(2):
+        sizes = random_chunks(random.Random(seed), len(tokens))
+        assert max(sizes) > 512 or seed == 0
+        with opened(lib, container, ctx_tokens=1024, n_threads=3) as ctx:
+            at = 0
+            for size in sizes:
+                logits = evaluate(lib, ctx, tokens[at:at + size])
+                at += size
+                assert logits == single[at - 1], (sizes, at)
+
+
+KERNEL_CHILD = """
+import json, os, sys
+sys.path[0:0] = sys.argv[1].split(os.pathsep)
+from test_abi import evaluate, load_library, opened
+lib, tokens = load_library(sys.argv[2]), json.loads(sys.argv[4])
+with opened(lib, sys.argv[3], ctx_tokens=1024) as ctx:
+    whole = evaluate(lib, ctx, tokens)
+    lib.waste_state_reset(ctx)
+    for at in range(0, len(tokens), 97):
+        split = evaluate(lib, ctx, tokens[at:at + 97])
+print(json.dumps({"whole": whole, "split": split}))
+"""
+
+
+def logits_in_child(lib_path: Path, container: Path, tokens: list[int], plain: bool) -> dict:
+    """The logits of tokens in one call and in chunks of 97, in a process of its own (the
+    kernel choice is made once per process)."""
+    env = {**os.environ, "WASTE_NO_AVX2": "1" if plain else "0"}
+    proc = subprocess.run([sys.executable, "-c", KERNEL_CHILD,
+                           os.pathsep.join([str(Path(__file__).parent), str(ROOT / "tests")]), str(lib_path),
+                           str(container), json.dumps(tokens)], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize("name", ["k3", "gguf"])
+def test_the_plain_c_kernels_agree_with_the_simd_ones(lib_path, name, request):
+    """WASTE_NO_AVX2=1 keeps the kernels on their portable path: it too gives the same bits
+    however a prompt is split, and logits within 1e-4 of their spread of the AVX2 path's
+    (the two differ by rounding only).  Without AVX2 on the machine both runs are plain."""
+    container = request.getfixturevalue({"k3": "k3_container", "gguf": "gguf_container"}[name])
+    vocab = manifest(container)["vocab_size"]
+    tokens = [random.Random(name).randrange(vocab) for _ in range(600)]
+    plain = logits_in_child(lib_path, container, tokens, plain=True)
+    simd = logits_in_child(lib_path, container, tokens, plain=False)
+    assert plain["whole"] == plain["split"] and simd["whole"] == simd["split"]
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    if re.search(r"\bavx2\b", flags) and re.search(r"\bfma\b", flags):
+        assert plain["whole"] != simd["whole"]   # two paths were taken
+    spread = max(simd["whole"]) - min(simd["whole"])
+    assert max(abs(a - b) for a, b in zip(plain["whole"], simd["whole"])) < 1e-4 * spread
+
+
+def test_an_image_in_the_middle_of_a_chunk(lib, k3_vision_container, tmp_path):
+    """Image rows enter at their pad positions whichever chunk holds them: chunks that start
+    before, inside and after the image give the bits of one position at a time."""
+    image = write(tmp_path / "a.png", png_bytes(96, 64, seed=5))
+    pad = specials(k3_vision_container)["<|media_pad|>"]
+    rng = random.Random(3)
+    with opened(lib, k3_vision_container, vision=1, ctx_tokens=512) as ctx:
+        n = C.c_size_t()
+        assert lib.waste_image_add(ctx, str(image).encode(), C.byref(n)) == OK
+        text = [rng.randrange(1200) for _ in range(60)]
+        _, tokens, _ = expand(lib, ctx, text[:25] + [pad] + text[25:])
+        assert tokens.count(pad) == n.value > 4
+        single = one_at_a_time(lib, ctx, tokens)
+        first = tokens.index(pad)
+        for cuts in ([first - 3, first + 2, len(tokens)], [first + 1, len(tokens)],
+                     [5, first + n.value + 3, len(tokens)], [len(tokens)]):
+            lib.waste_state_reset(ctx)
+            assert lib.waste_image_add(ctx, str(image).encode(), C.byref(n)) == OK
+            at = 0
+            for cut in cuts:
+                logits = evaluate(lib, ctx, tokens[at:cut])
+                at = cut
+                assert logits == single[at - 1], (cuts, at)
+        lib.waste_state_reset(ctx)
+        plain = evaluate(lib, ctx, tokens)   # no image queued: the pads are ordinary tokens
+    assert plain != single[-1]
+
+
 def test_one_record_cache_gives_the_same_logits(lib, k3_container, prompt):
     plan = plan_of(lib, k3_container)
     results = {}
@@ -581,20 +706,44 @@ def test_eval_errors_change_nothing(lib, k3_container, prompt):
         assert lib.waste_eval(ctx, ints([1]), 1, C.byref(logits), C.byref(n)) == E_ARG
 
 
-def test_stats_count_tokens_and_experts(lib, k3_container, prompt):
+def read_usage(path: Path, keys: int) -> list[int]:
+    """The routing counts of a hotlist file (engine/usage.h: a 20-byte header, then u64s)."""
+    return list(struct.unpack_from(f"<{keys}Q", path.read_bytes(), 20))
+
+
+def test_stats_count_one_fetch_per_expert_and_batch(lib, k3_container, prompt, tmp_path):
+    """The hit and miss counters count experts read through the cache.  A batch (here the
+    whole prompt) reads each expert its tokens chose once, however many tokens it serves; a
+    generated token reads its own top_k per MoE layer.  The hotlist still counts routings:
+    top_k per token and MoE layer."""
     m = manifest(k3_container)
-    moe = m["n_layers"] - m["n_dense_layers"]
-    with opened(lib, k3_container, usage_path="/nonexistent/usage.waste") as ctx:
+    moe, keys = m["n_layers"] - m["n_dense_layers"], (m["n_layers"] - m["n_dense_layers"]) * m["n_experts"]
+    per_token = moe * m["top_k"]
+    alone, usage = tmp_path / "alone.waste", tmp_path / "usage.waste"
+    with opened(lib, k3_container, usage_path=str(alone)) as ctx:
+        evaluate(lib, ctx, prompt)
+        stats = Stats()
+        lib.waste_get_stats(ctx, C.byref(stats))
+        assert lib.waste_save_usage(ctx) == OK
+    routed = read_usage(alone, keys)
+    distinct = sum(1 for count in routed if count)  # the (layer, expert) pairs the prompt chose
+    assert sum(routed) == len(prompt) * per_token
+    assert stats.experts_hit + stats.experts_missed == distinct < len(prompt) * per_token
+    with opened(lib, k3_container, usage_path=str(usage)) as ctx:
         status, seen = generate(lib, ctx, prompt, max_tokens=5)
         assert status == OK and len(seen) == 5
-        stats = Stats()
         assert lib.waste_get_stats(ctx, C.byref(stats)) == OK
         assert stats.tokens_generated == 5
-        assert stats.experts_hit + stats.experts_missed == (len(prompt) + 5) * moe * m["top_k"]
+        # the first token's counters include its prompt's
+        assert seen[0]["hit"] + seen[0]["missed"] == distinct + per_token
+        assert all(t["hit"] + t["missed"] == per_token for t in seen[1:])
+        assert stats.experts_hit + stats.experts_missed == distinct + 5 * per_token
         assert sum(t["hit"] + t["missed"] for t in seen) == stats.experts_hit + stats.experts_missed
         assert stats.bytes_read == stats.experts_missed * plan_of(lib, k3_container).min_expert_cache
         assert sum(t["bytes"] for t in seen) == stats.bytes_read
         assert stats.direct_io in (0, 1) and stats.sec_total >= stats.sec_io >= 0
+        assert lib.waste_save_usage(ctx) == OK
+    assert sum(read_usage(usage, keys)) == (len(prompt) + 5) * per_token
     with opened(lib, k3_container, use_direct_io=0) as ctx:
         stats = Stats()
         lib.waste_get_stats(ctx, C.byref(stats))
@@ -826,6 +975,24 @@ def test_state_load_rejects_foreign_and_damaged_files(lib, k3_container, plain_c
         assert lib.waste_state_load(ctx, str(tmp_path / "none").encode()) == E_IO
     with opened(lib, k3_container, ctx_tokens=4) as ctx:
         assert lib.waste_state_load(ctx, str(mine).encode()) == E_ARG
+
+
+def test_a_state_of_the_old_layout_is_refused(lib, k3_container, prompt, tmp_path):
+    """Version 1 files (engine 0.6.0: keys position by position) would be misread by a cache
+    laid out head by head: refused as WASTE_E_FORMAT, naming the version, the state reset."""
+    current, old = tmp_path / "v2.state", tmp_path / "v1.state"
+    m = manifest(k3_container)
+    with opened(lib, k3_container) as ctx:
+        evaluate(lib, ctx, prompt)
+        assert lib.waste_state_save(ctx, str(current).encode()) == OK
+        v2_to_v1(current, old, m.get("n_kv_heads", m["n_heads"]))
+        assert old.stat().st_size == current.stat().st_size and old.read_bytes() != current.read_bytes()
+        assert lib.waste_state_load(ctx, str(old).encode()) == E_FORMAT
+        assert "version 1" in detail_of(lib, ctx)
+        after = evaluate(lib, ctx, [4])
+        lib.waste_state_reset(ctx)
+        assert after == evaluate(lib, ctx, [4])
+        assert lib.waste_state_load(ctx, str(current).encode()) == OK
 
 
 # ---------------------------------------------------------------- expert I/O

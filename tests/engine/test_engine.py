@@ -406,6 +406,28 @@ def test_damaged_state_is_refused(fresh, tmp_path):
     assert caught.value.name == "WASTE_E_FORMAT" and caught.value.call == "waste_state_load"
 
 
+def test_a_snapshot_of_the_old_state_layout_is_dropped_and_prefilled(fresh, k3_container,
+                                                                     snapshot_cache, tmp_path):
+    """A persistent prefix snapshot written by engine 0.6.0 (state version 1) is refused by
+    the engine as WASTE_E_FORMAT; prefill drops the entry and evaluates the prompt itself."""
+    from serve.prefill import prefill
+    from state_layout import v2_to_v1
+    m = manifest(k3_container)
+    tokens = fresh.tokenize(PROMPT_TEXT * 4, add_bos=True)
+    head = tokens[:20]
+    fresh.eval(head)
+    fresh.save_state(tmp_path / "v2.state")
+    v2_to_v1(tmp_path / "v2.state", tmp_path / "v1.state", m.get("n_kv_heads", m["n_heads"]))
+    snapshot_cache.store(head, lambda path: shutil.copyfile(tmp_path / "v1.state", path))
+    assert snapshot_cache.lookup(tokens).n_tokens == len(head)
+    fresh.reset()
+    assert prefill(fresh, tokens, len(tokens) - 1, cache=snapshot_cache) == 0
+    assert snapshot_cache.lookup(tokens) is None   # the entry is gone
+    logits = list(fresh.eval(tokens[-1:]))
+    fresh.reset()
+    assert logits == list(fresh.eval(tokens))
+
+
 def test_stats_accumulate(fresh):
     before = fresh.stats()
     result = fresh.generate(fresh.tokenize(PROMPT_TEXT), GenParams(max_tokens=5),

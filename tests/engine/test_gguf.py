@@ -163,10 +163,17 @@ def test_a_small_budget_streams_ffns_through_the_expert_cache(lib, tiny, tiny_en
     plan = lib.plan_memory(tiny[1], 64)
     with Engine(lib, tiny[1], EngineConfig(threads=1, ctx=64, budget=plan.floor_bytes)) as small:
         got = engine_logits(small, PROMPTS[1])
+        batched = small.stats()
+        small.reset()
+        for token in PROMPTS[1]:
+            alone = np.array(small.eval([token]))
         stats = small.stats()
-    assert np.array_equal(got, want)
-    # one record fits, two layers alternate: every FFN of every position is read
-    assert (stats.experts_hit, stats.experts_missed) == (0, 2 * len(PROMPTS[1]))
+    assert np.array_equal(got, want) and np.array_equal(alone, want)
+    # one record fits, two layers alternate: the prompt as one batch reads each
+    # layer's FFN once for all its positions; one position at a time reads both
+    # FFNs for every position
+    assert (batched.experts_hit, batched.experts_missed) == (0, 2)
+    assert (stats.experts_hit, stats.experts_missed) == (0, 2 + 2 * len(PROMPTS[1]))
     assert stats.bytes_read == stats.experts_missed * plan.min_expert_cache
 
 # ------------------------------------------------------------------- tokenizer

@@ -29,8 +29,8 @@ from conftest import ROOT
 
 ENGINE = ROOT / "engine"
 # The image code and what it links against inside the engine.
-SOURCES = ["image.c", "imgbuf.c", "png.c", "gif.c", "jpeg.c", "vision.c", "json.c", "ops.c", "pool.c",
-           "sys.c", "detail.c"]
+SOURCES = ["image.c", "imgbuf.c", "png.c", "gif.c", "jpeg.c", "vision.c", "json.c", "ops.c", "simd.c",
+           "pool.c", "sys.c", "detail.c"]
 
 OK, E_IO, E_FORMAT, E_OOM, E_ARG, E_UNSUPPORTED = 0, -1, -2, -4, -5, -6
 WIMG_MAX_SIDE = 32768

@@ -1,0 +1,199 @@
+#include "attention.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "simd.h"
+
+#define TILE 32         /* keys per online-softmax step */
+#define QUERY_BLOCK 32  /* queries of one head that share each tile while it is in cache */
+
+typedef struct {
+    const wattn_shape *shape;
+    const float *keys, *values, *q;
+    float *out;
+    uint32_t pos0;
+    size_t n, n_blocks;
+    float scale;
+} job;
+
+/* One query's running softmax: the largest score so far, the sum of
+ * e^(score - max), and the value sum it weights (kept in the output row). */
+typedef struct {
+    float max, sum;
+} running;
+
+/* Rescale the running sums to a new, larger maximum. */
+static void raise_max(running *r, float *acc, size_t hd, float max) {
+    float correction = expf(r->max - max); /* 0 while nothing is summed yet */
+    r->sum *= correction;
+    for (size_t c = 0; c < hd; c++) acc[c] *= correction;
+    r->max = max;
+}
+
+/* Keys [0, count) of a tile (k and v point at its first position). */
+static void tile_plain(const float *q, const float *k, const float *v, size_t count, size_t hd,
+                       float scale, running *r, float *acc) {
+    float s[TILE], top = -INFINITY;
+    for (size_t j = 0; j < count; j++) {
+        float dot = 0.0f;
+        for (size_t c = 0; c < hd; c++) dot += q[c] * k[j * hd + c];
+        s[j] = dot * scale;
+        top = fmaxf(top, s[j]);
+    }
+    if (top > r->max) raise_max(r, acc, hd, top);
+    for (size_t j = 0; j < count; j++) {
+        float p = expf(s[j] - r->max);
+        r->sum += p;
+        for (size_t c = 0; c < hd; c++) acc[c] += p * v[j * hd + c];
+    }
+}
+
+#ifdef WSIMD_AVX2
+/* Eight keys' scores at once (head_dim a multiple of 8); lanes at or past
+ * `count` read keys that are not the query's (or not yet written) and are
+ * masked to -inf, which softmax turns into exact zeros. */
+#define INLINE_AVX2 WSIMD_TARGET static inline __attribute__((always_inline))
+
+INLINE_AVX2 __m256 scores8(const float *q, const float *k, size_t hd, float scale, size_t count) {
+    __m256 parts[8];
+#pragma GCC unroll 8
+    for (size_t i = 0; i < 8; i++) {
+        const float *ki = k + i * hd;
+        __m256 a = _mm256_mul_ps(_mm256_loadu_ps(q), _mm256_loadu_ps(ki));
+#pragma GCC unroll 16
+        for (size_t c = 8; c < hd; c += 8)
+            a = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), _mm256_loadu_ps(ki + c), a);
+        parts[i] = a;
+    }
+    __m256 s = _mm256_mul_ps(wsimd_hsum8(parts), _mm256_set1_ps(scale));
+    __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256 past = _mm256_castsi256_ps(_mm256_cmpgt_epi32(lane, _mm256_set1_epi32((int)count - 1)));
+    return _mm256_blendv_ps(s, _mm256_set1_ps(-INFINITY), past);
+}
+
+INLINE_AVX2 void tile_avx2(const float *q, const float *k, const float *v, size_t count, size_t hd,
+                           float scale, running *r, float *acc) {
+    __m256 s[TILE / 8], top = _mm256_set1_ps(-INFINITY);
+    size_t groups = (count + 7) / 8;
+    for (size_t g = 0; g < groups; g++) {
+        s[g] = scores8(q, k + 8 * g * hd, hd, scale, count - 8 * g);
+        top = _mm256_max_ps(top, s[g]);
+    }
+    float tile_max = wsimd_hmax(top);
+    if (tile_max > r->max) raise_max(r, acc, hd, tile_max);
+    float p[TILE];
+    __m256 max = _mm256_set1_ps(r->max), sum = _mm256_setzero_ps();
+    for (size_t g = 0; g < groups; g++) {
+        __m256 e = wsimd_exp(_mm256_sub_ps(s[g], max));
+        sum = _mm256_add_ps(sum, e);
+        _mm256_storeu_ps(p + 8 * g, e);
+    }
+    r->sum += wsimd_hsum(sum);
+    /* Four running sums per 8 channels (keys j, j+1, j+2, j+3), so the
+     * multiply-adds do not wait on one another. */
+    for (size_t c = 0; c < hd; c += 8) {
+        __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                       _mm256_setzero_ps()};
+        size_t j = 0;
+        for (; j + 4 <= count; j += 4)
+#pragma GCC unroll 4
+            for (size_t u = 0; u < 4; u++)
+                a[u] = _mm256_fmadd_ps(_mm256_set1_ps(p[j + u]), _mm256_loadu_ps(v + (j + u) * hd + c),
+                                       a[u]);
+        for (; j < count; j++)
+            a[0] = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(v + j * hd + c), a[0]);
+        __m256 tile = _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3]));
+        _mm256_storeu_ps(acc + c, _mm256_add_ps(_mm256_loadu_ps(acc + c), tile));
+    }
+}
+
+/* Copies for the common head sizes, whose loops the compiler unrolls and
+ * whose query and sums stay in registers: the same operations as the
+ * general one. */
+WSIMD_TARGET static void tile_avx2_16(const float *q, const float *k, const float *v, size_t count,
+                                      size_t hd, float scale, running *r, float *acc) {
+    tile_avx2(q, k, v, count, 16, scale, r, acc);
+}
+
+WSIMD_TARGET static void tile_avx2_64(const float *q, const float *k, const float *v, size_t count,
+                                      size_t hd, float scale, running *r, float *acc) {
+    tile_avx2(q, k, v, count, 64, scale, r, acc);
+}
+
+WSIMD_TARGET static void tile_avx2_128(const float *q, const float *k, const float *v,
+                                       size_t count, size_t hd, float scale, running *r,
+                                       float *acc) {
+    tile_avx2(q, k, v, count, 128, scale, r, acc);
+}
+
+WSIMD_TARGET static void tile_avx2_any(const float *q, const float *k, const float *v,
+                                       size_t count, size_t hd, float scale, running *r,
+                                       float *acc) {
+    tile_avx2(q, k, v, count, hd, scale, r, acc);
+}
+#endif
+
+typedef void (*tile_fn)(const float *q, const float *k, const float *v, size_t count, size_t hd,
+                        float scale, running *r, float *acc);
+
+static tile_fn pick_tile(size_t hd) {
+#ifdef WSIMD_AVX2
+    if (hd % 8 == 0 && wsimd_avx2())
+        return hd == 16 ? tile_avx2_16 : hd == 64 ? tile_avx2_64 : hd == 128 ? tile_avx2_128
+                                                                          : tile_avx2_any;
+#endif
+    (void)hd;
+    return tile_plain;
+}
+
+/* Queries [t0, t1) of one head: every tile of keys is taken by each query
+ * that reaches it before the next tile is read, so a tile is read from
+ * memory once per block of queries, not once per query. */
+static void query_block(const job *j, size_t head, size_t t0, size_t t1) {
+    const wattn_shape *sh = j->shape;
+    size_t hd = sh->head_dim, width = sh->n_heads * hd;
+    size_t kv_head = head / (sh->n_heads / sh->n_kv_heads); /* grouped-query attention */
+    const float *keys = j->keys + kv_head * sh->stride * hd;
+    const float *values = j->values + kv_head * sh->stride * hd;
+    tile_fn tile = pick_tile(hd);
+    running r[QUERY_BLOCK];
+    for (size_t t = t0; t < t1; t++) {
+        r[t - t0] = (running){-INFINITY, 0.0f};
+        memset(j->out + t * width + head * hd, 0, hd * sizeof(float));
+    }
+    size_t last = j->pos0 + t1 - 1;
+    for (size_t first = 0; first <= last; first += TILE)
+        for (size_t t = t0; t < t1; t++) {
+            size_t pos = j->pos0 + t;
+            if (first > pos) continue;
+            size_t count = pos + 1 - first < TILE ? pos + 1 - first : TILE;
+            tile(j->q + t * width + head * hd, keys + first * hd, values + first * hd, count, hd,
+                 j->scale, &r[t - t0], j->out + t * width + head * hd);
+        }
+    for (size_t t = t0; t < t1; t++) {
+        float *acc = j->out + t * width + head * hd;
+        for (size_t c = 0; c < hd; c++) acc[c] /= r[t - t0].sum;
+    }
+}
+
+/* Items are (head, block of queries), head-major. */
+static void items(void *arg, size_t begin, size_t end) {
+    const job *j = arg;
+    for (size_t i = begin; i < end; i++) {
+        size_t head = i / j->n_blocks, t0 = i % j->n_blocks * QUERY_BLOCK;
+        query_block(j, head, t0, t0 + QUERY_BLOCK < j->n ? t0 + QUERY_BLOCK : j->n);
+    }
+}
+
+size_t wattn_work(const wattn_shape *shape, uint32_t pos0, size_t n) {
+    return 2 * shape->n_heads * shape->head_dim * n * (pos0 + (n + 1) / 2);
+}
+
+void wattn_chunk(const wpool_team *team, const wattn_shape *shape, const float *keys,
+                 const float *values, const float *q, uint32_t pos0, size_t n, float *out) {
+    job j = {.shape = shape, .keys = keys, .values = values, .q = q, .out = out, .pos0 = pos0,
+             .n = n, .n_blocks = (n + QUERY_BLOCK - 1) / QUERY_BLOCK,
+             .scale = 1.0f / sqrtf((float)shape->head_dim)};
+    wpool_run(team, shape->n_heads * j.n_blocks, wattn_work(shape, pos0, n), items, &j);
+}
