@@ -199,9 +199,14 @@ def test_forced_calls_parse_back_into_valid_arguments(k3, parameters, named, see
     # A random model opens another call as often as it closes the block: room for many.
     body = chat(k3.port, tools=[TIME, tool], tool_choice=choice, seed=seed, max_tokens=1200)
     reply = body["choices"][0]
-    assert reply["finish_reason"] == "tool_calls", reply
     calls = reply["message"]["tool_calls"]
     assert calls and (len(calls) == 1 or not named)
+    # Random weights may open call after call until max_tokens cuts the last one: every call
+    # the model finished must parse back valid; the cut one is what the model wrote so far.
+    assert reply["finish_reason"] in ("tool_calls", "length"), reply
+    if reply["finish_reason"] == "length":
+        assert not named and len(calls) > 1, reply
+        calls = calls[:-1]
     for call_ in calls:
         name = call_["function"]["name"]
         assert name == "random_tool" or (name == "get_time" and not named)
