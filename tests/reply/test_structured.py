@@ -205,7 +205,6 @@ def test_forced_calls_parse_back_into_valid_arguments(k3, parameters, named, see
     # the model finished must parse back valid; the cut one is what the model wrote so far.
     assert reply["finish_reason"] in ("tool_calls", "length"), reply
     if reply["finish_reason"] == "length":
-        assert not named and len(calls) > 1, reply
         calls = calls[:-1]
     for call_ in calls:
         name = call_["function"]["name"]
