@@ -9,6 +9,7 @@ import os
 import re
 import resource
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -124,6 +125,15 @@ def cli_server(*args: str, host: str = "127.0.0.1", env: Optional[dict] = None,
             proc.wait()
         proc.stdout.close()
         proc.stderr.close()
+
+
+def listening(port: int) -> bool:
+    """Does anything accept connections on this loopback port?"""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=60).close()
+        return True
+    except (ConnectionRefusedError, ConnectionResetError):   # reset: closed with us in its backlog
+        return False
 
 
 def settle(read, target: int, slack: int, what: str) -> None:

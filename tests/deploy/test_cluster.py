@@ -27,6 +27,7 @@ from typing import Optional
 import pytest
 
 from scripted import dechunk, post_open, read_all
+from served import listening
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "deploy" / "cluster.py"
@@ -397,14 +398,6 @@ def test_a_killed_host_moves_its_conversations_and_loses_nothing_sent_after(star
         assert cluster.host_of(again.headers) == cluster.host_of(after[i].headers)
         assert again.json()["usage"]["cache_read_input_tokens"] > 0
     assert any(f"host {victim} exited (-9)" in line for line in cluster.lines)
-
-
-def listening(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=10).close()
-        return True
-    except ConnectionRefusedError:
-        return False
 
 
 # ---- models and access ------------------------------------------------------------------

@@ -21,7 +21,7 @@ import pytest
 
 from conftest import ROOT
 from scripted import call, post_open, read_all, read_until, sse_data, tiny_png, wait_idle
-from served import serve, settle
+from served import listening, serve, settle
 
 CHAT = "/v1/chat/completions"
 GREEDY = {"temperature": 0, "seed": 1}
@@ -83,14 +83,6 @@ def test_a_second_signal_never_closes_the_engine_under_a_running_call(lib_path, 
     assert status in (0, 1), srv.log()
     assert status == 0 or "without waiting for the running request" in srv.log()
     assert "Traceback" not in srv.log() and not os.path.exists(snapshots)
-
-
-def listening(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=60).close()
-        return True
-    except (ConnectionRefusedError, ConnectionResetError):   # reset: closed with us in its backlog
-        return False
 
 
 # ---- hostile connections ------------------------------------------------------------
