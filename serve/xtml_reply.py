@@ -5,7 +5,9 @@ token ids, so text a model *spells* like markup stays text; `feed` is for hosts 
 see text and finds the markers by scanning, which cannot make that distinction.
 
 Malformed output is normal (token limits cut replies anywhere), so nothing here raises:
-broken structure is dropped or read as text, and whatever is open at the end is closed.
+broken structure is dropped or read as text, and whatever is open at the end is closed,
+except a tool call's arguments: a call cut off stays as the model left it (truncated JSON),
+so no client can take it for a finished one.
 """
 from __future__ import annotations
 
@@ -137,6 +139,7 @@ class ReplyParser:
         self._arguments: list[list[str]] = []  # each call's argument fragments
         self._ended = False
         self._closed = False                      # no more input: the message ended or finish() ran
+        self._cut = False                         # generation stopped inside the message
         self._out: list[Delta] = []
 
     @property
@@ -189,6 +192,7 @@ class ReplyParser:
         if not self._closed:
             self._flush_decoder()
             self._header = None   # a header without its sep never took effect
+            self._cut = True
             self._close_down_to(0)
             self._closed = True
         return self._take()
@@ -301,12 +305,18 @@ class ReplyParser:
 
     def _end_argument(self) -> None:
         argument, self._argument = self._argument, None
-        if argument.type == "string":
+        if self._cut:   # as generated: an open string stays open, a value stays unparsed
+            if argument.type != "string" and argument.pending:
+                self._emit_arguments("".join(argument.pending))
+        elif argument.type == "string":
             self._emit_arguments('"')
         else:
             self._emit_arguments(_json_value("".join(argument.pending)))
 
     def _end_call(self) -> None:
+        if self._cut:   # no closing brace the model did not write
+            self._call = None
+            return
         if self._call.body == "argument":
             self._emit_arguments("}")
         elif not self._call.body:
