@@ -170,6 +170,7 @@ class TemplateReplyParser:
         self._arguments: list[list[str]] = []
         self._state = "content"         # content | marker | head | arguments | after | drop
         self._expect = 0                # marker: the part awaited next
+        self._opened = 0                # calls there were when this marker began
         self._text = ""                 # marker and head: text seen but not yet placed
         self._depth = 0                 # arguments: JSON nesting, strings and escapes
         self._in_string = self._escaped = False
@@ -197,6 +198,7 @@ class TemplateReplyParser:
         elif self._marker and token_id == self._marker[0] and self._state != "marker":
             self._flush()
             self._state, self._expect, self._text = "marker", 1, ""
+            self._opened = len(self._calls)
             self._advance_marker()
         elif token_id in self._special_ids:
             self._flush()
@@ -258,7 +260,8 @@ class TemplateReplyParser:
         self._read_head()
 
     def _read_head(self) -> None:
-        """`{"name": "NAME", "arguments": ` -> the call opens; the rest is its arguments."""
+        """`{"name": "NAME"` opens the call (a reply cut after it shows the call, its arguments
+        empty); `, "arguments": ` follows, then the arguments."""
         text = self._text
         if not CALL_HEAD.startswith(text[:len(CALL_HEAD)]):
             self._state = "drop"
@@ -266,22 +269,23 @@ class TemplateReplyParser:
         name = _NAME.match(text, len(CALL_HEAD))
         if name is None:
             return
+        if len(self._calls) == self._opened:   # not yet opened for this marker
+            self._open_call(json.loads(name.group()))
         rest = text[name.end():]
         if not ARGUMENTS_KEY.startswith(rest[:len(ARGUMENTS_KEY)]):
             self._state = "drop"
-            return
-        if len(rest) < len(ARGUMENTS_KEY):
-            return
+        elif len(rest) >= len(ARGUMENTS_KEY):
+            self._state, self._text = "arguments", ""
+            self._depth, self._in_string, self._escaped = 0, False, False
+            self._read_arguments(rest[len(ARGUMENTS_KEY):])
+
+    def _open_call(self, name: str) -> None:
         call_id = self._new_call_id()
-        index = len(self._calls)
-        self._calls.append({"id": call_id, "name": json.loads(name.group())})
+        self._calls.append({"id": call_id, "name": name})
         self._arguments.append([])
-        self._out.append(Delta(tool_call={"index": index, "id": call_id, "type": "function",
-                                          "function": {"name": self._calls[-1]["name"],
-                                                       "arguments": ""}}))
-        self._state, self._text = "arguments", ""
-        self._depth, self._in_string, self._escaped = 0, False, False
-        self._read_arguments(rest[len(ARGUMENTS_KEY):])
+        self._out.append(Delta(tool_call={"index": len(self._calls) - 1, "id": call_id,
+                                          "type": "function",
+                                          "function": {"name": name, "arguments": ""}}))
 
     def _read_arguments(self, text: str) -> None:
         """Arguments up to the end of their JSON value; the `}` after it closes the call."""

@@ -32,7 +32,9 @@ def test_blocking_chat_shape(server, engine):
     waste = body["waste"]
     assert set(waste) == {"prompt_tokens", "completion_tokens", "experts_hit", "experts_missed",
                           "expert_hit_rate", "bytes_read", "direct_io", "ms", "tokens_per_second",
-                          "context_full", "cached_tokens", "constrained", "mask_ms", "mask_changed"}
+                          "context_full", "cached_tokens", "constrained", "mask_ms", "mask_changed",
+                          "reasoning"}
+    assert waste["reasoning"] == "on"   # K3 thinking by default, no effort named
     assert waste["constrained"] is False and waste["mask_changed"] == 0
     n = usage["completion_tokens"]
     assert (waste["experts_hit"], waste["experts_missed"]) == (3 * n, n)
@@ -166,22 +168,24 @@ def test_developer_role_is_system(server, engine):
     assert engine.segments[4].text == "system"
 
 
-def test_medium_effort_is_refused_with_the_reason(server):
-    err = assert_error(call(server.port, "POST", CHAT, {"messages": USER, "reasoning_effort": "medium"}),
+def test_an_unknown_effort_is_refused_naming_the_values(server):
+    err = assert_error(call(server.port, "POST", CHAT, {"messages": USER, "reasoning_effort": "huge"}),
                        400, param="reasoning_effort")
-    assert "low" in err["message"] and "high" in err["message"] and "max" in err["message"]
+    assert all(value in err["message"] for value in ("minimal", "medium", "xhigh", "max"))
 
 
-@pytest.mark.parametrize("effort,thinking", [("low", True), ("high", True), ("max", True),
-                                             ("none", False), ("minimal", False), ("off", False),
-                                             (None, True)])
-def test_reasoning_effort_switches_the_think_channel(server, engine, effort, thinking):
+@pytest.mark.parametrize("effort,thinking,level", [
+    ("low", True, "low"), ("medium", True, "high"), ("high", True, "high"), ("xhigh", True, "max"),
+    ("max", True, "max"), ("none", False, None), ("minimal", False, None), ("off", False, None),
+    (None, True, None)])
+def test_reasoning_effort_switches_the_think_channel(server, engine, effort, thinking, level):
     body = {"messages": USER} if effort is None else {"messages": USER, "reasoning_effort": effort}
     assert call(server.port, "POST", CHAT, body).status == 200
     texts = [s.text for s in engine.segments]
     assert texts[-2] == ("think" if thinking else "response")
-    effort_said = any(f"thinking_effort={effort}" in t for t in texts)
-    assert effort_said == (effort in ("low", "high", "max"))
+    said = [t for t in texts if "thinking_effort=" in t]
+    assert said == ([] if level is None else [said[0]])
+    assert level is None or f"`thinking_effort={level}`" in said[0]
 
 
 def test_no_thinking_default_is_overridden_by_request(engine):
@@ -252,15 +256,18 @@ def test_template_format_serves_plain_chat_and_refuses_the_rest(tmp_path):
         assert body["choices"][0]["message"] == {"role": "assistant", "content": "Hi there"}
         assert body["choices"][0]["finish_reason"] == "stop"
         assert call(srv.port, "GET", "/v1/models").json()["data"][0]["waste"]["chat_format"] == "chat.json"
-        assert_error(call(srv.port, "POST", CHAT, {"messages": USER, "tools": TOOLS}), 400, param="tools")
-        assert_error(call(srv.port, "POST", CHAT, {"messages": USER, "reasoning_effort": "high"}), 400,
-                     param="reasoning_effort")
+        # Tools on chat.json need a grammar, and a scripted engine has no logits to mask.
+        assert_error(call(srv.port, "POST", CHAT, {"messages": USER, "tools": TOOLS}), 400,
+                     param="tools", code="structured_output_unavailable")
+        # An effort is accepted, and reported unused: the template has no reasoning channel.
+        effort = call(srv.port, "POST", CHAT, {"messages": USER, "reasoning_effort": "high"}).json()
+        assert effort["waste"]["reasoning"] == "unsupported"
         assert_error(call(srv.port, "POST", CHAT, {"messages": USER,
                                                    "response_format": {"type": "json_object"}}),
                      400, param="response_format")
         tool_turn = [*USER, {"role": "tool", "tool_call_id": "c", "content": "x"}]
         assert_error(call(srv.port, "POST", CHAT, {"messages": tool_turn}), 400, param="messages[1]")
-    assert len(engine.prompts) == 1
+    assert len(engine.prompts) == 2
 
 
 def test_no_chat_format_keeps_the_other_endpoints():
