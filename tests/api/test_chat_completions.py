@@ -282,3 +282,31 @@ def test_no_chat_format_keeps_the_other_endpoints():
         assert call(srv.port, "GET", "/v1/models").json()["data"][0]["waste"]["chat_format"] == "none"
         body = call(srv.port, "POST", "/v1/completions", {"prompt": "some"}).json()
         assert body["choices"][0]["text"] == "more text"
+
+
+def test_context_full_when_max_tokens_was_lowered_to_the_room_left():
+    long = xtml_answer(*["word "] * 40, thinking=["hm"])
+    with serving(scripted_service(ScriptedEngine([long]))) as srv:
+        prompt = call(srv.port, "POST", CHAT, {"messages": USER, "max_tokens": 1}).json()
+    room = 5
+    engine = ScriptedEngine([long], ctx_max=prompt["usage"]["prompt_tokens"] + room)
+    with serving(scripted_service(engine)) as srv:
+        cut = call(srv.port, "POST", CHAT, {"messages": USER, "max_tokens": 100}).json()
+        asked = call(srv.port, "POST", CHAT, {"messages": USER, "max_tokens": room - 2}).json()
+    assert engine.params[0].max_tokens == room   # lowered to the room left
+    assert cut["choices"][0]["finish_reason"] == "length" and cut["usage"]["completion_tokens"] == room
+    assert cut["waste"]["context_full"] is True
+    # Cut by the client's own max_tokens, with room to spare: the context is not full.
+    assert asked["choices"][0]["finish_reason"] == "length" and asked["waste"]["context_full"] is False
+
+
+def test_a_field_the_server_does_not_read_is_named_once_in_the_log(engine):
+    lines: list[str] = []
+    with serving(scripted_service(engine), log=lines.append) as srv:
+        for _ in range(2):
+            assert call(srv.port, "POST", CHAT, {"messages": USER, "max_tokens": 1,
+                                                "extra_body": {"reasoning_effort": "none"},
+                                                "user": "ann"}).status == 200
+    named = [line for line in lines if "extra_body" in line]
+    assert len(named) == 1 and named[0].startswith("/v1/chat/completions:")
+    assert named[0].endswith("(named once): extra_body")   # `user` is a field the server knows
