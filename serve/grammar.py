@@ -509,11 +509,15 @@ def xtml_grammar(req: ChatRequest, markup: Markup, thinking: bool) -> Lark:
     return g
 
 
-def call_arguments_schema(parameters: Any) -> dict:
+def call_arguments_schema(parameters: Any, path: str) -> dict:
     """A tool's parameters as the schema its arguments object is held to: an object, and
     only its declared keys unless it says otherwise (a weak model would invent others)."""
     schema = dict(parameters) if isinstance(parameters, dict) else {}
-    schema.setdefault("type", "object")
+    kind = schema.get("type", "object")
+    if kind != "object" and not (isinstance(kind, list) and "object" in kind):
+        raise invalid(f"{path}.type", f"{path}.type: a tool's arguments are an object, "
+                                      f"not {_shown(kind)}")
+    schema["type"] = "object"
     schema.setdefault("properties", {})
     schema.setdefault("additionalProperties", False)
     return schema
@@ -533,7 +537,7 @@ def template_grammar(req: ChatRequest, marker: Sequence[int | str]) -> Lark:
         for j, tool in tools:
             fn = tool["function"]
             field = f"tools[{j}].function.parameters"
-            arguments = g.add(_json_rule(call_arguments_schema(fn.get("parameters")), {},
+            arguments = g.add(_json_rule(call_arguments_schema(fn.get("parameters"), field), {},
                                          lenient=fn.get("strict") is not True), field=field)
             head = '{"name": ' + json.dumps(fn["name"], ensure_ascii=False) + ', "arguments": '
             alternatives.append(f"{_literal(head)} {arguments} {_literal('}')}")

@@ -310,3 +310,16 @@ def test_a_field_the_server_does_not_read_is_named_once_in_the_log(engine):
     named = [line for line in lines if "extra_body" in line]
     assert len(named) == 1 and named[0].startswith("/v1/chat/completions:")
     assert named[0].endswith("(named once): extra_body")   # `user` is a field the server knows
+
+
+def test_a_template_that_cannot_carry_tools_says_why_unless_they_are_left_out(tmp_path):
+    no_system = {key: value for key, value in KIMI_CHAT.items() if key != "system"}
+    (tmp_path / "chat.json").write_text(json.dumps(no_system))
+    engine = ScriptedEngine([["Hi", "<|im_end|>"]], specials=KIMI_LINEAR_SPECIALS)
+    with serving(scripted_service(engine, model_dir=str(tmp_path))) as srv:
+        err = assert_error(call(srv.port, "POST", CHAT, {"messages": USER, "tools": TOOLS}), 400,
+                           param="tools")
+        assert "no system turn to declare them in" in err["message"]
+        left_out = call(srv.port, "POST", CHAT, {"messages": USER, "tools": TOOLS,
+                                                 "tool_choice": "none"})
+        assert left_out.status == 200, left_out.body

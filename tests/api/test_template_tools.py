@@ -337,3 +337,18 @@ def test_an_xtml_call_cut_by_max_tokens_is_not_closed_either(lib_path, k3_contai
         choice = call(server.port, "POST", CHAT, {**CUT, "max_tokens": cut}).json()["choices"][0]
     assert choice["finish_reason"] == "length"
     _truncated(whole, choice["message"]["tool_calls"][0]["function"]["arguments"])
+
+
+def test_parameters_that_are_not_an_object_are_a_400_naming_the_field(srv):
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]
+    resp = call(srv.port, "POST", CHAT, {"messages": ASK, "tools": tools, "max_tokens": 5})
+    assert resp.status == 400
+    assert resp.json()["error"]["param"] == "tools[0].function.parameters.type"
+
+
+def test_a_schema_the_grammar_cannot_build_is_a_400_naming_the_tool(srv):
+    tools = [{"type": "function", "function": {"name": "f", "strict": True, "parameters": {
+        "type": "object", "properties": {"a": {"type": "string", "format": "no-such-format"}}}}}]
+    resp = call(srv.port, "POST", CHAT, {"messages": ASK, "tools": tools, "max_tokens": 5})
+    assert resp.status == 400, resp.body
+    assert resp.json()["error"]["param"].startswith("tools[0].function.parameters")
