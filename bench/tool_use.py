@@ -93,7 +93,7 @@ PROMPTS = [
     ("Look up the population of Canada online.", "search_web", {"query": "population of Canada"}),
     ("Find recipes for banana bread on the web.", "search_web", {"query": "banana bread"}),
 ]
-MAX_TOKENS = 96
+MAX_TOKENS = 64
 CALL_TEXT = re.compile(r'\{"name"\s*:')
 
 

@@ -110,11 +110,10 @@ def check_available(req: ChatRequest, format_in_prompt: bool, tools_in_prompt: b
                     off: Optional[str]) -> bool:
     """True when the request is to be constrained; a 400 when it must be but cannot be.
 
-    The chat format can ask for a response format (`format_in_prompt`) or get calls
-    (`tools_in_prompt`) in its prompt alone; `off` says why structured output is off
-    (None: it is on). Then a request falls back to the
-    prompt's notes, unless it demands strictness or its chat format cannot ask for the
-    format or the calls in the prompt.
+    `off` says why structured output is off (None: it is on). Then a request falls back
+    to the prompt's notes, unless it demands strictness, or asks for a format its chat
+    format cannot ask for in the prompt (`format_in_prompt`), or for calls its chat
+    format cannot get from the prompt alone (`tools_in_prompt`).
     """
     if not wants_grammar(req):
         return False
@@ -509,17 +508,22 @@ def xtml_grammar(req: ChatRequest, markup: Markup, thinking: bool) -> Lark:
     return g
 
 
-def call_arguments_schema(parameters: Any, path: str) -> dict:
-    """A tool's parameters as the schema its arguments object is held to: an object, and
-    only its declared keys unless it says otherwise (a weak model would invent others)."""
+def _call_arguments(parameters: Any, path: str) -> dict:
+    """A tool's parameters as the schema its arguments object is held to: an object, with
+    its declared keys (required ones among them) and, unless it allows more, no others:
+    a weak model would invent them."""
     schema = dict(parameters) if isinstance(parameters, dict) else {}
     kind = schema.get("type", "object")
     if kind != "object" and not (isinstance(kind, list) and "object" in kind):
         raise invalid(f"{path}.type", f"{path}.type: a tool's arguments are an object, "
                                       f"not {_shown(kind)}")
     schema["type"] = "object"
-    schema.setdefault("properties", {})
-    schema.setdefault("additionalProperties", False)
+    properties = schema.get("properties")
+    if properties is None or isinstance(properties, dict):
+        required = schema.get("required")
+        declared = [k for k in required if isinstance(k, str)] if isinstance(required, list) else []
+        schema["properties"] = {**{key: {} for key in declared}, **(properties or {})}
+        schema.setdefault("additionalProperties", False)
     return schema
 
 
@@ -537,7 +541,7 @@ def template_grammar(req: ChatRequest, marker: Sequence[int | str]) -> Lark:
         for j, tool in tools:
             fn = tool["function"]
             field = f"tools[{j}].function.parameters"
-            arguments = g.add(_json_rule(call_arguments_schema(fn.get("parameters"), field), {},
+            arguments = g.add(_json_rule(_call_arguments(fn.get("parameters"), field), {},
                                          lenient=fn.get("strict") is not True), field=field)
             head = '{"name": ' + json.dumps(fn["name"], ensure_ascii=False) + ', "arguments": '
             alternatives.append(f"{_literal(head)} {arguments} {_literal('}')}")

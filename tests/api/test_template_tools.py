@@ -352,3 +352,13 @@ def test_a_schema_the_grammar_cannot_build_is_a_400_naming_the_tool(srv):
     resp = call(srv.port, "POST", CHAT, {"messages": ASK, "tools": tools, "max_tokens": 5})
     assert resp.status == 400, resp.body
     assert resp.json()["error"]["param"].startswith("tools[0].function.parameters")
+
+
+def test_a_required_argument_the_schema_does_not_describe_is_still_written(srv):
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"required": ["a"]}}}]
+    body = call(srv.port, "POST", CHAT, {"messages": ASK, "tools": tools, "tool_choice": "required",
+                                         "parallel_tool_calls": False, "seed": 4,
+                                         "temperature": 1.0, "max_tokens": 200}).json()
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "tool_calls", choice
+    assert list(json.loads(choice["message"]["tool_calls"][0]["function"]["arguments"])) == ["a"]
