@@ -29,7 +29,7 @@ from pathlib import Path
 
 import jsonschema
 
-from common import ROOT, machine
+from common import ROOT, Quiet, machine
 
 from serve import api  # noqa: E402
 from serve.engine import Engine, EngineConfig, GenParams, load_library  # noqa: E402
@@ -95,17 +95,6 @@ PROMPTS = [
 ]
 MAX_TOKENS = 64
 CALL_TEXT = re.compile(r'\{"name"\s*:')
-
-
-class Quiet:
-    """A ReplySink that keeps nothing: the reply is read from what the service returns."""
-
-    def start(self) -> None: ...
-    def progress(self, done: int, total: int) -> None: ...
-    def emit(self, delta: dict) -> None: ...
-    def queued(self, ahead: int) -> None: ...
-    def gone(self) -> bool:
-        return False
 
 
 def right(arguments: dict, expected: dict) -> bool:

@@ -32,7 +32,7 @@ from typing import Any, Mapping, Optional, Protocol, Sequence
 
 from .chat_format import FormatRefused
 from .xtml import PromptError, Segment
-from .xtml_reply import Delta, Reply, default_call_id
+from .xtml_reply import Deltas, Delta, Reply, default_call_id
 
 CALL_HEAD = '{"name": '            # a call's text up to the tool's name
 ARGUMENTS_KEY = ', "arguments": '  # between the name and the arguments
@@ -176,7 +176,7 @@ class TemplateReplyParser:
         self._in_string = self._escaped = False
         self._ended = False
         self._closed = False
-        self._out: list[Delta] = []
+        self._out = Deltas()
 
     @property
     def reply(self) -> Reply:
@@ -230,7 +230,7 @@ class TemplateReplyParser:
             return
         if self._state == "content":
             self._content.append(text)
-            self._out.append(Delta(content=text))
+            self._out.text("content", text)
         elif self._state == "marker":
             self._text += text
             self._advance_marker()
@@ -283,9 +283,7 @@ class TemplateReplyParser:
         call_id = self._new_call_id()
         self._calls.append({"id": call_id, "name": name})
         self._arguments.append([])
-        self._out.append(Delta(tool_call={"index": len(self._calls) - 1, "id": call_id,
-                                          "type": "function",
-                                          "function": {"name": name, "arguments": ""}}))
+        self._out.call(len(self._calls) - 1, call_id, name)
 
     def _read_arguments(self, text: str) -> None:
         """Arguments up to the end of their JSON value; the `}` after it closes the call."""
@@ -306,17 +304,9 @@ class TemplateReplyParser:
         self._emit_arguments(text)
 
     def _emit_arguments(self, fragment: str) -> None:
-        if not fragment:
-            return
-        index = len(self._calls) - 1
-        self._arguments[index].append(fragment)
-        last = self._out[-1] if self._out else None
-        if last is not None and last.tool_call and last.tool_call["index"] == index \
-                and "id" not in last.tool_call:
-            last.tool_call["function"]["arguments"] += fragment
-        else:
-            self._out.append(Delta(tool_call={"index": index, "function": {"arguments": fragment}}))
+        if fragment:
+            self._arguments[-1].append(fragment)
+            self._out.arguments(len(self._calls) - 1, fragment)
 
     def _take(self) -> list[Delta]:
-        out, self._out = self._out, []
-        return out
+        return self._out.take()
