@@ -23,6 +23,18 @@ from serve.xtml import build_chat_segments  # noqa: E402
 DEMO = ROOT / "build" / "demo.waste"
 
 
+class Quiet:
+    """A ReplySink that reads nothing until the end, as a blocking request does: the reply is
+    what the service returns."""
+
+    def start(self) -> None: ...
+    def progress(self, done: int, total: int) -> None: ...
+    def emit(self, delta: dict) -> None: ...
+    def queued(self, ahead: int) -> None: ...
+    def gone(self) -> bool:
+        return False
+
+
 def container_args(doc: str) -> argparse.Namespace:
     """`[CONTAINER] [--repeat N] [--lib PATH]`, the arguments of a benchmark on one container."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])

@@ -15,7 +15,7 @@ import argparse
 import collections
 import tempfile
 
-from common import DEMO
+from common import DEMO, Quiet
 from serve.api import parse_chat_request
 from serve.engine import Engine, EngineConfig, load_library
 from serve.format_choice import resolve_chat_format
@@ -24,17 +24,6 @@ from serve.reply_memory import ReplyMemory
 from serve.service import Service, ServiceOptions
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
-
-
-class Quiet:
-    """A client that reads nothing until the end (a blocking request)."""
-
-    def start(self) -> None: ...
-    def progress(self, done: int, total: int) -> None: ...
-    def emit(self, delta: dict) -> None: ...
-    def queued(self, ahead: int) -> None: ...
-    def gone(self) -> bool:
-        return False
 
 
 def main() -> None:

@@ -13,9 +13,9 @@ Thinking onto K3's effort levels (`api.parse_reasoning_effort` is the rule):
 | `{"type": "disabled"}`                    | thinking off                    |
 | `{"type": "adaptive"}`                    | thinking on, no effort given    |
 | `{"type": "enabled", "budget_tokens": N}` | N < 8192: low; N < 24576: high; otherwise max |
-| `output_config.effort` low / high / max   | that effort (over a budget), thinking on unless disabled |
+| `output_config.effort`                    | as `reasoning_effort` (`api.REASONING_EFFORTS`: medium is high, xhigh max), over a budget |
 
-`output_config.effort` medium or xhigh is refused, as `reasoning_effort` is.
+`tool_choice.disable_parallel_tool_use: true` is `parallel_tool_calls: false`: one call at most.
 Thinking blocks carry a `signature` (serve/seal.py); history thinking whose
 signature does not verify is dropped, never rendered as reasoning.
 """
@@ -26,7 +26,7 @@ import uuid
 from typing import Any, Optional
 
 from . import seal
-from .api import ApiError, invalid, parse_reasoning_effort
+from .api import ApiError, invalid, parse_reasoning_effort, unknown_fields
 from .dialect import (Block, Blocks, Conversation, Parts, Translation, chat_request,
                       string_field, tool_call)
 from .replies import ChatReply
@@ -38,8 +38,13 @@ STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
                500: "api_error", 503: "overloaded_error"}
+# The fields a Messages body is read for (others are named once in the log).
+FIELDS = frozenset(("model", "messages", "system", "max_tokens", "stop_sequences", "stream",
+                    "temperature", "top_p", "top_k", "tools", "tool_choice", "thinking",
+                    "output_config", "metadata", "context_management"))
 # Where an internal field comes from, beyond the messages (mapped as they are built).
 TOP_FIELDS = {"messages": "messages", "stop": "stop_sequences", "reasoning_effort": "thinking",
+              "parallel_tool_calls": "tool_choice.disable_parallel_tool_use",
               "response_format": "output_config.format",
               "response_format.json_schema": "output_config.format"}
 
@@ -73,6 +78,7 @@ def parse_request(body: dict, *, counting: bool = False) -> Translation:
     thinking, effort = _thinking(body.get("thinking"), body.get("output_config"))
     chat = {"messages": conversation.messages, "tools": tools,
             "tool_choice": _tool_choice(body.get("tool_choice")),
+            "parallel_tool_calls": _parallel(body.get("tool_choice")),
             "response_format": _output_format(body.get("output_config")),
             "stop": body.get("stop_sequences"), "stream": body.get("stream"),
             **{key: body.get(key) for key in ("temperature", "top_p", "top_k", "max_tokens")}}
@@ -246,6 +252,15 @@ def _tool_choice(choice: Any) -> Any:
     raise invalid("tool_choice", "tool_choice.type must be auto, any, tool or none")
 
 
+def _parallel(choice: Any) -> bool:
+    """Messages says it the other way round: disable_parallel_tool_use, on tool_choice."""
+    disable = choice.get("disable_parallel_tool_use") if isinstance(choice, dict) else None
+    if disable is not None and not isinstance(disable, bool):
+        raise invalid("tool_choice.disable_parallel_tool_use",
+                      "disable_parallel_tool_use must be a boolean")
+    return not disable
+
+
 def _thinking(thinking: Any, output_config: Any) -> tuple[Optional[bool], Optional[str]]:
     """(thinking, effort) by the table in the module's docstring."""
     on: Optional[bool] = None
@@ -313,6 +328,7 @@ class Exchange:
         self.translation = parse_request(body)
         self.request = self.translation.request
         self.left_out = self.translation.left_out
+        self.ignored = unknown_fields(body, FIELDS)
         self.id = "msg_" + uuid.uuid4().hex[:24]
         self.model = model
         self._blocks = Blocks()

@@ -13,12 +13,29 @@ from typing import Any, Optional
 
 MAX_STOP_STRINGS = 4
 MAX_TOP_K = (1 << 31) - 1  # the engine's top_k is a C int; no vocabulary comes near it
-THINKING_ON_EFFORTS = ("low", "high", "max")
-THINKING_OFF_EFFORTS = ("none", "minimal", "off")
+# Every reasoning effort a client may name -> the K3 release encoder's nearest level (low,
+# high, max), or None for thinking off. OpenAI's values (none, minimal, low, medium, high,
+# xhigh) and K3's own (max, and serve's `off`). `medium` lies halfway between low and high
+# on the scale K3's own effort text draws (low, medium, high, max) and is taken up to
+# high; xhigh is K3's max. Checked against the release's vectors in tests/prompt/test_effort.py.
+REASONING_EFFORTS: dict[str, Optional[str]] = {
+    "none": None, "minimal": None, "off": None,
+    "low": "low", "medium": "high", "high": "high", "xhigh": "max", "max": "max"}
 MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool")
 IMAGE_PARTS = ("image_url", "image")  # OpenAI's part, and the K3 release's own
 MAX_CHAT_TOP_LOGPROBS = 20
 MAX_COMPLETION_LOGPROBS = 5
+# The request fields each endpoint reads (or accepts knowingly: model, user, metadata). Any
+# other is named once in the log (serve/http.py): a client option sent in the wrong place,
+# such as litellm's literal `extra_body`, must not be dropped without a word.
+CHAT_FIELDS = frozenset((
+    "model", "messages", "tools", "tool_choice", "parallel_tool_calls", "response_format",
+    "temperature", "top_p", "top_k", "seed", "max_tokens", "max_completion_tokens", "stop",
+    "stream", "stream_options", "logprobs", "top_logprobs", "reasoning_effort", "n", "user",
+    "metadata"))
+COMPLETION_FIELDS = frozenset((
+    "model", "prompt", "temperature", "top_p", "top_k", "seed", "max_tokens", "stop", "stream",
+    "stream_options", "logprobs", "n", "user"))
 # Per role, the message fields besides content that reach the prompt as text.
 STRING_FIELDS = {"system": ("name",), "developer": ("name",), "user": ("name",),
                  "assistant": ("name", "reasoning_content", "reasoning"),
@@ -74,7 +91,8 @@ class ChatRequest:
     tool_choice: Any = None
     response_format: Optional[dict] = None
     thinking: Optional[bool] = None   # None: the server's default
-    thinking_effort: Optional[str] = None
+    thinking_effort: Optional[str] = None   # K3's level (REASONING_EFFORTS), when thinking
+    parallel_tool_calls: bool = True  # False: at most one call per reply
     logprobs: Optional[int] = None    # None: off; else how many top_logprobs per token
     request_id: str = ""              # the HTTP request's id, for log lines
 
@@ -93,6 +111,11 @@ def image_url(part: dict) -> Any:
     """The URL of an image part: `image_url` and `image` each hold it as a string or as {"url": ...}."""
     value = part.get(part.get("type"))
     return value.get("url") if isinstance(value, dict) else value
+
+
+def unknown_fields(body: dict, known: frozenset[str]) -> list[str]:
+    """The body's top-level fields an endpoint does not read, for the log."""
+    return sorted(key for key in body if key not in known)
 
 
 def _is_int(value: Any) -> bool:
@@ -172,20 +195,23 @@ def _parse_stream(body: dict) -> tuple[bool, bool]:
 
 def parse_reasoning_effort(value: Any, param: str = "reasoning_effort"
                            ) -> tuple[Optional[bool], Optional[str]]:
-    """Maps reasoning_effort to (thinking, thinking_effort); (None, None) when absent.
-
-    `param` names the field in the dialect the value came from."""
+    """Maps a reasoning effort to (thinking, K3's level) by REASONING_EFFORTS; (None, None)
+    when absent. `param` names the field in the dialect the value came from."""
     if value is None:
         return None, None
-    if value in THINKING_ON_EFFORTS:
-        return True, value
-    if value in THINKING_OFF_EFFORTS:
-        return False, None
-    if value == "medium":
-        raise invalid(param,
-                      f"{param} 'medium' is not supported: K3's prompt encoder accepts only "
-                      "low, high or max (or none/minimal/off to turn thinking off)")
-    raise invalid(param, f"{param} must be one of low, high, max, none, minimal, off")
+    if not isinstance(value, str) or value not in REASONING_EFFORTS:
+        raise invalid(param, f"{param} must be one of {', '.join(REASONING_EFFORTS)}")
+    level = REASONING_EFFORTS[value]
+    return level is not None, level
+
+
+def parse_parallel(value: Any, param: str) -> bool:
+    """parallel_tool_calls (or its dialect's name): absent or null is true."""
+    if value is None:
+        return True
+    if not isinstance(value, bool):
+        raise invalid(param, f"{param} must be a boolean")
+    return value
 
 
 def _parse_content(content: Any, param: str, allow_null: bool) -> None:
@@ -321,6 +347,8 @@ def parse_chat_request(body: dict) -> ChatRequest:
     return ChatRequest(messages=messages, sampling=sampling, stream=stream,
                        include_usage=include_usage, tools=tools,
                        tool_choice=_parse_tool_choice(body.get("tool_choice"), tools),
+                       parallel_tool_calls=parse_parallel(body.get("parallel_tool_calls"),
+                                                          "parallel_tool_calls"),
                        response_format=_parse_response_format(body.get("response_format")),
                        thinking=thinking, thinking_effort=effort,
                        logprobs=_parse_chat_logprobs(body))

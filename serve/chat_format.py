@@ -4,7 +4,7 @@ A chat format turns a conversation into prompt segments (markup and text, each
 tokenized on its own), says how the model's turn opens and ends, reads the
 reply back from token ids, and writes the grammar that holds a reply to the
 shape a request asks for. XTML (serve/xtml_format.py) and a container's
-chat.json (serve/template_format.py) implement it; a container with neither
+chat.json (serve/template_format.py, its tools in serve/template_tools.py) implement it; a container with neither
 gets `NoChatFormat` (serve/format_choice.py), which refuses every chat request
 with its reasons. The service asks the format, never which format it is.
 """
@@ -85,6 +85,7 @@ class ChatFormat(Protocol):
     supports_reasoning: bool         # a think channel the reply can open
     supports_images: bool
     prompts_response_format: bool    # the prompt tells the model which format to answer in
+    prompts_tools: bool              # the prompt alone can get calls (else tools need a grammar)
     stop_tokens: Sequence[int]       # the ids that end a reply
     media_pad: Optional[int]         # where an image's positions go in the prompt
 

@@ -19,6 +19,7 @@ Reply = ChatReply | CompletionReply
 class Exchange(Protocol):
     request: ChatRequest | CompletionRequest   # the body, parsed
     left_out: list[str]                        # tools the server cannot run, named for the log
+    ignored: list[str]                         # body fields the server does not read, for the log
 
     def error(self, error: ApiError) -> ApiError:
         """The error naming request fields as the client named them."""

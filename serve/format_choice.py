@@ -2,8 +2,8 @@
 
 XTML is preferred because it is the only complete format (tools, reasoning,
 images). A container without the XTML markers falls back to the four
-prefix/suffix strings of its `chat.json`, which can carry a plain
-conversation and nothing else. Resolution never raises: a container with
+prefix/suffix strings of its `chat.json`: a conversation, and tools in serve's
+own call format when structured output is on. Resolution never raises: a container with
 neither format still serves its other endpoints.
 """
 from __future__ import annotations
@@ -28,6 +28,7 @@ class NoChatFormat:
     reasons: list[str]   # why XTML did not apply, and why chat.json did not
     name = ""
     supports_images = supports_tools = supports_reasoning = prompts_response_format = False
+    prompts_tools = False
     stop_tokens: tuple[int, ...] = ()
     media_pad = None
 

@@ -120,7 +120,12 @@ class Generation:
         self.metrics.engine_stats(after)
         if not reader.stopped and not clock.client_gone:
             reader.finish(sink.emit)
-        return Outcome(_finish_reason(reader, clock.tokens, params, result), self._usage(len(prompt.ids), clock, result, ms,
+        finish = _finish_reason(reader, clock.tokens, params, result)
+        # The context's end cut the reply: the engine says so, or max_tokens was lowered to
+        # the room left and the reply used all of it.
+        full = result.context_full or (finish == "length" and params.max_tokens == room
+                                       and len(clock.tokens) >= room)
+        return Outcome(finish, self._usage(len(prompt.ids), clock, full, ms,
                                            _stats_delta(before, after), report),
                        clock.client_gone, clock.tokens, unevaluated, result,
                        trail.entries if trail is not None else None)
@@ -201,7 +206,7 @@ class Generation:
 
     # -- accounting -----------------------------------------------------------------------
 
-    def _usage(self, prompt_tokens: int, clock: _Clock, result: GenResult, ms: float,
+    def _usage(self, prompt_tokens: int, clock: _Clock, context_full: bool, ms: float,
                s: Stats, decoding: dict) -> Usage:
         n = len(clock.tokens)
         decode_s = clock.last_token_at - clock.first_token_at
@@ -216,7 +221,7 @@ class Generation:
             "experts_hit": s.experts_hit, "experts_missed": s.experts_missed,
             "expert_hit_rate": s.experts_hit / looked_up if looked_up else 0.0,
             "bytes_read": s.bytes_read, "direct_io": s.direct_io, "ms": round(ms, 3),
-            "tokens_per_second": round(tps, 3), "context_full": result.context_full,
+            "tokens_per_second": round(tps, 3), "context_full": context_full,
             **decoding})
 
 

@@ -5,8 +5,9 @@ becomes one Lark grammar covering the whole reply: on XTML, free reasoning
 until the think element closes, then the response (a JSON document when a
 format is asked for), then the tools block exactly as `xtml._write_tool_call`
 writes calls into history, then the message close; on a chat.json model, the
-JSON document alone. Markup is matched as the special tokens it is, never as
-text, so the reply parser (serve/xtml_reply.py) reads back what was forced.
+answer, then calls in serve's generic format (serve/template_tools.py), each
+after the template's `open` markup. Markup is matched as the special tokens it
+is, never as text, so the reply parsers read back what was forced.
 
 llguidance is optional: without it `missing()` says why, and nothing here
 is used.
@@ -30,7 +31,7 @@ from .api import ApiError, ChatRequest, invalid
 from .decode import missing as _decode_missing
 from .xtml import escape_attr
 
-ENABLE_HINT = "pip install -r requirements-optional.txt"
+ENABLE_HINT = "pip install '.[structured]' (in a checkout: pip install -r requirements-optional.txt)"
 
 # JSON in answers and argument bodies is written like json.dumps writes it
 # (and like history carries it): no free whitespace, which a weak or random
@@ -105,19 +106,22 @@ def wants_grammar(req: ChatRequest) -> bool:
     return req.response_format is not None or bool(req.tools)
 
 
-def check_available(req: ChatRequest, format_in_prompt: bool, off: Optional[str]) -> bool:
+def check_available(req: ChatRequest, format_in_prompt: bool, tools_in_prompt: bool,
+                    off: Optional[str]) -> bool:
     """True when the request is to be constrained; a 400 when it must be but cannot be.
 
-    `off` says why structured output is off (None: it is on). Then a request
-    falls back to the prompt's notes, unless it demands strictness or its chat
-    format has no way to ask for the format.
+    `off` says why structured output is off (None: it is on). Then a request falls back
+    to the prompt's notes, unless it demands strictness, or asks for a format its chat
+    format cannot ask for in the prompt (`format_in_prompt`), or for calls its chat
+    format cannot get from the prompt alone (`tools_in_prompt`).
     """
     if not wants_grammar(req):
         return False
     if off is None:
         return True
-    field = _strict(req) or (None if format_in_prompt or req.response_format is None
-                             else "response_format")
+    field = (_strict(req)
+             or (None if format_in_prompt or req.response_format is None else "response_format")
+             or (None if tools_in_prompt or not _chosen_tools(req)[2] else "tools"))
     if field is not None:
         raise invalid(field, off_message(field, off), code="structured_output_unavailable")
     return False
@@ -430,12 +434,10 @@ class _ToolGrammar:
             self.strict = fn.get("strict") is True
             args[fn["name"]] = self.g.add(
                 self.arguments(fn.get("parameters"), f"tools[{j}].function.parameters") or '""')
-        more = ""
-        for index in range(at_most, 0, -1):
-            call = " | ".join(self.m.element(f'call tool="{escape_attr(name)}" index="{index}"', rule)
-                              for name, rule in args.items())
-            more = self.g.add(f"({call}) {more}?" if more else call)
-        return self.m.element("tools", more)
+        calls = _numbered(self.g, lambda index: " | ".join(
+            self.m.element(f'call tool="{escape_attr(name)}" index="{index}"', rule)
+            for name, rule in args.items()), at_most)
+        return self.m.element("tools", calls)
 
 
 def _type_attr(value: Any) -> str:
@@ -452,7 +454,7 @@ def _type_attr(value: Any) -> str:
 
 def _chosen_tools(req: ChatRequest) -> tuple[list[tuple[int, dict]], int, int]:
     """(tools the reply may call, with their places in `tools`; at least; at most) for the
-    request's tool_choice."""
+    request's tool_choice and parallel_tool_calls."""
     tools = list(enumerate(req.tools or ()))
     choice = req.tool_choice
     if not tools or choice == "none":
@@ -463,7 +465,25 @@ def _chosen_tools(req: ChatRequest) -> tuple[list[tuple[int, dict]], int, int]:
         if not named:
             raise invalid("tool_choice", f"tool_choice names {name!r}, which is not in tools")
         return named, 1, 1
-    return tools, (1 if choice == "required" else 0), MAX_CALLS
+    return tools, (1 if choice == "required" else 0), (MAX_CALLS if req.parallel_tool_calls else 1)
+
+
+def _answer(g: Lark, req: ChatRequest, forced_call: bool) -> str:
+    """The answer before any call: the JSON document a format asks for, nothing when a call
+    is forced (it is the whole answer), else free text."""
+    schema = _schema_of(req)
+    if schema is not None:
+        return g.add(_json_rule(schema, _defs(schema), lenient=not _format_strict(req)),
+                     field=_format_field(req))
+    return '""' if forced_call else g.add("/(?s:.*)/")
+
+
+def _numbered(g: Lark, call: str, at_most: int) -> str:
+    """One to `at_most` of `call(index)` in a row, numbered from 1."""
+    more = ""
+    for index in range(at_most, 0, -1):
+        more = g.add(f"({call(index)}) {more}?" if more else call(index))
+    return more
 
 
 def _format_field(req: ChatRequest) -> str:
@@ -474,16 +494,8 @@ def _format_field(req: ChatRequest) -> str:
 def xtml_grammar(req: ChatRequest, markup: Markup, thinking: bool) -> Lark:
     """The whole XTML reply, from just after the generation prompt to the message close."""
     g = Lark(grammar_field(req))
-    schema = _schema_of(req)
     tools, at_least, at_most = _chosen_tools(req)
-    if schema is not None:
-        response = g.add(_json_rule(schema, _defs(schema), lenient=not _format_strict(req)),
-                         field=_format_field(req))
-    elif at_least:
-        response = '""'  # a forced call is the whole answer
-    else:
-        response = g.add("/(?s:.*)/")
-    parts = [f"{response} {markup.closing('response')}"]
+    parts = [f"{_answer(g, req, bool(at_least))} {markup.closing('response')}"]
     if at_most:
         block = _ToolGrammar(g, markup).block(tools, at_most)
         parts.append(block if at_least else f"({block})?")
@@ -496,11 +508,47 @@ def xtml_grammar(req: ChatRequest, markup: Markup, thinking: bool) -> Lark:
     return g
 
 
-def json_grammar(req: ChatRequest) -> Lark:
-    """A chat.json reply: the JSON document and nothing else (that format refuses tools)."""
-    schema = _schema_of(req)
-    g = Lark(_format_field(req))
-    g.add(_json_rule(schema, _defs(schema), lenient=not _format_strict(req)), "start")
+def _call_arguments(parameters: Any, path: str) -> dict:
+    """A tool's parameters as the schema its arguments object is held to: an object, with
+    its declared keys (required ones among them) and, unless it allows more, no others:
+    a weak model would invent them."""
+    schema = dict(parameters) if isinstance(parameters, dict) else {}
+    kind = schema.get("type", "object")
+    if kind != "object" and not (isinstance(kind, list) and "object" in kind):
+        raise invalid(f"{path}.type", f"{path}.type: a tool's arguments are an object, "
+                                      f"not {_shown(kind)}")
+    schema["type"] = "object"
+    properties = schema.get("properties")
+    if properties is None or isinstance(properties, dict):
+        required = schema.get("required")
+        declared = [k for k in required if isinstance(k, str)] if isinstance(required, list) else []
+        schema["properties"] = {**{key: {} for key in declared}, **(properties or {})}
+        schema.setdefault("additionalProperties", False)
+    return schema
+
+
+def template_grammar(req: ChatRequest, marker: Sequence[int | str]) -> Lark:
+    """A chat.json reply: the answer, then the calls of the generic format
+    (serve/template_tools.py), each `marker` (the template's `open` markup: special token
+    ids and text) then `{"name": NAME, "arguments": ARGUMENTS}`."""
+    g = Lark(grammar_field(req))
+    tools, at_least, at_most = _chosen_tools(req)
+    body = _answer(g, req, bool(at_least))
+    if at_most:
+        opening = " ".join(_special(part) if isinstance(part, int) else _literal(part)
+                           for part in marker)
+        alternatives = []
+        for j, tool in tools:
+            fn = tool["function"]
+            field = f"tools[{j}].function.parameters"
+            arguments = g.add(_json_rule(_call_arguments(fn.get("parameters"), field), {},
+                                         lenient=fn.get("strict") is not True), field=field)
+            head = '{"name": ' + json.dumps(fn["name"], ensure_ascii=False) + ', "arguments": '
+            alternatives.append(f"{_literal(head)} {arguments} {_literal('}')}")
+        call = g.add(f"{opening} ({' | '.join(alternatives)})")
+        calls = _numbered(g, lambda index: call, at_most)
+        body = f"{body} {calls}" if at_least else f"{body} ({calls})?"
+    g.add(body, "start")
     return g
 
 

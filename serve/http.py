@@ -12,6 +12,7 @@ import io
 import json
 import select
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
@@ -43,10 +44,24 @@ class Server(ConnectionServer):
         self.api_key = api_key
         self.socket_timeout = socket_timeout  # bounds each send to a client that stopped reading
         self.request_timeout = request_timeout
+        self._unread: set[tuple[str, str]] = set()   # (endpoint, field) already named in the log
+        self._unread_lock = threading.Lock()
         heap.map_large_blocks()   # what a large body held goes back once it is freed
         super().__init__(address, Handler, log=log, max_connections=max_connections)
         # Behind a router, every reply says which host wrote it (docs/serving-a-team.md).
         self.host_id = f"{socket.gethostname()}:{self.port}"
+
+
+    def note_unread(self, endpoint: str, fields: list[str]) -> None:
+        """Name in the log, once per endpoint and field, body fields the server does not read."""
+        if self.log is None:
+            return
+        with self._unread_lock:
+            new = [f for f in fields if (endpoint, f) not in self._unread]
+            self._unread.update((endpoint, f) for f in new)
+        if new:
+            self.log(f"{endpoint}: request fields this server does not read, ignored (named "
+                     f"once): {', '.join(new)}")
 
 
 class _DeadlineReader(io.RawIOBase):
@@ -253,6 +268,7 @@ class Handler(BaseHTTPRequestHandler):
         if exchange.left_out and self.server.log is not None:
             self.server.log(f"{self.path.split('?', 1)[0]}: tools left out (the server cannot "
                             f"run them): {', '.join(exchange.left_out)}")
+        self.server.note_unread(self.path.split('?', 1)[0], exchange.ignored)
         exchange.request.request_id = self.request_id
         answer: Answer = ExchangeSink(self, exchange).run(lambda sink: run(exchange.request, sink))
         self.tokens = answer.tokens

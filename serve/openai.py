@@ -46,6 +46,7 @@ class _OpenAIStream:
 class ChatExchange(_OpenAIStream):
     def __init__(self, body: dict, model: str):
         self.request = api.parse_chat_request(body)
+        self.ignored = api.unknown_fields(body, api.CHAT_FIELDS)
         self._id, self._created, self._model = api.new_id("chatcmpl"), api.now(), model
         super().__init__(lambda delta: api.chat_chunk(self._id, self._created, self._model, delta))
 
@@ -75,6 +76,7 @@ class ChatExchange(_OpenAIStream):
 class CompletionExchange(_OpenAIStream):
     def __init__(self, body: dict, model: str):
         self.request = api.parse_completion_request(body)
+        self.ignored = api.unknown_fields(body, api.COMPLETION_FIELDS)
         self._id, self._created, self._model = api.new_id("cmpl"), api.now(), model
         self._offset = 0   # text_offset continues from chunk to chunk
         super().__init__(lambda text: api.text_completion(self._id, self._created, self._model,

@@ -46,6 +46,7 @@ class ChatCheck:
     """What a chat request needs of the format, known before it waits for the engine."""
     thinking: bool
     images: list[tuple[str, str]]   # (param, url) of each image part
+    reasoning: str = "off"          # what the reply's waste.reasoning says (PromptBuilder.reasoning)
 
 
 def check_fits(engine: EngineApi, chars: int, param: str) -> None:
@@ -116,8 +117,9 @@ class PromptBuilder:
                                 "/v1/completions still works", param="messages",
                            code="unsupported_chat_format")
         thinking = self.thinking(req)
-        if req.tools and not fmt.supports_tools:
-            raise invalid("tools", f"the {fmt.name} chat format cannot declare tools")
+        if req.tools and req.tool_choice != "none" and not fmt.supports_tools:
+            raise invalid("tools", f"the {fmt.name} chat format cannot declare tools "
+                                   f"({fmt.description})")
         images = image_parts(req.messages)
         if images:
             param = images[0][0]
@@ -129,15 +131,23 @@ class PromptBuilder:
         tools = least_chars(req.tools or ())
         check_fits(self.engine, tools, "tools")
         check_fits(self.engine, tools + least_rendered_chars(req.messages, len(images)), "messages")
-        return ChatCheck(thinking, images)
+        return ChatCheck(thinking, images, self.reasoning(req, thinking))
 
     def thinking(self, req: ChatRequest) -> bool:
+        """Whether the reply opens in the think channel. A format without one accepts any
+        effort, and the reply says it went unused (`reasoning`)."""
         if not self.chat_format.supports_reasoning:
-            if req.thinking:
-                raise invalid("reasoning_effort",
-                              f"the {self.chat_format.name} chat format has no reasoning channel")
             return False
         return self.default_thinking if req.thinking is None else req.thinking
+
+    def reasoning(self, req: ChatRequest, thinking: bool) -> str:
+        """The reply's reasoning, as waste.reasoning reports it: "unsupported" (the format
+        has no reasoning channel), "off", the effort level the prompt names, or "on"."""
+        if not self.chat_format.supports_reasoning:
+            return "unsupported"
+        if not thinking:
+            return "off"
+        return req.thinking_effort or "on"
 
     # -- holding the engine -----------------------------------------------------------
 

@@ -7,7 +7,7 @@ still be the start of a stop string (serve/stops.py).
 from __future__ import annotations
 
 import codecs
-from typing import Callable, Collection, Protocol, Sequence
+from typing import Callable, Collection, Optional, Protocol, Sequence
 
 from . import api
 from .chat_format import ReplyParser
@@ -41,17 +41,22 @@ class ReplyReader(Protocol):
 class ChatReader:
     text_key = "content"
 
-    def __init__(self, parser: ReplyParser, stops: Sequence[str], stop_tokens: Collection[int]):
+    def __init__(self, parser: ReplyParser, stops: Sequence[str], stop_tokens: Collection[int],
+                 max_calls: Optional[int] = None):
         self._parser = parser
         self._stops = StopFilter(stops)
         self._stop_ids = frozenset(stop_tokens)
+        # parallel_tool_calls: false. A grammar allows one call; without one (a format that
+        # asks in its prompt alone) the reply is cut where a second call opens.
+        self._max_calls = max_calls
+        self._over = False
         self._reasoning: list[str] = []
         self._content: list[str] = []
 
     def feed(self, token: int, piece: bytes, emit: Emit) -> bool:
         closed = self._parser.ended
         self._forward(self._parser.feed_token(token, piece), emit)
-        if self._stops.hit:
+        if self._stops.hit or self._over:
             return True
         # A stop token ends generation by itself, and an uncancelled generate leaves a
         # state worth a snapshot. So once the message has closed, the model gets one more
@@ -76,6 +81,9 @@ class ChatReader:
                     self._content.append(shown)
                     emit({"content": shown})
             elif d.tool_call:
+                if self._max_calls is not None and d.tool_call["index"] >= self._max_calls:
+                    self._over = True
+                    return
                 emit({"tool_calls": [d.tool_call]})
 
     @property
@@ -84,7 +92,7 @@ class ChatReader:
 
     @property
     def ended(self) -> bool:
-        return self._stops.hit or self._parser.ended
+        return self._stops.hit or self._over or self._parser.ended
 
     @property
     def has_tool_calls(self) -> bool:
@@ -97,7 +105,7 @@ class ChatReader:
     def message(self) -> dict:
         """The assistant message as the client receives it."""
         return api.chat_message("".join(self._content), "".join(self._reasoning),
-                                self._parser.reply.tool_calls)
+                                self._parser.reply.tool_calls[:self._max_calls])
 
 
 class TextReader:

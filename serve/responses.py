@@ -8,8 +8,8 @@ inside a `namespace` tool are shown to the model as `namespace.name` and
 their calls come back with `namespace` set. Hosted tools (web_search,
 file_search, ...) and custom tools are left out and logged.
 
-`reasoning.effort` maps by `api.parse_reasoning_effort`: low, high and max
-are K3's efforts; none, minimal and off turn thinking off; medium is refused.
+`reasoning.effort` maps by `api.REASONING_EFFORTS`, as `reasoning_effort` does.
+`parallel_tool_calls: false` allows one call at most.
 
 Reasoning comes back into a prompt only when the server can vouch for it: an
 `encrypted_content` it sealed (asked with `include: ["reasoning.encrypted_content"]`,
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from . import seal
-from .api import ApiError, invalid, parse_reasoning_effort
+from .api import ApiError, invalid, parse_reasoning_effort, unknown_fields
 from .dialect import (Block, Blocks, Conversation, Parts, Translation, chat_request,
                       string_field, tool_call)
 from .response_store import ResponseStore
@@ -38,6 +38,12 @@ TOP_FIELDS = {"messages": "input", "max_tokens": "max_output_tokens",
               "reasoning_effort": "reasoning.effort"}
 ECHOED = ("instructions", "max_output_tokens", "parallel_tool_calls", "previous_response_id",
           "reasoning", "text", "tool_choice", "tools", "user", "metadata")
+# The fields a Responses body is read for (others are named once in the log).
+FIELDS = frozenset(("model", "input", "instructions", "tools", "tool_choice",
+                    "parallel_tool_calls", "text", "reasoning", "max_output_tokens",
+                    "temperature", "top_p", "metadata", "store", "include",
+                    "previous_response_id", "prompt_cache_key", "client_metadata", "stream",
+                    "user", "background", "conversation", "prompt"))
 UNSUPPORTED = {"background": "background responses are not supported",
                "conversation": "conversations are not supported; continue with previous_response_id",
                "prompt": "stored prompt templates are not supported"}
@@ -86,6 +92,7 @@ def _parse(body: dict, store: ResponseStore) -> _Request:
     thinking, effort = parse_reasoning_effort((reasoning or {}).get("effort"), "reasoning.effort")
     chat = {"messages": conversation.messages, "tools": tools,
             "tool_choice": _tool_choice(body.get("tool_choice")),
+            "parallel_tool_calls": body.get("parallel_tool_calls"),
             "response_format": _text_format(body.get("text")), "stream": body.get("stream"),
             "max_tokens": body.get("max_output_tokens"),
             **{key: body.get(key) for key in ("temperature", "top_p")}}
@@ -295,6 +302,7 @@ class Exchange:
         self.translation = parsed.translation
         self.request = parsed.translation.request
         self.left_out = parsed.translation.left_out
+        self.ignored = unknown_fields(body, FIELDS)
         self._history = parsed.history
         self._namespaced = parsed.namespaced
         # Only what the Response echoes: the input is in the request now, and need not stay.
@@ -392,7 +400,7 @@ class Exchange:
                 "background": False, "error": None, "incomplete_details": None,
                 "instructions": body.get("instructions"),
                 "max_output_tokens": body.get("max_output_tokens"), "model": self.model,
-                "output": output, "parallel_tool_calls": body.get("parallel_tool_calls", True),
+                "output": output, "parallel_tool_calls": self.request.parallel_tool_calls,
                 "previous_response_id": body.get("previous_response_id"),
                 "reasoning": {"effort": (body.get("reasoning") or {}).get("effort"),
                               "summary": (body.get("reasoning") or {}).get("summary")},

@@ -134,11 +134,13 @@ class Service:
         with self._turn(sink) as sink, StagedImages(self.options.allow_local_images) as staged:
             prompt = self.prompts.chat(req, check, staged)
             reader = ChatReader(self.chat_format.new_parser(check.thinking), req.sampling.stop,
-                                self.chat_format.stop_tokens)
+                                self.chat_format.stop_tokens,
+                                None if req.parallel_tool_calls else 1)
             outcome = self.generation.run(
                 prompt, req.sampling, sink, reader, stop_tokens=self.chat_format.stop_tokens,
                 logprobs=req.logprobs, constraint=constraint, label=req.request_id)
             message = reader.message()
+            outcome.usage.waste["reasoning"] = check.reasoning
             if not outcome.client_gone:
                 self.settler.after_reply(prompt, outcome, message)
         return ChatReply(message, outcome.finish_reason, outcome.usage, outcome.client_gone,
@@ -169,7 +171,7 @@ class Service:
         """The compiled grammar the reply must follow, when the request asks for structure."""
         fmt = self.chat_format
         off = self.generation.decoding_off(grammar.missing())
-        if not grammar.check_available(req, fmt.prompts_response_format, off):
+        if not grammar.check_available(req, fmt.prompts_response_format, fmt.prompts_tools, off):
             return None
         return grammar.compile_grammar(fmt.grammar(req, thinking))
 
@@ -195,7 +197,8 @@ class Service:
             raise invalid("messages", "warming needs the prefix cache and a chat format")
         if image_parts(req.messages):
             raise invalid("messages", "a conversation with images is not warmed")
-        check = ChatCheck(self.prompts.thinking(req), [])
+        thinking = self.prompts.thinking(req)
+        check = ChatCheck(thinking, [], self.prompts.reasoning(req, thinking))
         with self.queue.idle_turn() as granted:
             if granted is None:
                 raise PrefillCancelled()

@@ -1,10 +1,11 @@
-"""A container's own chat.json: four prefix/suffix strings that carry a plain conversation.
+"""A container's own chat.json: four prefix/suffix strings that carry a conversation.
 
-Every request field they cannot express is refused by name rather than dropped.
+Tools come in serve's generic call format (serve/template_tools.py), held to by
+constrained decoding; every request field the strings cannot express (images) is
+refused by name rather than dropped.
 """
 from __future__ import annotations
 
-import codecs
 import json
 import re
 from dataclasses import dataclass
@@ -15,12 +16,12 @@ from . import grammar
 from .api import ChatRequest
 from .chat_format import ChatFormatError, FormatRefused, Rendering, system_role
 from .engine_api import EngineApi
-from .xtml import Segment
-from .xtml_reply import Delta, Reply
+from .template_tools import JsonCalls, TemplateReplyParser, TemplateTools
+from .xtml import Segment, resolve_tool_results
 
 TEMPLATE_ROLES = ("system", "user", "assistant")
 TEMPLATE_KEYS = (*TEMPLATE_ROLES, "open", "default_system")
-TEMPLATE_LIMITS = "plain conversation only, no tools, no reasoning channel, no images"
+TEMPLATE_LIMITS = "no reasoning channel, no images"
 
 # Anything spelled like a control token; each must be a real special of the vocabulary.
 _CONTROL_TOKEN = re.compile(r"<\|.*?\|>", re.DOTALL)
@@ -72,68 +73,26 @@ def _template_strings(template: ChatTemplate) -> list[str]:
     return [s for pair in template.turns.values() for s in pair] + [template.open]
 
 
-class PlainReplyParser:
-    """The reply under a chat.json template: all text is content, the stop token ends it.
-
-    Same surface as xtml_reply.ReplyParser. Other specials are dropped, and bytes
-    are decoded incrementally because a token can end mid-character.
-    """
-
-    def __init__(self, stop_ids: frozenset[int], special_ids: frozenset[int]) -> None:
-        self._stop_ids = stop_ids
-        self._special_ids = special_ids
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._content: list[str] = []  # joined on demand: no copy of the whole reply per token
-        self._ended = False
-        self._closed = False
-
-    @property
-    def reply(self) -> Reply:
-        return Reply(content="".join(self._content), ended=self._ended)
-
-    @property
-    def ended(self) -> bool:
-        return self._ended
-
-    def feed_token(self, token_id: int, piece: bytes) -> list[Delta]:
-        if self._closed:
-            return []
-        if token_id in self._stop_ids:
-            self._ended = True
-            return self._close()
-        if token_id in self._special_ids:
-            return []
-        return self._emit(self._decoder.decode(piece))
-
-    def finish(self) -> list[Delta]:
-        return [] if self._closed else self._close()
-
-    def _close(self) -> list[Delta]:
-        self._closed = True
-        return self._emit(self._decoder.decode(b"", final=True))
-
-    def _emit(self, text: str) -> list[Delta]:
-        if not text:
-            return []
-        self._content.append(text)
-        return [Delta(content=text)]
-
-
 class TemplateFormat:
     name = "chat.json"
     refusal = None
     media_pad = None
     supports_images = False
-    supports_tools = False
     supports_reasoning = False
     prompts_response_format = False  # only a grammar (serve/grammar.py) can hold the reply to it
+    prompts_tools = False            # calls in serve's own format are made by a grammar alone
 
     def __init__(self, path: Path, template: ChatTemplate, stop_tokens: list[int],
-                 special_ids: frozenset[int]) -> None:
+                 special_ids: frozenset[int], tools: Optional[TemplateTools] = None,
+                 no_tools: str = "") -> None:
         self.path = path
         self.template = template
         self.stop_tokens = stop_tokens
-        self.description = f"chat.json from {path} — {TEMPLATE_LIMITS}"
+        self.tools = tools   # None: this template cannot carry tools (`no_tools` says why)
+        self.supports_tools = tools is not None
+        limits = f"tools in serve's call format, {TEMPLATE_LIMITS}" if tools else \
+            f"{no_tools}, {TEMPLATE_LIMITS}"
+        self.description = f"chat.json from {path} — {limits}"
         self._special_ids = special_ids
 
     @classmethod
@@ -159,28 +118,39 @@ class TemplateFormat:
         if not stops:
             raise FormatRefused("chat.json: the assistant suffix has no control token (<|...|>) "
                            "to end a reply")
-        return cls(path, template, stops, frozenset(engine.specials.values()) | set(ids.values()))
+        tools, no_tools = None, ""
+        try:
+            if "system" not in template.turns:
+                raise FormatRefused("no tools: chat.json has no system turn to declare them in")
+            tools = JsonCalls.for_template(template.open, ids, stops)
+        except FormatRefused as exc:
+            no_tools = str(exc)
+        return cls(path, template, stops, frozenset(engine.specials.values()) | set(ids.values()),
+                   tools, no_tools)
 
     def render(self, messages: Sequence[Mapping[str, Any]], *, tools: Any = None,
-               tool_choice: Any = None, response_format: Any = None, thinking: bool, thinking_effort: Optional[str] = None,
+               tool_choice: Any = None, response_format: Any = None, thinking: bool,
+               thinking_effort: Optional[str] = None,
                image_prompts: Optional[Sequence[str]] = None,
                add_generation_prompt: bool = True) -> Rendering:
-        """Template strings as markup segments, the caller's content always as text."""
-        self._refuse_request_fields(tools, tool_choice, thinking_effort)
+        """Template strings as markup segments, the caller's content always as text. Tools
+        are declared first, in a system turn of their own, unless tool_choice is none."""
+        if image_prompts:
+            raise ChatFormatError("images need the XTML chat format", "messages")
         segments: list[Segment] = []
+        if tools and tool_choice != "none":
+            prefix, suffix = self._tools_turn("tools")["system"]
+            segments += _present([Segment(prefix, True), *self.tools.declaration(tools),
+                                  Segment(suffix, True)])
         default = self.template.default_system
         if default is not None and (not messages or system_role(messages[0]).get("role") != "system"):
             prefix, suffix = self.template.turns["system"]
             segments += _present([Segment(prefix, True), Segment(default, False), Segment(suffix, True)])
         ends = {0: len(segments)}
+        results = self._result_names(messages)
         for i, message in enumerate(messages):
-            prefix, suffix = self._turn(i, message)
-            segments += _present([Segment(prefix, True),
-                                  Segment(self._content_text(i, message.get("content")), False),
-                                  Segment(suffix, True)])
+            segments += _present(self._message(i, system_role(message), results))
             ends[i + 1] = len(segments)
-        if image_prompts:
-            raise ChatFormatError("images need the XTML chat format", "messages")
         if add_generation_prompt:
             segments += _present(self.generation_prompt(thinking))
         return Rendering(segments, ends)
@@ -188,26 +158,52 @@ class TemplateFormat:
     def generation_prompt(self, thinking: bool) -> list[Segment]:
         return [Segment(self.template.open, True)]
 
-    @staticmethod
-    def _refuse_request_fields(tools: Any, tool_choice: Any, thinking_effort: Optional[str]) -> None:
-        if tools:
-            raise ChatFormatError("tools need the XTML chat format; this container has chat.json",
-                                  "tools")
-        if tool_choice not in (None, "none", "auto"):
-            raise ChatFormatError("tool_choice needs the XTML chat format", "tool_choice")
-        if thinking_effort is not None:
-            raise ChatFormatError("this chat format has no reasoning channel", "reasoning_effort")
+    def _tools_turn(self, field: str) -> dict[str, tuple[str, str]]:
+        """The template's turns, when it can carry tools; else a 400 naming `field`."""
+        if self.tools is None:
+            raise ChatFormatError(f"this chat.json cannot carry tools ({self.description})", field)
+        return self.template.turns
 
-    def _turn(self, i: int, message: Mapping[str, Any]) -> tuple[str, str]:
-        role = system_role(message).get("role")
-        if role == "assistant" and message.get("tool_calls"):
-            raise ChatFormatError("tool calls need the XTML chat format",
-                                  f"messages[{i}].tool_calls")
-        if role == "tool":
-            raise ChatFormatError("tool results need the XTML chat format", f"messages[{i}]")
+    def _message(self, i: int, message: Mapping[str, Any],
+                 results: dict[int, str]) -> list[Segment]:
+        role, where = message.get("role"), f"messages[{i}]"
+        content = Segment(self._content_text(i, message.get("content")), False)
+        if role == "tool":   # a result, in the user turn every template has
+            prefix, suffix = self._tools_turn(where)["user"]
+            return [Segment(prefix, True), Segment(self.tools.result(results[i]), False),
+                    content, Segment(suffix, True)]
         if role not in self.template.turns:
-            raise ChatFormatError(f"this chat.json has no {role!r} turn", f"messages[{i}]")
-        return self.template.turns[role]
+            raise ChatFormatError(f"this chat.json has no {role!r} turn", where)
+        prefix, suffix = self.template.turns[role]
+        calls = message.get("tool_calls") if role == "assistant" else None
+        if not calls:
+            return [Segment(prefix, True), content, Segment(suffix, True)]
+        self._tools_turn(f"{where}.tool_calls")
+        return [Segment(prefix, True), content,
+                *self.tools.calls(calls, f"{where}.tool_calls"), Segment(suffix, True)]
+
+    @staticmethod
+    def _result_names(messages: Sequence[Mapping[str, Any]]) -> dict[int, str]:
+        """The tool each result answers, by message index (as XTML names them)."""
+        names: dict[int, str] = {}
+        calls: Sequence[Mapping[str, Any]] = ()
+        answered, i = 0, 0
+        while i < len(messages):
+            message = messages[i]
+            if message.get("role") == "assistant":
+                calls, answered = message.get("tool_calls") or (), 0
+            if message.get("role") != "tool":
+                i += 1
+                continue
+            end = i
+            while end < len(messages) and messages[end].get("role") == "tool":
+                end += 1
+            run = messages[i:end]
+            for k, name in resolve_tool_results(run, calls, answered, i):
+                names[i + k] = name
+            answered += end - i
+            i = end
+        return names
 
     @staticmethod
     def _content_text(i: int, content: Any) -> str:
@@ -225,11 +221,12 @@ class TemplateFormat:
             texts.append(part["text"])
         return "".join(texts)
 
-    def new_parser(self, thinking: bool) -> PlainReplyParser:
-        return PlainReplyParser(frozenset(self.stop_tokens), self._special_ids)
+    def new_parser(self, thinking: bool) -> TemplateReplyParser:
+        return TemplateReplyParser(frozenset(self.stop_tokens), self._special_ids,
+                                   self.tools.marker if self.tools else ())
 
     def grammar(self, req: ChatRequest, thinking: bool) -> grammar.Lark:
-        return grammar.json_grammar(req)   # the JSON document alone: this format has no tools
+        return grammar.template_grammar(req, self.tools.marker if self.tools else ())
 
 
 def _present(segments: list[Segment]) -> list[Segment]:

@@ -317,9 +317,9 @@ def _call_name(call: Mapping[str, Any]) -> Optional[str]:
     return (call.get("function") or {}).get("name")
 
 
-def _resolve_tool_results(run: Sequence[Mapping[str, Any]], calls: Sequence[Mapping[str, Any]],
-                          answered: int, first: int) -> list[tuple[Mapping[str, Any], str]]:
-    """A run of tool results as (message, tool name), in the order they render.
+def resolve_tool_results(run: Sequence[Mapping[str, Any]], calls: Sequence[Mapping[str, Any]],
+                         answered: int, first: int) -> list[tuple[int, str]]:
+    """A run of tool results as (place in the run, tool name), in the order they render.
 
     `calls` are the calls of the latest assistant turn, `answered` how many
     results already followed it, `first` the run's place in `messages`.
@@ -346,7 +346,7 @@ def _resolve_tool_results(run: Sequence[Mapping[str, Any]], calls: Sequence[Mapp
             raise PromptError(f"messages[{first + k}]", "is a tool result with no tool name: "
                               "give the tool_call_id of a call in the assistant message before it, "
                               "or a tool or name field")
-        resolved.append((message, name))
+        resolved.append((k, name))
     return resolved
 
 
@@ -437,7 +437,8 @@ def _write_messages(out: _Writer, messages: Sequence[Mapping[str, Any]],
             end = i
             while end < len(messages) and messages[end].get("role") == "tool":
                 end += 1
-            resolved = _resolve_tool_results(messages[i:end], calls, answered, i)
+            resolved = [(messages[i + k], name)
+                        for k, name in resolve_tool_results(messages[i:end], calls, answered, i)]
             _write_tool_results(out, resolved, answered, images)
             answered += end - i
             i = end

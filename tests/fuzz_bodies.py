@@ -193,7 +193,8 @@ def chat_body() -> st.SearchStrategy[dict]:
         "model": st.just("m"), "stream": st.booleans(), "tools": chat_tools(),
         "tool_choice": st.sampled_from(["auto", "none", "required", {"type": "function", "function": {"name": "f"}}]),
         "response_format": response_formats(), "top_k": st.integers(0, 50),
-        "reasoning_effort": st.sampled_from(["none", "low", "high", "medium"]),
+        "reasoning_effort": st.sampled_from(["none", "minimal", "low", "medium", "high", "xhigh"]),
+        "parallel_tool_calls": st.booleans(),
         "logprobs": st.booleans(), "top_logprobs": st.integers(0, 20),
         "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}), "n": st.just(1),
         **SAMPLING})

@@ -325,7 +325,9 @@ def anthropic_error(resp, status: int, kind: str) -> str:
     ({"messages": ASK + [{"role": "assistant", "content": "Sure"}]}, "messages[1]"),
     ({"thinking": {"type": "enabled", "budget_tokens": 10}}, "thinking.budget_tokens"),
     ({"thinking": {"type": "sometimes"}}, "thinking.type"),
-    ({"output_config": {"effort": "medium"}}, "output_config.effort"),
+    ({"output_config": {"effort": "huge"}}, "output_config.effort"),
+    ({"tool_choice": {"type": "auto", "disable_parallel_tool_use": "yes"}},
+     "tool_choice.disable_parallel_tool_use"),
     ({"tool_choice": {"type": "tool"}}, "tool_choice.name"),
     ({"tools": [{"name": "x"}]}, "tools[0].input_schema"),
     ({"messages": [{"role": "user", "content": [

@@ -32,7 +32,9 @@ def test_blocking_chat_shape(server, engine):
     waste = body["waste"]
     assert set(waste) == {"prompt_tokens", "completion_tokens", "experts_hit", "experts_missed",
                           "expert_hit_rate", "bytes_read", "direct_io", "ms", "tokens_per_second",
-                          "context_full", "cached_tokens", "constrained", "mask_ms", "mask_changed"}
+                          "context_full", "cached_tokens", "constrained", "mask_ms", "mask_changed",
+                          "reasoning"}
+    assert waste["reasoning"] == "on"   # K3 thinking by default, no effort named
     assert waste["constrained"] is False and waste["mask_changed"] == 0
     n = usage["completion_tokens"]
     assert (waste["experts_hit"], waste["experts_missed"]) == (3 * n, n)
@@ -166,22 +168,24 @@ def test_developer_role_is_system(server, engine):
     assert engine.segments[4].text == "system"
 
 
-def test_medium_effort_is_refused_with_the_reason(server):
-    err = assert_error(call(server.port, "POST", CHAT, {"messages": USER, "reasoning_effort": "medium"}),
+def test_an_unknown_effort_is_refused_naming_the_values(server):
+    err = assert_error(call(server.port, "POST", CHAT, {"messages": USER, "reasoning_effort": "huge"}),
                        400, param="reasoning_effort")
-    assert "low" in err["message"] and "high" in err["message"] and "max" in err["message"]
+    assert all(value in err["message"] for value in ("minimal", "medium", "xhigh", "max"))
 
 
-@pytest.mark.parametrize("effort,thinking", [("low", True), ("high", True), ("max", True),
-                                             ("none", False), ("minimal", False), ("off", False),
-                                             (None, True)])
-def test_reasoning_effort_switches_the_think_channel(server, engine, effort, thinking):
+@pytest.mark.parametrize("effort,thinking,level", [
+    ("low", True, "low"), ("medium", True, "high"), ("high", True, "high"), ("xhigh", True, "max"),
+    ("max", True, "max"), ("none", False, None), ("minimal", False, None), ("off", False, None),
+    (None, True, None)])
+def test_reasoning_effort_switches_the_think_channel(server, engine, effort, thinking, level):
     body = {"messages": USER} if effort is None else {"messages": USER, "reasoning_effort": effort}
     assert call(server.port, "POST", CHAT, body).status == 200
     texts = [s.text for s in engine.segments]
     assert texts[-2] == ("think" if thinking else "response")
-    effort_said = any(f"thinking_effort={effort}" in t for t in texts)
-    assert effort_said == (effort in ("low", "high", "max"))
+    said = [t for t in texts if "thinking_effort=" in t]
+    assert said == ([] if level is None else [said[0]])
+    assert level is None or f"`thinking_effort={level}`" in said[0]
 
 
 def test_no_thinking_default_is_overridden_by_request(engine):
@@ -252,15 +256,18 @@ def test_template_format_serves_plain_chat_and_refuses_the_rest(tmp_path):
         assert body["choices"][0]["message"] == {"role": "assistant", "content": "Hi there"}
         assert body["choices"][0]["finish_reason"] == "stop"
         assert call(srv.port, "GET", "/v1/models").json()["data"][0]["waste"]["chat_format"] == "chat.json"
-        assert_error(call(srv.port, "POST", CHAT, {"messages": USER, "tools": TOOLS}), 400, param="tools")
-        assert_error(call(srv.port, "POST", CHAT, {"messages": USER, "reasoning_effort": "high"}), 400,
-                     param="reasoning_effort")
+        # Tools on chat.json need a grammar, and a scripted engine has no logits to mask.
+        assert_error(call(srv.port, "POST", CHAT, {"messages": USER, "tools": TOOLS}), 400,
+                     param="tools", code="structured_output_unavailable")
+        # An effort is accepted, and reported unused: the template has no reasoning channel.
+        effort = call(srv.port, "POST", CHAT, {"messages": USER, "reasoning_effort": "high"}).json()
+        assert effort["waste"]["reasoning"] == "unsupported"
         assert_error(call(srv.port, "POST", CHAT, {"messages": USER,
                                                    "response_format": {"type": "json_object"}}),
                      400, param="response_format")
         tool_turn = [*USER, {"role": "tool", "tool_call_id": "c", "content": "x"}]
         assert_error(call(srv.port, "POST", CHAT, {"messages": tool_turn}), 400, param="messages[1]")
-    assert len(engine.prompts) == 1
+    assert len(engine.prompts) == 2
 
 
 def test_no_chat_format_keeps_the_other_endpoints():
@@ -275,3 +282,44 @@ def test_no_chat_format_keeps_the_other_endpoints():
         assert call(srv.port, "GET", "/v1/models").json()["data"][0]["waste"]["chat_format"] == "none"
         body = call(srv.port, "POST", "/v1/completions", {"prompt": "some"}).json()
         assert body["choices"][0]["text"] == "more text"
+
+
+def test_context_full_when_max_tokens_was_lowered_to_the_room_left():
+    long = xtml_answer(*["word "] * 40, thinking=["hm"])
+    with serving(scripted_service(ScriptedEngine([long]))) as srv:
+        prompt = call(srv.port, "POST", CHAT, {"messages": USER, "max_tokens": 1}).json()
+    room = 5
+    engine = ScriptedEngine([long], ctx_max=prompt["usage"]["prompt_tokens"] + room)
+    with serving(scripted_service(engine)) as srv:
+        cut = call(srv.port, "POST", CHAT, {"messages": USER, "max_tokens": 100}).json()
+        asked = call(srv.port, "POST", CHAT, {"messages": USER, "max_tokens": room - 2}).json()
+    assert engine.params[0].max_tokens == room   # lowered to the room left
+    assert cut["choices"][0]["finish_reason"] == "length" and cut["usage"]["completion_tokens"] == room
+    assert cut["waste"]["context_full"] is True
+    # Cut by the client's own max_tokens, with room to spare: the context is not full.
+    assert asked["choices"][0]["finish_reason"] == "length" and asked["waste"]["context_full"] is False
+
+
+def test_a_field_the_server_does_not_read_is_named_once_in_the_log(engine):
+    lines: list[str] = []
+    with serving(scripted_service(engine), log=lines.append) as srv:
+        for _ in range(2):
+            assert call(srv.port, "POST", CHAT, {"messages": USER, "max_tokens": 1,
+                                                "extra_body": {"reasoning_effort": "none"},
+                                                "user": "ann"}).status == 200
+    named = [line for line in lines if "extra_body" in line]
+    assert len(named) == 1 and named[0].startswith("/v1/chat/completions:")
+    assert named[0].endswith("(named once): extra_body")   # `user` is a field the server knows
+
+
+def test_a_template_that_cannot_carry_tools_says_why_unless_they_are_left_out(tmp_path):
+    no_system = {key: value for key, value in KIMI_CHAT.items() if key != "system"}
+    (tmp_path / "chat.json").write_text(json.dumps(no_system))
+    engine = ScriptedEngine([["Hi", "<|im_end|>"]], specials=KIMI_LINEAR_SPECIALS)
+    with serving(scripted_service(engine, model_dir=str(tmp_path))) as srv:
+        err = assert_error(call(srv.port, "POST", CHAT, {"messages": USER, "tools": TOOLS}), 400,
+                           param="tools")
+        assert "no system turn to declare them in" in err["message"]
+        left_out = call(srv.port, "POST", CHAT, {"messages": USER, "tools": TOOLS,
+                                                 "tool_choice": "none"})
+        assert left_out.status == 200, left_out.body

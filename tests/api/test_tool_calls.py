@@ -107,3 +107,24 @@ def test_names_reasoning_and_positional_tool_results_reach_the_prompt(server, en
         assert f'<|open|>message role="{role}" name="{name}"<|sep|>' in prompt
     assert "<|open|>think<|sep|>look it up<|close|>think" in prompt
     assert '<|open|>message role="tool" tool="get_weather" index="1"<|sep|>sunny' in prompt
+
+
+def _two_calls() -> list[str]:
+    """A reply calling get_weather twice: the first call through its close, then the
+    second's call element onwards."""
+    one = xtml_tool_call("get_weather", {"city": "Paris"})
+    two = xtml_tool_call("get_weather", {"city": "Rome"})
+    return one[:-7] + two[6:]
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_parallel_tool_calls_false_cuts_a_reply_without_a_grammar_after_one_call(engine, parallel):
+    # The scripted engine has no logits: no grammar holds the reply, so the reader stops it.
+    engine.replies = [_two_calls()]
+    with serving(scripted_service(engine, thinking=False)) as srv:
+        body = call(srv.port, "POST", CHAT, {"messages": USER, "tools": TOOLS,
+                                            "parallel_tool_calls": parallel}).json()
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    cities = [json.loads(c["function"]["arguments"])["city"] for c in choice["message"]["tool_calls"]]
+    assert cities == (["Paris", "Rome"] if parallel else ["Paris"])

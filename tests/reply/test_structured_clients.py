@@ -104,3 +104,12 @@ def test_without_numpy_logprobs_are_off_too(lib_path, kimi_linear_container, tmp
         assert ENABLE_HINT in err["message"]
         plain = call(port, "POST", CHAT, {"messages": ASK, "max_tokens": 2, "seed": 1})
         assert plain.status == 200 and json.loads(plain.body)["usage"]["completion_tokens"] == 2
+        # Calls in serve's own format on a chat.json are made by a grammar alone.
+        tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+        err = assert_error(call(port, "POST", CHAT, {"messages": ASK, "tools": tools}), 400,
+                           param="tools", code="structured_output_unavailable")
+        assert ENABLE_HINT in err["message"] and "pip install '.[structured]'" in err["message"]
+        # tool_choice none leaves the tools out: nothing to enforce.
+        left_out = call(port, "POST", CHAT, {"messages": ASK, "tools": tools, "tool_choice": "none",
+                                             "max_tokens": 2, "seed": 1})
+        assert left_out.status == 200, left_out.body

@@ -271,7 +271,8 @@ def test_tool_call_streams_name_first_then_argument_fragments():
 
 def test_string_arguments_are_json_escaped_as_they_stream():
     script = markup(CLOSE, "think", SEP, OPEN, "tools", SEP, OPEN, 'call tool="f"', SEP,
-                    OPEN, 'argument key="q" type="string"', SEP, 'say "hi"\\\n\t', CLOSE, "argument", SEP)
+                    OPEN, 'argument key="q" type="string"', SEP, 'say "hi"\\\n\t', CLOSE, "argument", SEP,
+                    CLOSE, "call", SEP)
     deltas, reply = run_tokens(script, [1])
     assert arguments(reply) == [{"q": 'say "hi"\\\n\t'}]
     check_stream(deltas, reply)
@@ -384,10 +385,11 @@ def test_header_interrupted_by_another_marker_is_dropped():
     assert (reply.reasoning_content, reply.content) == ("", "answer")
 
 
-def test_reply_cut_mid_string_argument_closes_the_json():
+def test_reply_cut_mid_string_argument_keeps_the_json_as_generated():
+    # No layer closes the JSON for the model: a cut call must not look like a finished one.
     reply = parse(CLOSE, "think", SEP, OPEN, "tools", SEP, OPEN, 'call tool="f"', SEP,
                   OPEN, 'argument key="city" type="string"', SEP, "Par")
-    assert reply.tool_calls[0]["function"]["arguments"] == '{"city": "Par"}'
+    assert reply.tool_calls[0]["function"]["arguments"] == '{"city": "Par'
 
 
 @pytest.mark.parametrize("value_type, body, expected", [
@@ -397,17 +399,26 @@ def test_reply_cut_mid_string_argument_closes_the_json():
     ("array", "[1, 2", "[1, 2"),
     ("made-up", "[1]", [1]),          # unknown types are parsed if they can be
 ])
-def test_reply_cut_mid_typed_argument(value_type, body, expected):
+def test_typed_argument_values(value_type, body, expected):
     reply = parse(CLOSE, "think", SEP, OPEN, "tools", SEP, OPEN, 'call tool="f"', SEP,
-                  OPEN, f'argument key="k" type="{value_type}"', SEP, body)
+                  OPEN, f'argument key="k" type="{value_type}"', SEP, body, CLOSE, "argument", SEP,
+                  CLOSE, "call", SEP)
     assert arguments(reply) == [{"k": expected}]
+
+
+@pytest.mark.parametrize("body", ["4", "tr", "[1, 2"])
+def test_reply_cut_mid_typed_argument_keeps_its_text_unclosed(body):
+    reply = parse(CLOSE, "think", SEP, OPEN, "tools", SEP, OPEN, 'call tool="f"', SEP,
+                  OPEN, 'argument key="k" type="number"', SEP, body)
+    assert reply.tool_calls[0]["function"]["arguments"] == '{"k": ' + body
 
 
 def test_argument_nested_past_the_json_parsers_depth_is_kept_as_text():
     # json.loads raises RecursionError here, which is not a ValueError.
     body = "[" * 5000
     reply = parse(CLOSE, "think", SEP, OPEN, "tools", SEP, OPEN, 'call tool="f"', SEP,
-                  OPEN, 'argument key="k" type="array"', SEP, body, CLOSE, "argument", SEP)
+                  OPEN, 'argument key="k" type="array"', SEP, body, CLOSE, "argument", SEP,
+                  CLOSE, "call", SEP)
     assert arguments(reply) == [{"k": body}]
 
 
@@ -423,12 +434,19 @@ def test_stray_marker_before_a_long_answer_does_not_swallow_it(stray):
 def test_header_up_to_the_limit_still_counts():
     key = "k" * (MAX_HEADER_CHARS - len('argument key="" type="string"'))
     reply = parse(CLOSE, "think", SEP, OPEN, "tools", SEP, OPEN, 'call tool="f"', SEP,
-                  OPEN, f'argument key="{key}" type="string"', SEP, "v", CLOSE, "argument", SEP)
+                  OPEN, f'argument key="{key}" type="string"', SEP, "v", CLOSE, "argument", SEP,
+                  CLOSE, "call", SEP)
     assert arguments(reply) == [{key: "v"}]
 
 
-def test_reply_cut_right_after_call_header_gives_empty_object():
+def test_reply_cut_right_after_call_header_gives_empty_arguments():
     reply = parse(CLOSE, "think", SEP, OPEN, "tools", SEP, OPEN, 'call tool="f"', SEP)
+    assert reply.tool_calls[0]["function"] == {"name": "f", "arguments": ""}
+
+
+def test_a_call_closed_without_arguments_has_an_empty_object():
+    reply = parse(CLOSE, "think", SEP, OPEN, "tools", SEP, OPEN, 'call tool="f"', SEP,
+                  CLOSE, "call", SEP)
     assert reply.tool_calls[0]["function"] == {"name": "f", "arguments": "{}"}
 
 
@@ -476,7 +494,8 @@ def test_junk_attributes_are_ignored():
 
 def test_attribute_values_are_unescaped():
     reply = parse(CLOSE, "think", SEP, OPEN, "tools", SEP, OPEN, 'call tool="f"', SEP,
-                  OPEN, 'argument key="&quot;&lt;k&gt;&quot;" type="string"', SEP, "v")
+                  OPEN, 'argument key="&quot;&lt;k&gt;&quot;" type="string"', SEP, "v",
+                  CLOSE, "call", SEP)
     assert arguments(reply) == [{'"<k>"': "v"}]
 
 
