@@ -29,7 +29,7 @@ from . import seal
 from .api import ApiError, invalid, parse_reasoning_effort
 from .dialect import (Block, Blocks, Conversation, Parts, Translation, chat_request,
                       string_field, tool_call)
-from .replies import ChatReply
+from .replies import ChatReply, ReplyStart
 from .sse import sse_named
 
 BUDGET_EFFORTS = ((8192, "low"), (24576, "high"))   # budget_tokens below the bound -> effort
@@ -187,7 +187,8 @@ def _assistant(content: Any, where: str) -> dict:
             texts.append(string_field(block, "text", at))
         elif kind == "thinking":
             text = string_field(block, "thinking", at)
-            if seal.verify(text, block.get("signature")):   # else not ours: left out
+            # Not ours: left out; empty (a stream opened it before the reply chose text): nothing.
+            if text and seal.verify(text, block.get("signature")):
                 reasoning.append(text)
         elif kind == "tool_use":
             arguments = block.get("input")
@@ -320,17 +321,28 @@ class Exchange:
     def error(self, error: ApiError) -> ApiError:
         return self.translation.error(error)
 
-    def opening(self) -> bytes:
-        # The prompt's size is not known yet: message_delta carries the real usage.
-        empty = {"input_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
-                 "output_tokens": 0}
-        return sse_named([{"type": "message_start", "message": self._message([], None, None, empty)}])
+    def opening(self, start: ReplyStart) -> bytes:
+        # Zeros while the request still waits in line: message_delta says the size at the end.
+        prompt = start.prompt_tokens or 0
+        usage = {"input_tokens": prompt - start.cached_tokens, "cache_creation_input_tokens": 0,
+                 "cache_read_input_tokens": start.cached_tokens, "output_tokens": 0}
+        return sse_named([{"type": "message_start", "message": self._message([], None, None, usage)}])
 
-    def started(self) -> bytes:
-        return b""
+    def heartbeat(self, start: ReplyStart) -> bytes:
+        """An empty delta of the open block, and a ping for the clients that count those.
 
-    def progress(self) -> bytes:
-        return sse_named([{"type": "ping"}])
+        Claude Code counts only content events as signs of life (not ping), so the
+        first heartbeat opens the block the reply will begin with, thinking or text;
+        the reply's first delta goes on in it, or closes it when of another kind. A
+        reply that begins before a heartbeat is due streams as Anthropic's API would.
+        """
+        steps = [] if self._blocks.blocks else self._blocks.open(
+            "reasoning" if start.thinking else "text")
+        block = self._blocks.current
+        if block is not None:
+            steps.append(("add", block, ""))
+        return sse_named([event for step in steps for event in self._events(*step)]
+                         + [{"type": "ping"}])
 
     def delta(self, delta: dict) -> bytes:
         return sse_named([event for step in self._blocks.feed(delta) for event in self._events(*step)])

@@ -26,7 +26,7 @@ from .json_body import MAX_BODY_BYTES, parse_body
 from .page import CONTENT_TYPE as PAGE_TYPE, chat_page
 from .service import Service
 from .sinks import Answer, BlockingSink, ExchangeSink
-from .sse import EventWriter
+from .sse import DEFAULT_HEARTBEAT, EventWriter
 
 DEFAULT_REQUEST_TIMEOUT = 60.0  # seconds for a whole request's headers and body, idle time included
 _HANGUP = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0)
@@ -38,9 +38,11 @@ class Server(ConnectionServer):
     def __init__(self, address: tuple[str, int], service: Service, *, api_key: Optional[str] = None,
                  log: Optional[Callable[[str], None]] = None, socket_timeout: float = 30.0,
                  max_connections: int = DEFAULT_MAX_CONNECTIONS,
-                 request_timeout: float = DEFAULT_REQUEST_TIMEOUT):
+                 request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+                 heartbeat: float = DEFAULT_HEARTBEAT):
         self.service = service
         self.api_key = api_key
+        self.heartbeat = heartbeat  # seconds a stream may stay silent (serve/sse.py)
         self.socket_timeout = socket_timeout  # bounds each send to a client that stopped reading
         self.request_timeout = request_timeout
         heap.map_large_blocks()   # what a large body held goes back once it is freed
@@ -263,7 +265,7 @@ class Handler(BaseHTTPRequestHandler):
 
     # -- the connection, for sinks (serve/sinks.py's Connection) -------------------------
 
-    def open_stream(self) -> EventWriter:
+    def open_stream(self, on_silence: Callable[[], None]) -> EventWriter:
         self.status = 200
         self.streaming = True
         self.close_connection = True  # the stream ends when the connection does
@@ -275,7 +277,8 @@ class Handler(BaseHTTPRequestHandler):
         if chunked:
             self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        writer = EventWriter(self.wfile, chunked)
+        writer = EventWriter(self.wfile, chunked, heartbeat=self.server.heartbeat,
+                             on_silence=on_silence)
         writer.start()
         return writer
 

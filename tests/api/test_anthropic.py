@@ -214,18 +214,19 @@ def test_stream_event_order_is_anthropics():
     assert resp.status == 200 and resp.headers["content-type"] == "text/event-stream"
     events = resp.named_events()
     assert all(name == data["type"] for name, data in events)
-    names = [name for name, _ in events if name != "ping"]
+    names = [name for name, _ in events]
     assert names == ["message_start",
                      "content_block_start", "content_block_delta", "content_block_delta",
                      "content_block_delta", "content_block_stop",
                      "content_block_start", "content_block_delta", "content_block_stop",
                      "content_block_start"] + ["content_block_delta"] * (len(names) - 13) + [
                      "content_block_stop", "message_delta", "message_stop"]
-    pings = [i for i, (name, _) in enumerate(events) if name == "ping"]
-    assert pings and pings[0] == 1 and resp.comments()   # prefill progress: after message_start
-    data = [d for name, d in events if name != "ping"]
+    # Prefill progress is comments; pings go with heartbeats, and none was due in this reply.
+    assert resp.comments()
+    data = [d for _, d in events]
     start = data[0]["message"]
     assert start["content"] == [] and start["stop_reason"] is None and start["usage"]["output_tokens"] == 0
+    assert start["usage"]["input_tokens"] == len(engine.prompts[0])   # known before prefill
     assert [d["delta"]["type"] for d in data[2:5]] == ["thinking_delta", "thinking_delta", "signature_delta"]
     assert data[4]["delta"]["signature"] == seal.sign("mulling")
     assert data[6]["content_block"] == {"type": "text", "text": ""} and data[7]["delta"]["text"] == "Let me look."
@@ -416,6 +417,10 @@ def test_a_queued_request_opens_its_stream_and_says_where_it_waits():
         resp = call(srv.port, "POST", MESSAGES, {"model": "m", "max_tokens": 10, "messages": ASK,
                                                  "stream": True})
     assert resp.comments() == ["queue 2", "queue 1"]
-    names = [name for name, _ in resp.named_events()]
-    assert names[:3] == ["message_start", "ping", "ping"] and names.count("message_start") == 1
-    assert names[-1] == "message_stop"
+    events = resp.named_events()
+    names = [name for name, _ in events]
+    # message_start waits for the prompt, so it says its size (no heartbeat was due here).
+    assert names[0] == "message_start" and names.count("message_start") == 1
+    assert "ping" not in names and names[-1] == "message_stop"
+    assert events[0][1]["message"]["usage"]["input_tokens"] == events[-2][1]["usage"]["input_tokens"]
+    assert resp.body.index(b": queue 1") < resp.body.index(b"event: message_start")
