@@ -4,6 +4,8 @@ A request becomes the internal chat request (`system` and mid-conversation
 system messages as system turns, `tool_use` as tool calls, `tool_result` as
 tool messages, images as data URLs) and the chat deltas become Anthropic's
 content blocks and stream events. Any `model` name is answered by the one model.
+Claude Code's billing header (a `system` text block starting
+`x-anthropic-billing-header:`) is metadata and stays out of the prompt.
 
 Thinking onto K3's effort levels (`api.parse_reasoning_effort` is the rule):
 
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from . import seal
 from .api import ApiError, invalid, parse_reasoning_effort
@@ -34,6 +36,7 @@ from .sse import sse_named
 
 BUDGET_EFFORTS = ((8192, "low"), (24576, "high"))   # budget_tokens below the bound -> effort
 MIN_BUDGET = 1024   # Anthropic's own lower bound for budget_tokens
+BILLING_HEADER = "x-anthropic-billing-header:"   # Claude Code's system[0], see is_billing_block
 STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
@@ -65,8 +68,9 @@ def parse_request(body: dict, *, counting: bool = False) -> Translation:
         raise invalid("max_tokens", "max_tokens is required")
     conversation = Conversation()
     if body.get("system") is not None:
-        conversation.add({"role": "system", "content": _text_blocks(body["system"], "system")},
-                         "system")
+        system = _text_blocks(body["system"], "system", skip=is_billing_block)
+        if system is not None:
+            conversation.add({"role": "system", "content": system}, "system")
     _messages(conversation, body.get("messages"))
     left_out: list[str] = []
     tools, tool_fields = _tools(body.get("tools"), left_out)
@@ -91,15 +95,38 @@ def _blocks(value: Any, where: str) -> list[dict]:
 
 
 
-def _text_blocks(value: Any, where: str) -> str:
-    """`system` content: a string, or text blocks (cache_control is ignored)."""
+def is_billing_block(block: Any) -> bool:
+    """Claude Code's billing header, sent as a system text block: metadata, not prompt. Its
+    version suffix and `cch` change on every request, so in the prompt it would make every
+    turn's prefix differ from the last one's at the first system token."""
+    return (isinstance(block, dict) and block.get("type") == "text"
+            and isinstance(block.get("text"), str) and block["text"].startswith(BILLING_HEADER))
+
+
+def billing_block(body: dict) -> Optional[str]:
+    """Where a request's billing block is (`system[0]`), if it has one."""
+    system = body.get("system")
+    blocks = system if isinstance(system, list) else []
+    return next((f"system[{b}]" for b, block in enumerate(blocks) if is_billing_block(block)), None)
+
+
+def _text_blocks(value: Any, where: str, skip: Callable[[dict], bool] = lambda block: False
+                 ) -> Optional[str]:
+    """`system` content: a string, or text blocks (cache_control is ignored); blocks `skip`
+    names are left out, and None is returned when they were all there was."""
     if isinstance(value, str):
         return value
-    parts = Parts()
+    parts, skipped = Parts(), False
     for b, block in enumerate(_blocks(value, where)):
         if block.get("type") != "text":
             raise invalid(f"{where}[{b}].type", "system content blocks must be of type text")
-        parts.text(string_field(block, "text", f"{where}[{b}]"), f"{where}[{b}]")
+        text = string_field(block, "text", f"{where}[{b}]")
+        if skip(block):
+            skipped = True
+        else:
+            parts.text(text, f"{where}[{b}]")
+    if skipped and not parts:
+        return None
     return parts.content()  # type: ignore[return-value]  # text alone is a string
 
 
@@ -314,6 +341,7 @@ class Exchange:
         self.translation = parse_request(body)
         self.request = self.translation.request
         self.left_out = self.translation.left_out
+        self.billing = billing_block(body)   # where the billing header was, for the log
         self.id = "msg_" + uuid.uuid4().hex[:24]
         self.model = model
         self._blocks = Blocks()

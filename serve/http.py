@@ -12,6 +12,7 @@ import io
 import json
 import select
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
@@ -49,6 +50,16 @@ class Server(ConnectionServer):
         super().__init__(address, Handler, log=log, max_connections=max_connections)
         # Behind a router, every reply says which host wrote it (docs/serving-a-team.md).
         self.host_id = f"{socket.gethostname()}:{self.port}"
+        self._logged: set[str] = set()
+        self._logged_lock = threading.Lock()
+
+    def log_once(self, key: str, line: str) -> None:
+        """A log line said once per server, for what would otherwise repeat on every request."""
+        with self._logged_lock:
+            if key in self._logged or self.log is None:
+                return
+            self._logged.add(key)
+        self.log(line)
 
 
 class _DeadlineReader(io.RawIOBase):
@@ -225,7 +236,12 @@ class Handler(BaseHTTPRequestHandler):
 
     def _messages(self, method: str, rest: str) -> None:
         service = self.server.service
-        self._generate(anthropic.Exchange(self._read_json(), service.options.model_id), service.chat)
+        exchange = anthropic.Exchange(self._read_json(), service.options.model_id)
+        if exchange.billing is not None:
+            self.server.log_once("billing", f"/v1/messages: {exchange.billing} is Claude Code's "
+                                 "billing header, which changes on every request: it is left out "
+                                 "of the prompt (logged once)")
+        self._generate(exchange, service.chat)
 
     def _responses(self, method: str, rest: str) -> None:
         service = self.server.service
