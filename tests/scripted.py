@@ -274,13 +274,13 @@ def scripted_service(engine: Optional[ScriptedEngine] = None, library: Optional[
 
 
 @contextmanager
-def real_service(lib_path, container, *, vision: bool = False,
+def real_service(lib_path, container, *, vision: bool = False, ctx: int = 0,
                  prefix_cache_for: Optional[Callable[[Any, Engine], PrefixCache]] = None,
                  **options: Any) -> Iterator[Service]:
     """The real engine on a container, closed afterwards. `prefix_cache_for(lib, engine)`
     makes a prefix cache that needs them (its identity, say)."""
     lib = load_library(str(lib_path))
-    engine = Engine(lib, container, EngineConfig(vision=vision))
+    engine = Engine(lib, container, EngineConfig(vision=vision, ctx=ctx))
     service = None
     try:
         options.setdefault("model_id", "real")

@@ -182,6 +182,16 @@ def test_a_heartbeat_between_tokens_is_an_empty_delta_of_the_open_block():
     assert names.index("message_stop") == len(names) - 1   # nothing after the end
 
 
+def test_a_heartbeat_inside_a_tool_call_is_an_empty_piece_of_its_arguments():
+    held_at = CALLS.index("Paris")   # the call's block is open, its argument not yet written
+    engine = held(ScriptedEngine([CALLS]), at=held_at)
+    with serving(scripted_service(engine, thinking=False), heartbeat=BEAT) as srv:
+        events, message = streamed(srv.port, thinking=OFF, tools=TOOLS)
+    pieces = [e.delta.partial_json for e in events
+              if e.type == "content_block_delta" and e.delta.type == "input_json_delta"]
+    assert "" in pieces and message.content[-1].input == {"city": "Paris"}
+
+
 # ---- a request waiting in line beats too; the usage once the prompt is known --------------
 
 
