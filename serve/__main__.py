@@ -135,8 +135,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                    help="a prefill whose client left stops at its next chunk, instead of going "
                         "on to the end of the prompt for the client's retry while no one waits")
     p.add_argument("--warm", action="append", metavar="REQUEST.json",
-                   help="before serving, prefill and checkpoint this saved chat request "
-                        "(repeatable)")
+                   help="prefill and checkpoint this saved request in idle time, from "
+                        "start-up; requests are served meanwhile (repeatable)")
     p.add_argument("--no-prefix-cache", action="store_true",
                    help="prefill every request from scratch")
     p.add_argument("--keep-reasoning", action="store_true",
