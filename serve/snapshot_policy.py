@@ -169,5 +169,6 @@ class SnapshotPolicy:
         minimum = ("" if self.min_tokens is None else
                    f"; none for a prompt under {self.min_tokens:,} positions that restored nothing "
                    "(--prefix-cache-min)")
-        return (f"by measured cost: a checkpoint when it spares more than a save and a load, "
-                f"{progress}{minimum}; costs are measured as prompts run (see /metrics)")
+        return (f"by measured cost: a checkpoint when it spares more than a save and a load (a "
+                f"conversation's first always), {progress}{minimum}; costs are measured as "
+                f"prompts run (see /metrics)")

@@ -53,6 +53,11 @@ class Progress:
             assert self._cond.wait_for(reached, 120), self.done
             return reached()
 
+    def now(self, rid: str) -> int:
+        """Positions request `rid` has prefilled, as logged so far."""
+        with self._cond:
+            return self.done[rid][0]
+
 
 @pytest.fixture
 def slow_clock(monkeypatch):
@@ -77,7 +82,8 @@ def hang_up_at(port: int, body: dict, progress: Progress, fraction: float) -> tu
     """Stream `body`, and close the connection once its prefill is `fraction` through;
     (positions prefilled when the client left, the prompt's total)."""
     sock = post_open(port, {**body, "stream": True})
-    _, done, total = progress.wait_for(fraction)
+    rid, _, total = progress.wait_for(fraction)
+    done = progress.now(rid)   # read last: the server may have gone on while the test woke
     sock.close()
     return done, total
 
@@ -139,7 +145,8 @@ def test_a_hang_up_while_another_request_waits_hands_it_the_engine_at_the_next_c
         thread.start()
         while not len(service.queue):
             thread.join(0.01)
-        _, left_at, total = progress.wait_for(0.3)
+        rid, _, total = progress.wait_for(0.3)
+        left_at = progress.now(rid)
         sock.close()
         thread.join(120)
         prompt, cached, completion = usage(waiting[0])

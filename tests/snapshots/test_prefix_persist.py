@@ -383,9 +383,9 @@ def warmed_past(port: int, positions: int) -> dict:
         time.sleep(0.05)
 
 
-def preamble(tmp_path: Path) -> Path:
-    saved = tmp_path / "preamble.json"   # about 1,500 positions: three chunks
-    saved.write_text(json.dumps({"messages": [{"role": "system", "content": SENTENCE * 45},
+def preamble(tmp_path: Path, sentences: int) -> Path:
+    saved = tmp_path / "preamble.json"   # about 33 positions a sentence
+    saved.write_text(json.dumps({"messages": [{"role": "system", "content": SENTENCE * sentences},
                                               {"role": "user", "content": "Ready?"}],
                                  "reasoning_effort": "none"}))
     return saved
@@ -393,8 +393,9 @@ def preamble(tmp_path: Path) -> Path:
 
 def test_a_request_during_a_warm_is_answered_and_the_warm_redoes_nothing(lib_path, k3_container,
                                                                           tmp_path):
-    with warming_server(lib_path, k3_container, tmp_path, preamble(tmp_path)) as (proc, port, _):
-        warmed_past(port, 512)    # the second chunk runs: at least one is left after it
+    saved = preamble(tmp_path, 75)   # five chunks
+    with warming_server(lib_path, k3_container, tmp_path, saved) as (proc, port, _):
+        warmed_past(port, 512)    # the second chunk runs: at least two are left after it
         reply = call(port, "POST", "/v1/completions",
                      {"prompt": "Hello", "max_tokens": 4, "temperature": 0}, timeout=120)
         assert reply.status == 200, reply.body
@@ -414,7 +415,7 @@ def test_a_request_during_a_warm_is_answered_and_the_warm_redoes_nothing(lib_pat
 
 def test_a_warm_cut_short_by_shutdown_says_so_and_the_next_start_resumes_it(lib_path, k3_container,
                                                                              tmp_path):
-    saved = preamble(tmp_path)
+    saved = preamble(tmp_path, 45)   # three chunks
     with warming_server(lib_path, k3_container, tmp_path, saved) as (proc, port, _):
         warmed_past(port, 512)
         proc.send_signal(signal.SIGTERM)
