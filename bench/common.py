@@ -111,11 +111,14 @@ def split_cpus() -> tuple[Optional[set[int]], Optional[set[int]]]:
 
 @contextmanager
 def server(container: Path, *flags: str, lib: Optional[str] = None,
-           cpus: Optional[set[int]] = None) -> Iterator[int]:
+           cpus: Optional[set[int]] = None, env: Optional[dict] = None,
+           root: Path = ROOT) -> Iterator[int]:
     """`python3 -m serve` in its own process on an ephemeral port; yields the port.
 
     Each server learns its own expert hotlist, and keeps its prefix snapshots
-    apart unless --prefix-cache-dir says otherwise, so one run never warms the next."""
+    apart unless --prefix-cache-dir says otherwise, so one run never warms the next.
+    `env` adds to the environment (WASTE_DELAY_MS, say); `root` is the checkout whose
+    serve runs (another revision, for a before-and-after)."""
     hotlist = tempfile.TemporaryDirectory(prefix="bench-usage-")
     args = [sys.executable, "-m", "serve", str(container), "--port", "0", "--quiet",
             "--usage", os.path.join(hotlist.name, "usage.waste"), *flags]
@@ -124,8 +127,8 @@ def server(container: Path, *flags: str, lib: Optional[str] = None,
     if lib:
         args += ["--lib", lib]
     pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
-    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            preexec_fn=pin)
+    proc = subprocess.Popen(args, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            preexec_fn=pin, env={**os.environ, **(env or {})})
     try:
         port = None
         for line in proc.stdout:

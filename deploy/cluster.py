@@ -193,7 +193,9 @@ def wait_checked(directory: Path, names: list[str], proc: subprocess.Popen) -> N
             raise RuntimeError(f"haproxy exited:\n{(directory / 'haproxy.log').read_text()}")
         try:
             states = server_states(directory)
-            if all(name in states and not states[name][1].startswith("INI") for name in names):
+            # "INI": not checked yet; "* INI": its first check is under way.
+            if all(name in states and not states[name][1].lstrip("* ").startswith("INI")
+                   for name in names):
                 return
         except OSError:
             pass  # the socket is not there yet

@@ -183,6 +183,9 @@ static waste_status parse(const json_value *root, wmanifest *m, char *err, size_
     TRY(get_name(root, "media_pad_token", 0, m->media_pad_token, err, errcap));
     TRY(get_name(root, "unk_token", 0, m->unk_token, err, errcap));
     TRY(parse_quants(root, m, err, errcap));
+    m->context_length = 0;
+    if (json_get(root, "context_length"))
+        TRY(get_u32(root, "context_length", 1, UINT32_MAX, &m->context_length, err, errcap));
     if (!json_bool(json_get(root, "shared_expert"), &shared))
         return wdetail(err, errcap, WASTE_E_FORMAT, "manifest.json: \"shared_expert\" must be true or false");
     m->shared_expert = shared;

@@ -41,6 +41,7 @@ typedef struct {
     char bos_token[WM_NAME_MAX], eos_token[WM_NAME_MAX];
     char media_pad_token[WM_NAME_MAX]; /* "" when the container has none */
     char unk_token[WM_NAME_MAX];       /* stands for a byte without a token; "" for none */
+    uint32_t context_length;           /* the longest sequence the model takes; 0: not declared */
     uint32_t crc;                      /* crc32 of the manifest file's bytes */
 } wmanifest;
 

@@ -178,6 +178,20 @@ static waste_status plan(const char *dir, const wmanifest *m, uint32_t ctx, int 
     return WASTE_OK;
 }
 
+/* The context a plan or an open uses: ctx_tokens, or by default 4096 (the
+ * container's context_length when that is smaller).  A context above the
+ * declared context_length is refused: the model was never trained to attend
+ * that far, and a host asking for candidates learns the maximum from it. */
+static waste_status resolve_ctx(const wmanifest *m, uint32_t ctx_tokens, uint32_t *ctx, char *err,
+                                size_t errcap) {
+    uint32_t most = m->context_length;
+    *ctx = ctx_tokens ? ctx_tokens : most && most < DEFAULT_CTX ? most : DEFAULT_CTX;
+    if (most && *ctx > most)
+        return wdetail(err, errcap, WASTE_E_ARG,
+                       "a %u-token context is above the model's context_length of %u", *ctx, most);
+    return WASTE_OK;
+}
+
 waste_status waste_plan_memory(const char *model_path, uint32_t ctx_tokens,
                                waste_memplan *out) {
     clear_thread_detail();
@@ -186,10 +200,10 @@ waste_status waste_plan_memory(const char *model_path, uint32_t ctx_tokens,
         return thread_fail(WASTE_E_ARG);
     }
     wmanifest m;
+    uint32_t ctx = 0;
     waste_status st = wmanifest_load(model_path, &m, thread_detail, sizeof thread_detail);
-    if (st == WASTE_OK)
-        st = plan(model_path, &m, ctx_tokens ? ctx_tokens : DEFAULT_CTX, 1, out, thread_detail,
-                  sizeof thread_detail);
+    if (st == WASTE_OK) st = resolve_ctx(&m, ctx_tokens, &ctx, thread_detail, sizeof thread_detail);
+    if (st == WASTE_OK) st = plan(model_path, &m, ctx, 1, out, thread_detail, sizeof thread_detail);
     return thread_fail(st);
 }
 
@@ -297,7 +311,7 @@ static waste_status open_ctx(waste_ctx *ctx, const char *model_path, const waste
     waste_status st;
     const char *verify_env = getenv("WASTE_VERIFY"), *delay_env = getenv("WASTE_DELAY_MS");
     int verify = cfg->verify_records || (verify_env && strcmp(verify_env, "1") == 0);
-    uint32_t ctx_tokens = cfg->ctx_tokens ? cfg->ctx_tokens : DEFAULT_CTX, capacity = 0;
+    uint32_t ctx_tokens = 0, capacity = 0;
     waste_memplan p;
 
     if (strlen(model_path) >= sizeof ctx->dir)
@@ -311,6 +325,7 @@ static waste_status open_ctx(waste_ctx *ctx, const char *model_path, const waste
 #define TRY(call) do { if ((st = (call)) != WASTE_OK) return st; } while (0)
     TRY(configure_threads(ctx, cfg, err, errcap));
     TRY(wmanifest_load(ctx->dir, &ctx->m, err, errcap));
+    TRY(resolve_ctx(&ctx->m, cfg->ctx_tokens, &ctx_tokens, err, errcap));
     TRY(plan(ctx->dir, &ctx->m, ctx_tokens, cfg->vision, &p, err, errcap));
     if (cfg->vision && p.vision_bytes == 0)
         return wdetail(err, errcap, WASTE_E_UNSUPPORTED, "vision=1 but %s has no vision tower", ctx->dir);

@@ -89,7 +89,8 @@ typedef enum { WASTE_CACHE_LFRU = 0, WASTE_CACHE_LRU = 1 } waste_cache_policy;
 
 typedef struct {
     uint64_t ram_budget_bytes; /* hard ceiling on engine allocations; 0 = engine picks */
-    uint32_t ctx_tokens;       /* longest sequence (prompt + generation); 0 = 4096 */
+    uint32_t ctx_tokens;       /* longest sequence (prompt + generation); 0 = 4096, or the
+                                  container's context_length when smaller */
     int n_threads;             /* compute threads; 0 = one per core (or per listed CPU) */
     const char *cpu_list;      /* "0-5" / "0-2,6-8"; NULL = unrestricted */
     int cache_policy;          /* waste_cache_policy */
@@ -160,17 +161,21 @@ typedef struct {
 
 /* ------------------------------------------------------ lifecycle, planning */
 
-/* Plan memory for model_path at ctx_tokens (0 = 4096) without loading any
- * weights: only manifest.json, the bank headers and sizes and vision.json
- * are read.  Errors: WASTE_E_IO (missing files), WASTE_E_FORMAT (malformed
- * manifest or bank header), WASTE_E_ARG (NULL arguments). */
+/* Plan memory for model_path at ctx_tokens (0 = 4096, or the container's
+ * context_length when smaller) without loading any weights: only
+ * manifest.json, the bank headers and sizes and vision.json are read.
+ * Errors: WASTE_E_IO (missing files), WASTE_E_FORMAT (malformed manifest or
+ * bank header), WASTE_E_ARG (NULL arguments; a ctx_tokens above the
+ * container's context_length, which error_detail names).  A host finds the
+ * largest context a model takes by asking for candidates. */
 WASTE_API waste_status waste_plan_memory(const char *model_path, uint32_t ctx_tokens,
                                          waste_memplan *out);
 
 /* Open a container.  cfg may be NULL for defaults.  On success *out owns the
  * model until waste_close.  Errors: WASTE_E_IO, WASTE_E_FORMAT,
  * WASTE_E_RAM_BUDGET (budget below the floor), WASTE_E_OOM, WASTE_E_ARG
- * (malformed cpu_list, a CPU this process may not use, bad config),
+ * (malformed cpu_list, a CPU this process may not use, bad config, a
+ * ctx_tokens above the container's context_length),
  * WASTE_E_UNSUPPORTED (vision=1 without a tower; binding unavailable),
  * WASTE_E_BUSY (exclusive_open and another owner holds the container).
  * On failure *out is NULL and waste_error_detail(NULL) tells why.

@@ -17,13 +17,14 @@ from .chat_format import ChatFormat
 from .format_choice import resolve_chat_format
 from .engine import Engine, EngineConfig, Library, LibraryNotFound, MemPlan, WasteError, load_library
 from .connections import DEFAULT_MAX_CONNECTIONS, stderr_log
+from .context import CAP, ContextChoice, choose_context
 from .http import DEFAULT_REQUEST_TIMEOUT, Server
 from .identity import state_identity
-from .prefill import DEFAULT_CHUNK
 from .prefix_cache import DEFAULT_MAX_ENTRIES, PrefixCache, PrefixCacheError, default_directory
 from .reply_memory import ReplyMemory
 from .sse import DEFAULT_HEARTBEAT
 from .service import Service, ServiceOptions
+from .snapshot_policy import SnapshotPolicy
 from .warm import WarmError, Warmer, warm_requests
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
@@ -97,7 +98,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--api-key", default=os.environ.get("WASTE_API_KEY"),
                    help="require Authorization: Bearer KEY (default $WASTE_API_KEY)")
     p.add_argument("--budget", type=parse_size, default=0, help="RAM ceiling, e.g. 48G (0 = engine picks)")
-    p.add_argument("--ctx", type=non_negative, default=0, help="context tokens (0 = engine default)")
+    p.add_argument("--ctx", type=non_negative, default=0,
+                   help="context tokens (default: the largest the model takes whose state fits "
+                        f"a quarter of the budget, at most {CAP})")
     p.add_argument("--threads", type=non_negative, default=0, help="compute threads (0 = one per core)")
     p.add_argument("--cpus", help="cpu list for the threads, e.g. 0-5 or 0-2,6-8")
     p.add_argument("--cache", choices=("lfru", "lru"), default="lfru", help="expert-cache eviction")
@@ -123,12 +126,18 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                         "else ~/.cache/serve)")
     p.add_argument("--prefix-cache-entries", type=positive, default=DEFAULT_MAX_ENTRIES,
                    metavar="N", help=f"most snapshots kept (default {DEFAULT_MAX_ENTRIES})")
-    p.add_argument("--prefix-cache-min", type=non_negative, default=DEFAULT_CHUNK, metavar="N",
-                   help="a prompt shorter than N tokens that restored nothing is not "
-                        f"snapshotted (default {DEFAULT_CHUNK}, one prefill chunk)")
+    p.add_argument("--prefix-cache-min", type=non_negative, default=None, metavar="N",
+                   help="a prompt shorter than N tokens that restored nothing is not snapshotted "
+                        "(default: snapshots are placed by their measured cost)")
+    p.add_argument("--prefix-cache-spacing", type=positive, default=None, metavar="N",
+                   help="inside a long prefill, a snapshot at every multiple of N positions "
+                        "(default: when the prefill since the last cost ten saves)")
+    p.add_argument("--no-finish-abandoned", action="store_true",
+                   help="a prefill whose client left stops at its next chunk, instead of going "
+                        "on to the end of the prompt for the client's retry while no one waits")
     p.add_argument("--warm", action="append", metavar="REQUEST.json",
-                   help="before serving, prefill and checkpoint this saved chat request "
-                        "(repeatable)")
+                   help="prefill and checkpoint this saved request in idle time, from "
+                        "start-up; requests are served meanwhile (repeatable)")
     p.add_argument("--no-prefix-cache", action="store_true",
                    help="prefill every request from scratch")
     p.add_argument("--keep-reasoning", action="store_true",
@@ -177,14 +186,14 @@ def describe_cache(cache: Optional[PrefixCache]) -> str:
 
 
 def banner(lib: Library, engine: Engine, fmt: ChatFormat, args: argparse.Namespace, url: str,
-           cache: Optional[PrefixCache]) -> str:
+           service: Service, context: ContextChoice) -> str:
     info, mem = engine.info, engine.memory_used()
     chat = fmt.description
     lines = [
         f"engine   libwaste {lib.version()} — {lib.build_info()}",
         f"model    {info.arch}: {info.n_layers} layers, {info.n_experts} experts (top-{info.top_k}), "
-        f"hidden {info.hidden}, {info.params_total:,} params ({info.params_active:,} active), "
-        f"ctx {info.ctx_max}",
+        f"hidden {info.hidden}, {info.params_total:,} params ({info.params_active:,} active)",
+        f"context  {info.ctx_max:,} positions: {context.reason}",
         f"quant    {info.quant_summary}",
         f"memory   {gib(mem.recommended_bytes)} resolved (trunk {gib(mem.trunk_bytes)}, "
         f"state {gib(mem.state_bytes)}, floor {gib(mem.floor_bytes)})"
@@ -193,7 +202,12 @@ def banner(lib: Library, engine: Engine, fmt: ChatFormat, args: argparse.Namespa
         ("thinking unavailable (this chat format has no reasoning channel)"
          if not fmt.supports_reasoning else
          f"thinking {'off' if args.no_thinking else 'on'} by default (reasoning_effort overrides)"),
-        f"prefix   {describe_cache(cache)}",
+        f"prefix   {describe_cache(service.options.prefix_cache)}",
+        *([f"snapshot {service.policy.describe()}"]
+          if service.options.prefix_cache is not None else []),
+        ("abandon  a prefill whose client left stops at its next chunk (--no-finish-abandoned)"
+         if args.no_finish_abandoned else
+         "abandon  a prefill whose client left goes on for its retry while no one waits"),
         structure_line(),
         f"listen   {url}",
     ]
@@ -252,14 +266,19 @@ def main(argv: Optional[list[str]] = None) -> int:
         warm = warm_requests(args.warm)
     except WarmError as e:
         return fail(str(e))
+    try:
+        context = choose_context(lib, args.model, args.ctx, args.budget, args.vision)
+    except ValueError as e:
+        return fail(str(e))
     if args.plan:
         try:
-            plan = lib.plan_memory(args.model, args.ctx)
+            plan = lib.plan_memory(args.model, context.tokens)
         except (WasteError, ValueError) as e:
             return fail(str(e))
-        print(f"memory plan for {args.model} (ctx {args.ctx or 'default'}):\n{describe_plan(plan)}")
+        print(f"memory plan for {args.model} (ctx {context.tokens or 'default'}: {context.reason}):"
+              f"\n{describe_plan(plan)}")
         return 0
-    cfg = EngineConfig(budget=args.budget, ctx=args.ctx, threads=args.threads, cpus=args.cpus,
+    cfg = EngineConfig(budget=args.budget, ctx=context.tokens, threads=args.threads, cpus=args.cpus,
                        cache_policy=args.cache, direct_io=not args.no_direct_io, vision=args.vision,
                        verify=args.verify, usage_path=args.usage, exclusive_open=args.exclusive_open)
     try:
@@ -267,12 +286,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (WasteError, ValueError) as e:
         return fail(f"cannot open {args.model}: {e}")
     try:
-        return serve(lib, engine, args, warm)
+        return serve(lib, engine, args, warm, context)
     finally:
         engine.close()
 
 
-def serve(lib: Library, engine: Engine, args: argparse.Namespace, warm: list) -> int:
+def serve(lib: Library, engine: Engine, args: argparse.Namespace, warm: list,
+          context: ContextChoice) -> int:
     fmt = resolve_chat_format(engine, args.model)
     log = None if args.quiet else stderr_log
     if warm and args.no_prefix_cache:
@@ -285,17 +305,20 @@ def serve(lib: Library, engine: Engine, args: argparse.Namespace, warm: list) ->
         options = ServiceOptions(model_id=args.model_id or default_model_id(args.model),
                                  max_tokens=args.max_tokens, thinking=not args.no_thinking,
                                  vision=args.vision, allow_local_images=args.allow_local_images,
-                                 prefix_cache=cache, snapshot_min_tokens=args.prefix_cache_min,
+                                 prefix_cache=cache,
+                                 snapshot_policy=SnapshotPolicy(args.prefix_cache_min,
+                                                                args.prefix_cache_spacing, log),
+                                 finish_abandoned=not args.no_finish_abandoned,
                                  log=log, reply_memory=ReplyMemory(),
                                  keep_reasoning=args.keep_reasoning, max_queue=args.max_queue)
-        return run_server(lib, engine, fmt, options, args, log, warm)
+        return run_server(lib, engine, fmt, options, args, log, warm, context)
     finally:
         if cache is not None:
             cache.close()
 
 
 def run_server(lib: Library, engine: Engine, fmt: ChatFormat, options: ServiceOptions, args: argparse.Namespace,
-               log, warm: list) -> int:
+               log, warm: list, context: ContextChoice) -> int:
     service = Service(engine, lib, fmt, options)
     try:
         server = Server((args.host, args.port), service, api_key=args.api_key or None, log=log,
@@ -304,7 +327,7 @@ def run_server(lib: Library, engine: Engine, fmt: ChatFormat, options: ServiceOp
     except OSError as e:
         return fail(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}")
     stopping, hurry = threading.Event(), threading.Event()
-    # Served while it runs: /health says "warming", and generation requests get a 503.
+    # Idle-time work: requests are served meanwhile, and /health says how far it got.
     warmer = Warmer(service, warm, lambda line: print(line, flush=True)) if warm else None
 
     def stop(signum, frame) -> None:
@@ -324,7 +347,7 @@ def run_server(lib: Library, engine: Engine, fmt: ChatFormat, options: ServiceOp
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     host = f"[{args.host}]" if ":" in args.host else args.host
-    print(banner(lib, engine, fmt, args, f"http://{host}:{server.port}/v1", options.prefix_cache),
+    print(banner(lib, engine, fmt, args, f"http://{host}:{server.port}/v1", service, context),
           flush=True)
     if fmt.refusal is not None:
         print("note     /v1/chat/completions is unavailable; /v1/completions works", flush=True)

@@ -16,10 +16,6 @@ from typing import Any, Mapping, Sequence
 
 from .chat_format import Rendering
 
-# Inside a very long stretch, a snapshot every SPACING positions (at multiples
-# of it, so that two prompts sharing a long prefix checkpoint the same places).
-SPACING = 4096
-
 _SYSTEM_ROLES = ("system", "developer")
 
 
@@ -42,7 +38,8 @@ def preamble_ends(conversation: Rendering, messages: Sequence[Mapping[str, Any]]
     return sorted(n for n in ends if 0 < n < len(conversation.segments))
 
 
-def spaced(start: int, end: int, spacing: int = SPACING) -> list[int]:
-    """The multiples of `spacing` strictly between start and end."""
+def spaced(start: int, end: int, spacing: int) -> list[int]:
+    """The multiples of `spacing` strictly between start and end (--prefix-cache-spacing: at
+    multiples, so that two prompts sharing a long prefix checkpoint the same places)."""
     first = (start // spacing + 1) * spacing
     return list(range(first, end, spacing))

@@ -510,6 +510,9 @@ class Engine:
             self.close()
             raise
         self.info: ModelInfo = _from_struct(ModelInfo, info)
+        # Positions evaluated into the state (waste_eval's tokens, waste_generate's prompt and
+        # generated tokens): what serve asked the engine to compute, restores not included.
+        self.evaluated = 0
         self.specials: dict[str, int] = read_specials(model_path)
         self.longest_token: int = read_longest_token(model_path, self.specials)
 
@@ -667,6 +670,8 @@ class Engine:
         status = self._dll.waste_generate(self.handle, tokens, len(prompt),
                                           ctypes.byref(c_params), callback, None)
         detail = self.lib.error_detail(self.handle)
+        if count or status == WASTE_OK:
+            self.evaluated += len(prompt) + count
         if raised:
             self.reset()
             raise raised[0]
@@ -690,6 +695,7 @@ class Engine:
         self._check(self._dll.waste_eval(self.handle, _int_array(tokens), len(tokens),
                                          ctypes.byref(logits), ctypes.byref(vocab)),
                     "waste_eval")
+        self.evaluated += len(tokens)
         return array.array("f", ctypes.string_at(logits, vocab.value * ctypes.sizeof(_float)))
 
     # -- conversation state

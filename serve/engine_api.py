@@ -14,6 +14,7 @@ class EngineApi(Protocol):
     info: ModelInfo
     specials: dict[str, int]   # special token text -> id
     longest_token: int         # bytes of the vocabulary's longest ordinary token
+    evaluated: int             # positions evaluated so far (eval, generate), restores not included
 
     def tokenize(self, text: str, *, markup: bool = False, add_bos: bool = False) -> list[int]: ...
 

@@ -10,7 +10,9 @@ behind a slow model.
 Work that only spares later requests time (settling a reply's snapshot,
 --warm) takes an idle turn instead: it gets the engine only when nobody holds
 it or waits for it, and it is told to yield as soon as a request arrives, which
-it does at its next chunk.
+it does at its next chunk. A request whose client left mid-prefill becomes such
+work where it stands (Turn.to_idle): its prefill goes on for the client's retry
+while nobody waits, and yields like any idle-time work.
 """
 from __future__ import annotations
 
@@ -45,6 +47,27 @@ def shutting_down() -> ApiError:
                     kind="server_error")
 
 
+class Turn:
+    """A request's hold on the engine, as its holder may change it."""
+
+    def __init__(self, queue: "EngineQueue"):
+        self._queue = queue
+        self.idle = False    # the request's client left: its work now runs as idle-time work
+
+    def to_idle(self) -> None:
+        """Nobody waits on this work any more: it no longer counts as a request holding the
+        engine, and it yields as soon as a request waits (requested())."""
+        q = self._queue
+        with q._cond:
+            if not self.idle:
+                self.idle, q._busy, q._idle = True, False, True
+                q._cond.notify_all()
+
+    def requested(self) -> bool:
+        """A request waits for the engine, or the line is closed."""
+        return self._queue._requested()
+
+
 class EngineQueue:
     def __init__(self, max_waiting: int):
         if max_waiting < 0:
@@ -65,8 +88,13 @@ class EngineQueue:
         """A request holds the engine."""
         return self._busy
 
+    @property
+    def idle_work(self) -> bool:
+        """Idle-time work holds the engine (settling, warming, a prefill whose client left)."""
+        return self._idle
+
     @contextmanager
-    def turn(self, waiter: Waiter) -> Iterator[None]:
+    def turn(self, waiter: Waiter) -> Iterator[Turn]:
         """Waits for the engine in arrival order and holds it for the block.
 
         While waiting, `waiter.queued(ahead)` hears the number of requests in
@@ -90,11 +118,15 @@ class EngineQueue:
                     self._line.remove(ticket)
                     self._cond.notify_all()  # those behind it moved up
             raise
+        held = Turn(self)
         try:
-            yield
+            yield held
         finally:
             with self._cond:
-                self._busy = False
+                if held.idle:
+                    self._idle = False
+                else:
+                    self._busy = False
                 self._cond.notify_all()
 
     def _wait(self, ticket: object, waiter: Waiter) -> None:
@@ -128,16 +160,20 @@ class EngineQueue:
         return self._line.index(ticket) + int(self._busy)  # O(line), and the line is bounded
 
     @contextmanager
-    def idle_turn(self) -> Iterator[Optional[Callable[[], bool]]]:
+    def idle_turn(self, patient: bool = False) -> Iterator[Optional[Callable[[], bool]]]:
         """Holds the engine for idle-time work, which must never delay a request.
 
         Waits for whatever holds the engine to let go. Yields `yield_now()`, true
         as soon as a request waits or the line closes: the work then stops at its
-        next chunk and lets go. Yields None instead, holding nothing, when a
-        request is waiting or the line is closed: the work is then not done.
+        next chunk and lets go. Yields None instead, holding nothing, when the
+        line is closed, or (unless `patient`) when a request is waiting: the work
+        is then not done. Patient work waits for the line to empty instead.
         """
+        def free() -> bool:
+            return not (self._busy or self._idle or (patient and self._line))
+
         with self._cond:
-            self._cond.wait_for(lambda: self._closed or self._line or not (self._busy or self._idle))
+            self._cond.wait_for(lambda: self._closed or (self._line and not patient) or free())
             granted = not (self._closed or self._line)
             if granted:
                 self._idle = True

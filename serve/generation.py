@@ -13,16 +13,17 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 from . import decode, grammar
-from .api import ApiError, Sampling, Usage, invalid
+from .api import Sampling, Usage, invalid
 from .engine import GenParams, GenResult, Stats, TokenInfo
 from .engine_api import EngineApi
 from .logprobs import LogprobTrail
 from .metrics import Metrics
-from .prefill import DEFAULT_CHUNK, PrefillCancelled, prefill
+from .prefill import DEFAULT_CHUNK, Prefill, PrefillCancelled
 from .prefix_cache import PrefixCache
-from .prompt import Prompt
+from .prompt import Prompt, too_long
 from .replies import ReplySink
 from .reply_reader import ReplyReader
+from .snapshot_policy import SnapshotPolicy
 
 
 @dataclass
@@ -35,6 +36,7 @@ class Outcome:
     unevaluated: int                       # of those, how many the state lacks (serve's decoder: the last)
     result: GenResult
     logprobs: Optional[list[dict]] = None  # the answer's logprob entries, when asked for
+    saved: int = 0                         # prompt positions the longest snapshot of it holds
 
 
 @dataclass
@@ -46,38 +48,40 @@ class _Clock:
     tokens: list[int] = field(default_factory=list)
     client_gone: bool = False
     cached_tokens: int = 0          # prompt positions restored from a snapshot
+    saved: int = 0                  # prompt positions the longest snapshot of it holds
 
 
 class Generation:
     def __init__(self, engine: EngineApi, metrics: Metrics, *, max_tokens: int,
-                 prefix_cache: Optional[PrefixCache], prefill_chunk: int = DEFAULT_CHUNK,
-                 snapshot_min_tokens: int = 0, eval_logits: bool = True,
+                 prefix_cache: Optional[PrefixCache], policy: SnapshotPolicy,
+                 prefill_chunk: int = DEFAULT_CHUNK, eval_logits: bool = True,
                  log: Optional[Callable[[str], None]] = None):
         self.engine = engine
         self.metrics = metrics
         self.max_tokens = max_tokens          # when a request sets none
         self.prefix_cache = prefix_cache
         self.prefill_chunk = prefill_chunk
-        self.snapshot_min_tokens = snapshot_min_tokens
+        self.policy = policy                  # where snapshots pay, from measured costs
         self.eval_logits = eval_logits        # False: waste_eval gives no logits to decode with
         self.log = log
         self._vocabularies: dict[tuple, Any] = {}   # llguidance's view of the vocabulary, built once
 
     def run(self, prompt: Prompt, sampling: Sampling, sink: ReplySink, reader: ReplyReader, *,
             stop_tokens: Sequence[int] = (), logprobs: Optional[int] = None,
-            constraint: Optional[str] = None, label: str = "") -> Outcome:
+            constraint: Optional[str] = None, label: str = "",
+            stop: Optional[Callable[[], bool]] = None) -> Outcome:
         """Prefill, generate until the reader says the reply is done, and account for it.
 
         `constraint`: a compiled grammar the reply must follow; `label` names the
-        request in log lines."""
+        request in log lines; `stop`: asked between prefill chunks whether to stop
+        (by default, whether the client left). A prefill that runs to its end for a
+        client that left is snapshotted there, and nothing is generated."""
         decoder, trail = self._decoder(sampling, logprobs, sink, reader.text_key, constraint,
                                        stop_tokens)
         sink = trail or sink
         room = self.engine.info.ctx_max - len(prompt.ids)
         if room < 1:
-            raise ApiError(400, f"the prompt is {len(prompt.ids)} tokens; the context holds "
-                                f"{self.engine.info.ctx_max} including at least one generated token",
-                           param="messages", code="context_length_exceeded")
+            raise too_long(len(prompt.ids), self.engine.info.ctx_max, "messages")
         params = GenParams(temperature=sampling.temperature, top_p=sampling.top_p,
                            top_k=sampling.top_k,
                            seed=secrets.randbits(64) if sampling.seed is None else sampling.seed,
@@ -105,7 +109,7 @@ class Generation:
         report = decode.Report(constrained=False).waste()
         unevaluated = 0
         try:
-            rest = self._prefill(prompt, clock, sink, label)
+            rest = self._prefill(prompt, clock, sink, label, stop or sink.gone)
         except PrefillCancelled:
             clock.client_gone = True
             result = GenResult(n_tokens=0, cancelled=True, context_full=False, detail=None)
@@ -128,7 +132,7 @@ class Generation:
         return Outcome(finish, self._usage(len(prompt.ids), clock, full, ms,
                                            _stats_delta(before, after), report),
                        clock.client_gone, clock.tokens, unevaluated, result,
-                       trail.entries if trail is not None else None)
+                       trail.entries if trail is not None else None, clock.saved)
 
     # -- decoding in serve (structure, logprobs) --------------------------------------
 
@@ -165,7 +169,8 @@ class Generation:
 
     # -- prefill --------------------------------------------------------------------------
 
-    def _prefill(self, prompt: Prompt, clock: _Clock, sink: ReplySink, label: str) -> list[int]:
+    def _prefill(self, prompt: Prompt, clock: _Clock, sink: ReplySink, label: str,
+                 stop: Callable[[], bool]) -> list[int]:
         """Restore and evaluate all but the tail of the prompt; returns the tail for generate."""
         log, chunk, cache = self.log, self.prefill_chunk, self.prefix_cache
 
@@ -177,13 +182,18 @@ class Generation:
                 log(f"{label} prefill {done}/{total}")
 
         def run_prefill(tokens: list[int], upto: int) -> None:
-            clock.cached_tokens = prefill(self.engine, tokens, upto, cache=cache,
-                                          snapshot_at=prompt.snapshot_at, chunk=chunk,
-                                          progress=progress, cancelled=sink.gone,
-                                          min_snapshot=self.snapshot_min_tokens,
-                                          restored=lambda n: sink.prefilling(len(prompt.ids), n))
+            run = Prefill(self.engine, tokens, cache=cache, policy=self.policy, chunk=chunk,
+                          progress=progress, stop=stop)
+            clock.cached_tokens = run.restore(upto)
+            sink.prefilling(len(prompt.ids), clock.cached_tokens)
             if cache is not None:
                 self.metrics.prefix_lookup(clock.cached_tokens > 0)
+            clock.saved = run.run(upto, prompt.snapshot_at).saved
+            if sink.gone():
+                # Evaluated for a client that left (or to the end, for its retry): kept for
+                # whoever sends the same prompt next, and nothing is generated.
+                run.snapshot("stopped")
+                raise PrefillCancelled()
 
         try:
             if not prompt.image_paths:

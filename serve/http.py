@@ -192,9 +192,6 @@ class Handler(BaseHTTPRequestHandler):
         if method not in route.methods:
             raise ApiError(405, f"{path} accepts {', '.join(route.methods)} only",
                            code="method_not_allowed")
-        if route.refused_while_warming and self.server.service.warming:
-            raise ApiError(503, "the server is warming its prefix cache (--warm); try again later",
-                           code="warming", kind="server_error")
         route.answer(self, method, path[len(route.path):])
 
     def _check_auth(self) -> None:
@@ -215,9 +212,10 @@ class Handler(BaseHTTPRequestHandler):
 
     def _health(self, method: str, rest: str) -> None:
         service = self.server.service
-        # 503 while warming: load balancers send nothing to a server that is not ready.
-        self._send_json(503 if service.warming else 200,
-                        {**(service.warming or {"status": "ok"}), **service.activity().as_json()})
+        # A warm is idle-time work and requests are served meanwhile, so the answer is 200; its
+        # "warming" member tells a router to send this host no new conversations until it is done.
+        self._send_json(200, {"status": "ok", "warming": service.warming,
+                              **service.activity().as_json()})
 
     def _page(self, method: str, rest: str) -> None:
         page, policy = chat_page()
@@ -437,19 +435,17 @@ class Route:
     answer: Callable[[Handler, str, str], None]   # (handler, method, the path after `path`)
     prefix: bool = False
     open: bool = False                        # no API key: it holds no data (the page asks for one)
-    refused_while_warming: bool = True        # 503 while --warm runs
     errors: Callable[[ApiError], dict] = ApiError.body   # the error shape its clients read
     label: str = ""                           # its endpoint in /metrics, when not the path
 
 
 MESSAGES = "/v1/messages"
 ROUTES = (
-    Route("/health", ("GET",), Handler._health, open=True, refused_while_warming=False),
-    Route("/", ("GET",), Handler._page, open=True, refused_while_warming=False),
-    Route("/metrics", ("GET",), Handler._metrics, refused_while_warming=False),
-    Route("/v1/models", ("GET",), Handler._models, refused_while_warming=False),
-    Route("/v1/models/", ("GET",), Handler._model, prefix=True, refused_while_warming=False,
-          label="/v1/models/{model}"),
+    Route("/health", ("GET",), Handler._health, open=True),
+    Route("/", ("GET",), Handler._page, open=True),
+    Route("/metrics", ("GET",), Handler._metrics),
+    Route("/v1/models", ("GET",), Handler._models),
+    Route("/v1/models/", ("GET",), Handler._model, prefix=True, label="/v1/models/{model}"),
     Route("/v1/chat/completions", ("POST",), Handler._chat),
     Route("/v1/completions", ("POST",), Handler._complete),
     Route(MESSAGES, ("POST",), Handler._messages, errors=anthropic.error_body),

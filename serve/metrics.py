@@ -16,6 +16,7 @@ from typing import Callable, Optional, Sequence
 from .activity import Activity
 from .engine import Stats
 from .prefix_cache import PrefixCache
+from .snapshot_policy import KINDS, SnapshotPolicy
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -66,9 +67,13 @@ class Metrics:
     """Every metric of one server. Thread-safe: request threads update it while it is scraped."""
 
     def __init__(self, engine_stats: Stats, activity: Callable[[], Activity],
-                 prefix_cache: Optional[PrefixCache] = None):
+                 prefix_cache: Optional[PrefixCache] = None,
+                 policy: Optional[SnapshotPolicy] = None,
+                 evaluated: Callable[[], int] = lambda: 0):
         self._activity = activity
         self._cache = prefix_cache                 # None when it is off
+        self._policy = policy
+        self._evaluated = evaluated                # positions the engine evaluated, so far
         self._lock = threading.Lock()
         self._requests: dict[tuple[str, str], int] = {}
         self._tokens = {"prompt": 0, "cached": 0, "completion": 0}
@@ -138,6 +143,10 @@ class Metrics:
             _family("serve_idle", "gauge", "1 when nothing runs or waits, idle-time work included",
                     [("", [], int(now.idle))]),
         ]
+        parts.append(_family("serve_engine_evaluated_tokens_total", "counter",
+                             "Positions the engine evaluated: prompts prefilled, tokens generated, "
+                             "idle-time work (positions restored from snapshots are not)",
+                             [("", [], self._evaluated())]))
         for name, what, value in (
                 ("expert_hits", "Expert lookups served from the expert cache", engine.experts_hit),
                 ("expert_misses", "Expert lookups read from disk", engine.experts_missed),
@@ -160,4 +169,38 @@ class Metrics:
                         "--warm and idle-time work) instead of prefilled",
                         [("", [], cache.stats()["restored_tokens"])]),
             ]
+            if self._policy is not None:
+                parts += self._policy_families(self._policy)
         return "".join(parts).encode()
+
+    @staticmethod
+    def _policy_families(policy: SnapshotPolicy) -> list[str]:
+        """The snapshot policy's measured costs and what they imply (docs/snapshots.md)."""
+        costs = policy.costs
+        spacing = policy.spacing or costs.spacing()
+        gauges = [
+            ("prefill_seconds_per_token", "Prefill cost of one position (moving average over chunks)",
+             costs.token_seconds),
+            ("snapshot_save_seconds", "Cost of saving one snapshot (moving average)", costs.save_seconds),
+            ("snapshot_load_seconds", "Cost of checking and restoring one snapshot (moving average)",
+             costs.load_seconds),
+            ("snapshot_bytes", "Size of one snapshot (moving average)", costs.snapshot_bytes),
+            ("snapshot_spacing_tokens", "Positions of prefill between progress snapshots: what ten "
+             "saves cost, or --prefix-cache-spacing", spacing),
+            ("snapshot_break_even_tokens", "Positions of prefill a save and a load cost: a "
+             "checkpoint that spares fewer is not saved (but a conversation's first)",
+             costs.break_even()),
+        ]
+        parts = [_family(f"serve_{name}", "gauge", what, [("", [], value)])
+                 for name, what, value in gauges if value is not None]
+        with policy.lock:
+            saved, skipped = dict(policy.saved), dict(policy.skipped)
+        parts += [
+            _family("serve_snapshots_total", "counter", "Snapshots saved, by why: checkpoint, progress, "
+                    "stopped (where a prefill stopped), reply (the state a reply leaves)",
+                    [("", [("kind", kind)], saved[kind]) for kind in KINDS]),
+            _family("serve_snapshots_skipped_total", "counter", "Snapshots considered and not saved "
+                    "(not worth their cost, or the save failed), by why",
+                    [("", [("kind", kind)], skipped[kind]) for kind in KINDS if kind != "progress"]),
+        ]
+        return parts

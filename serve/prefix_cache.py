@@ -64,6 +64,7 @@ class Snapshot:
     tokens: tuple[int, ...]
     path: str       # the engine state file
     size: int       # bytes on disk, state and meta
+    written: bool = False   # store() saved the state (rather than finding it kept already)
 
     @property
     def n_tokens(self) -> int:
@@ -230,7 +231,7 @@ class PrefixCache:
                 entry = self._entries.get(key)
             if entry is None:
                 return None
-            return Snapshot(key.hex(), tokens, os.path.join(entry.dir, "state"), entry.size)
+            return Snapshot(key.hex(), tokens, os.path.join(entry.dir, "state"), entry.size, True)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)  # gone already when it was published
 

@@ -49,6 +49,14 @@ class ChatCheck:
     reasoning: str = "off"          # what the reply's waste.reasoning says (PromptBuilder.reasoning)
 
 
+def too_long(tokens: int, ctx: int, param: str, at_least: bool = False) -> ApiError:
+    """The 400 of a prompt the context cannot hold: both numbers, and the flag that sets one."""
+    return ApiError(400, f"the prompt is {'at least ' if at_least else ''}{tokens} tokens; the "
+                         f"context holds {ctx} including at least one generated token (a server "
+                         "started with a larger --ctx takes more)",
+                    param=param, code="context_length_exceeded")
+
+
 def check_fits(engine: EngineApi, chars: int, param: str) -> None:
     """Refuse text that cannot fit before tokenizing it (which costs memory in proportion).
 
@@ -58,9 +66,7 @@ def check_fits(engine: EngineApi, chars: int, param: str) -> None:
     longest, ctx = engine.longest_token, engine.info.ctx_max
     least = -(-chars // longest) if longest else 0
     if least > ctx - 1:
-        raise ApiError(400, f"the prompt is at least {least} tokens; the context holds {ctx} "
-                            "including at least one generated token",
-                       param=param, code="context_length_exceeded")
+        raise too_long(least, ctx, param, at_least=True)
 
 
 def least_chars(value: object) -> int:

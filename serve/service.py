@@ -6,7 +6,9 @@ format's parser (serve/reply_reader.py) -> remember the reply and settle the
 next turn's state in idle time (serve/settle.py). Completions skip the chat
 format. Every request starts from an empty conversation and holds the engine
 from prompt building to the last token, so requests cannot see or disturb each
-other's state or image queue.
+other's state or image queue. A request whose client leaves mid-prefill keeps
+the engine only as idle-time work: its prefill goes on for the client's retry,
+and yields at its next chunk to any request that waits.
 """
 from __future__ import annotations
 
@@ -17,22 +19,23 @@ from typing import Callable, Iterator, Optional
 
 from . import api, grammar
 from .activity import Activity
-from .api import ApiError, ChatRequest, CompletionRequest, invalid
+from .api import ChatRequest, CompletionRequest, invalid
 from .chat_format import ChatFormat
 from .engine_api import EngineApi, ImageProbe
-from .engine_queue import EngineQueue, shutting_down
+from .engine_queue import EngineQueue, Turn, shutting_down
 from .generation import Generation
 from .images import StagedImages, image_parts
 from .logprobs import chat_logprobs, completion_logprobs
 from .metrics import Metrics
-from .prefill import DEFAULT_CHUNK, PrefillCancelled, prefill, start_empty
+from .prefill import DEFAULT_CHUNK, Prefill, PrefillCancelled, start_empty
 from .prefix_cache import PrefixCache
-from .prompt import ChatCheck, Prompt, PromptBuilder, check_fits
+from .prompt import ChatCheck, Prompt, PromptBuilder, check_fits, too_long
 from .replies import ChatReply, CompletionReply, ReplySink
 from .reply_memory import ReplyMemory
 from .reply_reader import ChatReader, TextReader
 from .response_store import ResponseStore
 from .settle import Settler
+from .snapshot_policy import SnapshotPolicy
 
 
 class _Watched:
@@ -46,6 +49,7 @@ class _Watched:
         self._sink = sink
         self._stopping = stopping
         self.cut = False  # gone() said yes because of shutdown
+        self.held: Optional[Turn] = None   # the hold on the engine, once the request has it
 
     def accepted(self, thinking: bool) -> None:
         self._sink.accepted(thinking)
@@ -81,7 +85,8 @@ class ServiceOptions:
     allow_local_images: Optional[str] = None    # a directory clients may name image files in
     prefix_cache: Optional[PrefixCache] = None   # None: prefill every request from scratch
     prefill_chunk: int = DEFAULT_CHUNK
-    snapshot_min_tokens: int = 0   # a shorter prompt that restored nothing is not snapshotted
+    snapshot_policy: Optional[SnapshotPolicy] = None  # None: by measured cost, no overrides
+    finish_abandoned: bool = True  # a prefill whose client left goes on, for its retry
     log: Optional[Callable[[str], None]] = None  # prefill progress of long prompts
     reply_memory: Optional[ReplyMemory] = None   # None: history is always re-tokenized
     keep_reasoning: bool = False   # render remembered reasoning into replies a client returns without it
@@ -100,23 +105,24 @@ class Service:
         self.responses = ResponseStore()      # for the Responses API's previous_response_id
         self.queue = EngineQueue(options.max_queue)
         self._stopping = threading.Event()
-        self.metrics = Metrics(engine.stats(), self.activity, options.prefix_cache)
+        self.policy = options.snapshot_policy or SnapshotPolicy(log=options.log)
+        self.metrics = Metrics(engine.stats(), self.activity, options.prefix_cache, self.policy,
+                               lambda: engine.evaluated)
         self.prompts = PromptBuilder(engine, library, chat_format, vision=options.vision,
                                      reply_memory=options.reply_memory,
                                      keep_reasoning=options.keep_reasoning,
                                      snapshots=options.prefix_cache is not None,
                                      default_thinking=options.thinking)
         self.generation = Generation(engine, self.metrics, max_tokens=options.max_tokens,
-                                     prefix_cache=options.prefix_cache,
+                                     prefix_cache=options.prefix_cache, policy=self.policy,
                                      prefill_chunk=options.prefill_chunk,
-                                     snapshot_min_tokens=options.snapshot_min_tokens,
                                      eval_logits=options.eval_logits, log=options.log)
-        self.settler = Settler(engine, self.queue, options.prefix_cache, options.reply_memory,
-                               self.prompts.reply)
+        self.settler = Settler(engine, self.queue, options.prefix_cache, self.policy,
+                               options.reply_memory, self.prompts.reply)
 
     def activity(self) -> Activity:
         # Deferred work first: a settle job is counted until its thread has let the engine go.
-        deferred = self.settler.deferred
+        deferred = self.settler.deferred or self.queue.idle_work
         return Activity(self.queue.busy, len(self.queue), deferred, self.warming is not None)
 
     def model(self) -> dict:
@@ -145,7 +151,8 @@ class Service:
                                 None if req.parallel_tool_calls else 1)
             outcome = self.generation.run(
                 prompt, req.sampling, sink, reader, stop_tokens=self.chat_format.stop_tokens,
-                logprobs=req.logprobs, constraint=constraint, label=req.request_id)
+                logprobs=req.logprobs, constraint=constraint, label=req.request_id,
+                stop=self._prefill_stop(sink, req.request_id))
             message = reader.message()
             outcome.usage.waste["reasoning"] = check.reasoning
             if not outcome.client_gone:
@@ -170,7 +177,8 @@ class Service:
             prompt = Prompt(self.prompts.text(req.prompt))
             reader = TextReader(req.sampling.stop, self.engine.specials.values())
             outcome = self.generation.run(prompt, req.sampling, sink, reader,
-                                          logprobs=req.logprobs, label=req.request_id)
+                                          logprobs=req.logprobs, label=req.request_id,
+                                          stop=self._prefill_stop(sink, req.request_id))
         return CompletionReply(reader.text, outcome.finish_reason, outcome.usage, outcome.client_gone,
                                None if outcome.logprobs is None else completion_logprobs(outcome.logprobs))
 
@@ -186,19 +194,44 @@ class Service:
     def _turn(self, sink: ReplySink) -> Iterator[_Watched]:
         """Wait in line for the engine and hold it, empty; a run cut by shutdown ends in its 503."""
         watched = _Watched(sink, self._stopping)
-        with self.queue.turn(watched):
+        with self.queue.turn(watched) as watched.held:
             self.settler.drop()
             start_empty(self.engine)
             yield watched
         if watched.cut:
             raise shutting_down()
 
+    def _prefill_stop(self, watched: _Watched, label: str) -> Callable[[], bool]:
+        """Asked between prefill chunks: stop now? Not just because the client left: the
+        prefill then goes on for the client's retry (unless finish_abandoned is off), as
+        idle-time work that yields to the first request that waits."""
+        abandoned = False
+
+        def stop() -> bool:
+            nonlocal abandoned
+            if not abandoned:
+                if not watched.gone():
+                    return False
+                if watched.cut or not self.options.finish_abandoned \
+                        or self.options.prefix_cache is None:   # nothing to keep it in
+                    return True
+                abandoned = True
+                watched.held.to_idle()
+                if self.options.log is not None:
+                    self.options.log(f"{label} client left mid-prefill: finishing the prompt "
+                                     "for a retry while no one waits")
+            return watched.held.requested()
+        return stop
+
     # -- idle time ------------------------------------------------------------
 
     def warm(self, req: ChatRequest, progress: Callable[[int, int], None],
-             cancelled: Callable[[], bool]) -> tuple[int, int]:
+             halted: Callable[[], bool]) -> tuple[int, int]:
         """Prefill and checkpoint a request's conversation as chat() would, and answer
-        nothing.  Returns (positions the conversation holds, positions restored)."""
+        nothing, in idle time: a request that starts waiting takes the engine at the next
+        chunk (the warm snapshots what it has), and the warm resumes from there once the
+        engine is idle again. Returns (positions the conversation holds, positions already
+        cached when it began); raises PrefillCancelled when halted (shutdown) first."""
         cache = self.options.prefix_cache
         if cache is None or self.chat_format.refusal is not None:
             raise invalid("messages", "warming needs the prefix cache and a chat format")
@@ -206,25 +239,35 @@ class Service:
             raise invalid("messages", "a conversation with images is not warmed")
         thinking = self.prompts.thinking(req)
         check = ChatCheck(thinking, [], self.prompts.reasoning(req, thinking))
-        with self.queue.idle_turn() as granted:
-            if granted is None:
-                raise PrefillCancelled()
-            start_empty(self.engine)
-            with StagedImages(self.options.allow_local_images) as no_images:
-                prompt = self.prompts.chat(req, check, no_images)
-            ids, held = prompt.ids, len(prompt.history)
-            if len(ids) > self.engine.info.ctx_max:
-                raise ApiError(400, f"the prompt is {len(ids)} tokens; the context holds "
-                                    f"{self.engine.info.ctx_max}", param="messages",
-                               code="context_length_exceeded")
-            try:
-                restored = prefill(self.engine, ids, held, cache=cache,
-                                   snapshot_at=prompt.snapshot_at,
-                                   chunk=self.options.prefill_chunk, progress=progress,
-                                   cancelled=cancelled)
-            finally:
-                self.engine.reset()
-        return held, restored
+        before: Optional[int] = None
+
+        def stopping() -> bool:
+            return halted() or self._stopping.is_set()
+
+        while True:
+            with self.queue.idle_turn(patient=True) as yield_now:
+                if yield_now is None or stopping():
+                    raise PrefillCancelled()
+                start_empty(self.engine)
+                try:
+                    with StagedImages(self.options.allow_local_images) as no_images:
+                        prompt = self.prompts.chat(req, check, no_images)
+                    ids, held = prompt.ids, len(prompt.history)
+                    if len(ids) > self.engine.info.ctx_max:
+                        raise too_long(len(ids), self.engine.info.ctx_max, "messages")
+                    run = Prefill(self.engine, ids, cache=cache, policy=self.policy,
+                                  chunk=self.options.prefill_chunk, progress=progress,
+                                  stop=lambda: yield_now() or stopping())
+                    cached = run.restore(held)
+                    before = cached if before is None else before
+                    run.run(held, prompt.snapshot_at)
+                    return held, before
+                except PrefillCancelled:
+                    if stopping():
+                        raise
+                finally:
+                    self.engine.reset()
+            # A request took the engine: wait until it is idle again, and resume.
 
     def settle(self) -> None:
         """Build the state a reply left for idle time (tests call it to wait for it)."""

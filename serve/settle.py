@@ -20,15 +20,13 @@ from .engine_api import EngineApi
 from .engine_queue import EngineQueue
 from .generation import Outcome
 from .history_ids import overlay
-from .prefill import PrefillCancelled, prefill, start_empty
+from .prefill import Prefill, PrefillCancelled, start_empty, store
 from .prefix_cache import PrefixCache
 from .prompt import Prompt
 from .reply_memory import ReplyMemory
+from .snapshot_policy import SnapshotPolicy
 from .xtml import Segment
 
-# A snapshot after a reply is saved only when it spares the next turn at least this many
-# prompt positions over the one made before the reply (see docs/snapshots.md's cost model).
-MIN_SPARED_TOKENS = 16
 # Settling evaluates one token at a time: a request arriving meanwhile waits for
 # one token's evaluation at most (about 2 s on K3).
 SETTLE_CHUNK = 1
@@ -45,11 +43,12 @@ class SettleJob:
 
 class Settler:
     def __init__(self, engine: EngineApi, queue: EngineQueue, cache: Optional[PrefixCache],
-                 memory: Optional[ReplyMemory],
+                 policy: SnapshotPolicy, memory: Optional[ReplyMemory],
                  render_reply: Callable[[dict, bool], list[Segment]]):
         self.engine = engine
         self.queue = queue
         self.cache = cache
+        self.policy = policy
         self.memory = memory
         self.render_reply = render_reply   # (message, thinking) -> its segments as history
         self._pending: Optional[SettleJob] = None
@@ -88,14 +87,13 @@ class Settler:
         """The state right after generation, stored when worth it; how many of `ids` it holds."""
         held = len(ids) - outcome.unevaluated   # of the reply's ids, those the state holds
         # A cancelled generate leaves a state the ABI does not describe (it asks for a reset).
-        if outcome.result.cancelled or held < MIN_SPARED_TOKENS:  # else a save costs more than it spares
+        if outcome.result.cancelled:
             return 0
-        try:
-            if self.cache.store([*prompt.ids, *ids[len(prompt.generation):held]], self.engine.save_state):
-                return held
-        except (WasteError, OSError):
-            pass   # a snapshot only spares later requests work
-        return 0
+        tokens = [*prompt.ids, *ids[len(prompt.generation):held]]
+        if not self.policy.worth("reply", len(tokens) - outcome.saved):
+            self.policy.count("reply", False)
+            return 0
+        return held if store(self.engine, self.cache, self.policy, tokens, "reply") else 0
 
     def drop(self) -> None:
         """A request took the engine: a job not yet started would build a stale state."""
@@ -121,15 +119,15 @@ class Settler:
                 return
             try:
                 tokens = job.history + overlay(self.engine, job.rendered, job.ids)
-                spared = tokens[len(job.history):]
-                if len(spared) < MIN_SPARED_TOKENS or spared == job.ids[:job.saved]:
-                    return   # too close to the snapshot before the reply, or the one after it
+                if tokens[len(job.history):] == job.ids[:job.saved]:
+                    return   # the snapshot after the reply is this state already
                 start_empty(self.engine)
-                # prefill leaves one token for generate: the last one is evaluated apart.
-                prefill(self.engine, tokens, len(tokens) - 1, cache=self.cache,
-                        chunk=SETTLE_CHUNK, cancelled=lambda: yield_now() or self._closed)
-                self.engine.eval(tokens[-1:])
-                self.cache.store(tokens, self.engine.save_state)
+                run = Prefill(self.engine, tokens, cache=self.cache, policy=self.policy,
+                              chunk=SETTLE_CHUNK, stop=lambda: yield_now() or self._closed,
+                              insure=False)
+                run.restore(len(tokens))
+                run.run(len(tokens))
+                run.snapshot("reply")
             except (PrefillCancelled, UnencodableText, WasteError, OSError):
                 pass   # the snapshot only spares the next turn work; that turn goes on without it
             finally:

@@ -1,9 +1,12 @@
-"""`--warm REQUEST.json`: prefill and checkpoint saved requests' preambles before serving.
+"""`--warm REQUEST.json`: prefill and checkpoint saved requests' preambles in idle time.
 
 An agent's preamble (tool declarations, system prompt) can take hours to
-prefill on an expert-streaming model.  Warming pays for it once, at start-up
-(or overnight), into the persistent prefix cache; meanwhile /health says
-"warming" and chat requests are refused with a 503.
+prefill on an expert-streaming model.  Warming pays for it once, from start-up
+(or overnight), into the persistent prefix cache. It is idle-time work: a
+request that arrives takes the engine at the warm's next chunk, the warm
+checkpoints where it stopped and resumes once the engine is idle again.
+Meanwhile /health says how far the warm got (a router sends the host no new
+conversations until it is done); requests are served throughout.
 """
 from __future__ import annotations
 
@@ -82,21 +85,28 @@ class Warmer(threading.Thread):
         self._halt.set()
 
     def _status(self, done: int, position: int, total: int) -> dict:
-        return {"status": "warming", "requests_done": done, "requests": len(self._requests),
+        return {"requests_done": done, "requests": len(self._requests),
                 "prefilled": position, "prompt_tokens": total}
 
     def run(self) -> None:
+        done = 0
         try:
             for n, (path, req) in enumerate(self._requests):
-                if self._halt.is_set():
-                    return
-                self._warm_one(n, path, req)
+                if self._halt.is_set() or not self._warm_one(n, path, req):
+                    break
+                done = n + 1
         finally:
-            self._service.warming = None
-        self._log(f"warm     done: {len(self._requests) - self.failed} of "
-                  f"{len(self._requests)} warmed; serving")
+            status, self._service.warming = self._service.warming, None
+        warmed = f"{done - self.failed} of {len(self._requests)} warmed"
+        if done < len(self._requests):
+            at = f"{status['prefilled']}/{status['prompt_tokens']}" if status else "0/0"
+            self._log(f"warm     cut short by shutdown: {warmed}; request {done + 1} stopped at "
+                      f"{at} positions, checkpointed where that paid")
+        else:
+            self._log(f"warm     done: {warmed}; serving")
 
-    def _warm_one(self, n: int, path: str, req: ChatRequest) -> None:
+    def _warm_one(self, n: int, path: str, req: ChatRequest) -> bool:
+        """Warm one request; False when shutdown cut it short."""
         label = f"warm     {n + 1}/{len(self._requests)} {path}"
 
         def progress(done: int, total: int) -> None:
@@ -106,13 +116,14 @@ class Warmer(threading.Thread):
         try:
             held, restored = self._service.warm(req, progress, self._halt.is_set)
         except PrefillCancelled:
-            return
+            return False
         except (ApiError, WasteError, OSError) as e:
             self.failed += 1
             message = e.body()["error"]["message"] if isinstance(e, ApiError) else str(e)
             self._log(f"{label}: not warmed: {message}")
-            return
+            return True
         self._log(f"{label}: {held} positions checkpointed ({restored} were already cached)")
+        return True
 
 
 def warm_requests(paths: Optional[list[str]]) -> list[tuple[str, ChatRequest]]:

@@ -145,7 +145,7 @@ def tiny_llama(path: Path, *, block_type: str = "Q4_1", embed_type: str = "Q8_0"
     kv = hidden // heads * kv_heads
     meta = {
         "general.architecture": arch, "general.name": "tiny", "general.alignment": 32,
-        f"{arch}.block_count": layers, f"{arch}.context_length": 256,
+        f"{arch}.block_count": layers, f"{arch}.context_length": 2048,
         f"{arch}.embedding_length": hidden, f"{arch}.feed_forward_length": ffn,
         f"{arch}.attention.head_count": heads, f"{arch}.attention.head_count_kv": kv_heads,
         f"{arch}.rope.freq_base": 10000.0, f"{arch}.attention.layer_norm_rms_epsilon": 1e-5,

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from serve.format_choice import resolve_chat_format
 from serve.engine import (Engine, EngineConfig, GenParams, GenResult, MemPlan, ModelInfo, Stats,
@@ -27,6 +28,7 @@ from serve.engine import (Engine, EngineConfig, GenParams, GenResult, MemPlan, M
 from serve.http import Server
 from serve.prefix_cache import PrefixCache
 from serve.service import Service, ServiceOptions
+from serve.snapshot_policy import Costs, SnapshotPolicy
 
 K3_SPECIALS = ["[BOS]", "[EOS]", "<|end_of_msg|>", "<|open|>", "<|close|>", "<|sep|>",
                "<|media_begin|>", "<|media_content|>", "<|media_pad|>", "<|media_end|>",
@@ -116,6 +118,7 @@ class ScriptedEngine:
         self.calls: list[str] = []        # the engine calls that touch state or images, in order
         self.before_eval: Optional[Callable[[int], None]] = None  # called with the chunk's number
         self._stats = Stats(0, 0, 0, 0, 0.0, 0.0, True)
+        self.evaluated = 0                # positions evaluated, as the binding counts them
 
     # -- tokenizer ------------------------------------------------------------
 
@@ -189,6 +192,7 @@ class ScriptedEngine:
         self.calls.append("eval")
         self._consume_images()
         self.state.extend(tokens)
+        self.evaluated += len(tokens)
         return []
 
     def save_state(self, path: str) -> None:
@@ -214,6 +218,7 @@ class ScriptedEngine:
         return result
 
     def _play(self, prompt: list[int], params: GenParams, on_token) -> GenResult:
+        self.evaluated += len(prompt)
         prompt = self.state + prompt   # what a real engine's state would hold
         # Each token goes into the state before its callback; a cancelled generate
         # leaves none (serve's Engine resets it).
@@ -238,6 +243,7 @@ class ScriptedEngine:
             n += 1
             self._count(info)
             self.state.append(token)
+            self.evaluated += 1
             if on_token(info, piece.encode()):
                 self.state = []
                 return GenResult(n, cancelled=True, context_full=False, detail=None)
@@ -264,10 +270,26 @@ class ScriptedEngine:
 # ---- running a server in-process ------------------------------------------------
 
 
+class SlowEnginePolicy(SnapshotPolicy):
+    """The snapshot policy as it weighs on K3 (a prefilled position costs ten saves: every
+    snapshot pays), whatever the engine under test measures. For the tests of what is
+    reused, which would otherwise depend on this machine's speed; the policy's own tests
+    measure (tests/snapshots/test_snapshot_policy.py)."""
+
+    def __init__(self, **options: Any):
+        super().__init__(**options)
+        self._costs = Costs(token_seconds=2.0, save_seconds=0.2, load_seconds=0.2,
+                            snapshot_bytes=1e6)
+
+    def _update(self, **measured: float) -> None:
+        pass
+
+
 def scripted_service(engine: Optional[ScriptedEngine] = None, library: Optional[ScriptedLibrary] = None,
                      model_dir: str = "/nonexistent", **options: Any) -> Service:
     engine = engine or ScriptedEngine()
     options.setdefault("model_id", "scripted")
+    options.setdefault("snapshot_policy", SlowEnginePolicy())
     options.setdefault("eval_logits", False)   # a script has no logits: waste_generate plays it
     return Service(engine, library or ScriptedLibrary(), resolve_chat_format(engine, model_dir),
                    ServiceOptions(**options))
@@ -284,6 +306,7 @@ def real_service(lib_path, container, *, vision: bool = False, ctx: int = 0,
     service = None
     try:
         options.setdefault("model_id", "real")
+        options.setdefault("snapshot_policy", SlowEnginePolicy())
         if prefix_cache_for is not None:
             options["prefix_cache"] = prefix_cache_for(lib, engine)
         service = Service(engine, lib, resolve_chat_format(engine, container),
@@ -389,6 +412,19 @@ def call(port: int, method: str, path: str, body: Any = None,
         return Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read())
     finally:
         conn.close()
+
+
+def scrape(port: int, **headers: str) -> dict[tuple[str, tuple], float]:
+    """Every sample as {(name, sorted labels): value}."""
+    resp = call(port, "GET", "/metrics", headers=headers)
+    assert resp.status == 200, resp.body
+    assert resp.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    return samples(resp.body.decode())
+
+
+def samples(text: str) -> dict[tuple[str, tuple], float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
 
 
 def wait_idle(port: int, timeout: float = 180) -> dict:

@@ -210,6 +210,8 @@ def convert(path: Path, out: Path) -> dict:
         "unk_token": _special_text(specials, meta.get("tokenizer.ggml.unknown_token_id", 0)),
         "eos_token": _special_text(specials, _meta(meta, "tokenizer.ggml.eos_token_id")),
     }
+    if "llama.context_length" in meta:   # the longest sequence the model was trained for
+        manifest["context_length"] = int(meta["llama.context_length"])
     if manifest["pretokenizer"] != "smollm":
         raise ConversionError(f"pre-tokenizer {manifest['pretokenizer']!r} is not supported "
                               "(want smollm)")

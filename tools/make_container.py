@@ -39,6 +39,9 @@ SHAPES = {
     "n_experts": 16, "top_k": 2, "expert_ffn": 96, "shared_expert": True,
     "rope_theta": 10000.0, "norm_eps": 1e-5,
 }
+# The context the synthetic containers declare: Kimi K2's 128K, which K3's stand-in takes over
+# (random weights attend any distance; the bound is the model's word, as a real container's is).
+CONTEXT_LENGTH = 131072
 VISION = {"patch_size": 8, "merge": 2, "vision_hidden": 32, "max_tokens": 256}
 
 K3_SPECIALS = ["[BOS]", "[EOS]", "<|end_of_msg|>", "<|open|>", "<|close|>", "<|sep|>",
@@ -437,7 +440,7 @@ def filler_tokens(known: list[bytes], count: int) -> list[bytes]:
 
 
 def write_container(out: Path, flavour: str, vision: bool, seed: int, quant: str,
-                    vocab_size: int = 0) -> int:
+                    vocab_size: int = 0, context_length: int = CONTEXT_LENGTH) -> int:
     """Write every file of the container into directory out; returns vocab_size."""
     specials, bos, eos, media_pad, chat = FLAVOURS[flavour]
     tokens = train_bpe(CORPUS, BPE_VOCAB)
@@ -448,7 +451,7 @@ def write_container(out: Path, flavour: str, vision: bool, seed: int, quant: str
 
     manifest = {"format": "waste-ref", "version": 1, "arch": "ref-moe", "flavour": flavour,
                 "vocab_size": vocab, **SHAPES, "expert_quant": quant,
-                "bos_token": bos, "eos_token": eos}
+                "bos_token": bos, "eos_token": eos, "context_length": context_length}
     if media_pad:
         manifest["media_pad_token"] = media_pad
     write_json(out / "manifest.json", manifest)
@@ -484,6 +487,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     help="expert weight format")
     ap.add_argument("--vocab", type=int, default=0, metavar="N",
                     help="pad the vocabulary with word-like tokens to N ids (e.g. 163840, K3's)")
+    ap.add_argument("--context-length", type=int, default=CONTEXT_LENGTH, metavar="N",
+                    help=f"the longest sequence the model declares (default {CONTEXT_LENGTH})")
     ap.add_argument("--force", action="store_true", help="replace a non-empty OUT")
     ap.add_argument("--from-gguf", type=Path, metavar="FILE",
                     help="convert this llama GGUF instead of writing a random model")
@@ -495,6 +500,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         ap.error(f"{out} is not empty (use --force to replace it)")
     if not out.resolve().parent.is_dir():
         ap.error(f"parent directory of {out} does not exist")
+    if not 1 <= args.context_length < 1 << 32:
+        ap.error(f"--context-length {args.context_length} is not a length (1 to 2^32-1)")
     if args.from_gguf and not args.from_gguf.is_file():
         ap.error(f"{args.from_gguf} is not a file")
     return args
@@ -510,7 +517,8 @@ def main(argv: list[str] | None = None) -> int:
             summary = (f"{manifest['flavour']} from {args.from_gguf.name}, vocab "
                        f"{manifest['vocab_size']}, FFNs {manifest['expert_quant']}")
         else:
-            vocab = write_container(tmp, args.flavour, args.vision, args.seed, args.quant, args.vocab)
+            vocab = write_container(tmp, args.flavour, args.vision, args.seed, args.quant, args.vocab,
+                                    args.context_length)
             summary = (f"{args.flavour}, vocab {vocab}, experts {args.quant}"
                        + (", vision" if args.vision else ""))
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; a container is ordinary data

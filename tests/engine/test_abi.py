@@ -371,6 +371,32 @@ def test_plan_memory_errors(lib, k3_container, tmp_path):
     assert lib.waste_plan_memory(str(copy).encode(), 0, C.byref(plan)) == E_FORMAT
 
 
+def test_a_context_above_the_declared_length_is_refused_and_the_default_stays_within(
+        lib, k3_container, tmp_path):
+    declared = manifest(k3_container)["context_length"]
+    assert plan_of(lib, k3_container, declared).state_bytes > 0
+    plan = MemPlan()
+    assert lib.waste_plan_memory(str(k3_container).encode(), declared + 1, C.byref(plan)) == E_ARG
+    assert f"context_length of {declared}" in lib.waste_error_detail(None).decode()
+    status, ctx, detail = try_open(lib, k3_container, ctx_tokens=declared + 1)
+    assert (status, ctx.value) == (E_ARG, None) and f"context_length of {declared}" in detail
+    # A model trained for less than the default 4096 opens at its own length by default.
+    short = copy_container(k3_container, tmp_path / "short.waste")
+    (short / "manifest.json").write_text(json.dumps({**manifest(k3_container), "context_length": 300}))
+    assert plan_of(lib, short, 0).state_bytes == plan_of(lib, short, 300).state_bytes
+    with opened(lib, short, ctx_tokens=0) as opened_ctx:
+        info = ModelInfo()
+        assert lib.waste_model_get_info(opened_ctx, C.byref(info)) == OK and info.ctx_max == 300
+    # Without the key nothing is declared: any context plans.
+    undeclared = copy_container(k3_container, tmp_path / "any.waste")
+    (undeclared / "manifest.json").write_text(json.dumps(
+        {k: v for k, v in manifest(k3_container).items() if k != "context_length"}))
+    assert plan_of(lib, undeclared, 4 * declared).state_bytes == 4 * plan_of(lib, k3_container,
+                                                                             declared).state_bytes
+    (short / "manifest.json").write_text(json.dumps({**manifest(k3_container), "context_length": 0}))
+    assert lib.waste_plan_memory(str(short).encode(), 0, C.byref(plan)) == E_FORMAT
+
+
 def test_vision_plan(lib, k3_vision_container):
     assert plan_of(lib, k3_vision_container).vision_bytes > 0
 

@@ -421,7 +421,7 @@ def test_a_snapshot_of_the_old_state_layout_is_dropped_and_prefilled(fresh, k3_c
     snapshot_cache.store(head, lambda path: shutil.copyfile(tmp_path / "v1.state", path))
     assert snapshot_cache.lookup(tokens).n_tokens == len(head)
     fresh.reset()
-    assert prefill(fresh, tokens, len(tokens) - 1, cache=snapshot_cache) == 0
+    assert prefill(fresh, tokens, len(tokens) - 1, cache=snapshot_cache).cached == 0
     assert snapshot_cache.lookup(tokens) is None   # the entry is gone
     logits = list(fresh.eval(tokens[-1:]))
     fresh.reset()

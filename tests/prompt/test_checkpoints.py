@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 from scripted import ScriptedEngine
-from serve.checkpoints import SPACING, preamble_ends, spaced
+from serve.checkpoints import preamble_ends, spaced
+
+SPACING = 4096
 from serve.format_choice import resolve_chat_format
 from serve.template_format import TemplateFormat
 
@@ -62,7 +64,7 @@ def test_a_chat_json_template_marks_where_its_default_system_message_ends(kimi_l
 
 
 def test_spaced_marks_are_the_multiples_strictly_inside():
-    assert spaced(0, 3 * SPACING) == [SPACING, 2 * SPACING]
-    assert spaced(SPACING, 2 * SPACING + 1) == [2 * SPACING]
+    assert spaced(0, 3 * SPACING, SPACING) == [SPACING, 2 * SPACING]
+    assert spaced(SPACING, 2 * SPACING + 1, SPACING) == [2 * SPACING]
     assert spaced(10, 20, spacing=5) == [15]
-    assert spaced(0, SPACING) == []
+    assert spaced(0, SPACING, SPACING) == []

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import threading
 
-from scripted import (ScriptedEngine, call, scripted_service, serving, wait_idle, xtml_answer)
+from scripted import (ScriptedEngine, call, scrape, scripted_service, serving, wait_idle,
+                      xtml_answer)
 from serve.prefix_cache import PrefixCache
 from serve.reply_memory import ReplyMemory
-from test_metrics import scrape
 
 CHAT = "/v1/chat/completions"
 USER = [{"role": "user", "content": "Tides?"}]
@@ -40,16 +40,16 @@ def test_a_request_on_the_engine_and_one_in_line_are_reported():
 
     engine.before_token = hold
     with serving(scripted_service(engine, thinking=False)) as srv:
-        assert health(srv.port) == {"status": "ok", "idle": True, "busy": False, "queue": 0,
-                                    "deferred": False}
+        assert health(srv.port) == {"status": "ok", "warming": None, "idle": True, "busy": False,
+                                    "queue": 0, "deferred": False}
         assert gauges(srv.port) == (0, 0, 1)
         threads = [threading.Thread(target=call, args=(srv.port, "POST", CHAT, {"messages": USER}))
                    for _ in range(2)]
         try:
             threads[0].start()
             assert held.wait(30)
-            assert health(srv.port) == {"status": "ok", "idle": False, "busy": True, "queue": 0,
-                                        "deferred": False}
+            assert health(srv.port) == {"status": "ok", "warming": None, "idle": False, "busy": True,
+                                        "queue": 0, "deferred": False}
             threads[1].start()
             waited = threading.Event()
             while health(srv.port)["queue"] != 1:
@@ -80,8 +80,8 @@ def test_idle_time_work_keeps_the_server_from_idle_until_it_ends(tmp_path):
             first = call(srv.port, "POST", CHAT, {"messages": USER, "max_tokens": 10}).json()
             assert first["choices"][0]["finish_reason"] == "length"
             assert in_settle.wait(30)
-            assert health(srv.port) == {"status": "ok", "idle": False, "busy": False, "queue": 0,
-                                        "deferred": True}
+            assert health(srv.port) == {"status": "ok", "warming": None, "idle": False, "busy": False,
+                                        "queue": 0, "deferred": True}
             assert gauges(srv.port) == (0, 0, 0)
             entries = len(cache)
             go_on.set()

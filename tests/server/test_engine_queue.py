@@ -216,3 +216,57 @@ def test_a_second_idle_turn_that_gives_up_leaves_the_first_holding():
         assert line.order == []   # the first still holds the engine until it lets go
     request.join(WAIT)
     assert line.order == ["request"]
+
+
+def test_a_request_whose_client_left_holds_on_as_idle_work_that_yields():
+    queue, order, errors = EngineQueue(4), [], []
+    demoted, done = threading.Event(), threading.Event()
+    chunks: list[int] = []
+
+    def abandoned() -> None:
+        with queue.turn(Waiter()) as held:
+            held.to_idle()          # its client left: the prefill goes on for nobody
+            demoted.set()
+            while not held.requested():
+                chunks.append(len(chunks))
+                time.sleep(0.002)
+            order.append("abandoned stops")
+        done.set()
+
+    worker = threading.Thread(target=abandoned)
+    worker.start()
+    assert demoted.wait(WAIT)
+    assert not queue.busy and queue.idle_work   # no request holds the engine, idle work does
+    wait_until(lambda: chunks, "the abandoned work never ran a chunk")
+    waiter, no_wait = Waiter(), threading.Event()
+    no_wait.set()
+    request = hold(queue, waiter, threading.Event(), no_wait, order, "request", errors)
+    for thread in (worker, request):
+        thread.join(WAIT)
+    assert order == ["abandoned stops", "request"] and not errors and done.is_set()
+    # Told once, "0 ahead": the abandoned work held the engine for its chunk (a stream beats).
+    assert waiter.told == [0] and not queue.idle_work and not queue.busy
+
+
+def test_patient_idle_work_waits_for_the_line_to_empty_instead_of_giving_up():
+    line = Line(4)
+    running = line.running()
+    waiting = line.waiting("waiting", Waiter())
+    got: list = []
+
+    def warm() -> None:
+        with line.queue.idle_turn(patient=True) as yield_now:
+            got.append(yield_now is not None)
+            line.order.append("warm")
+
+    worker = threading.Thread(target=warm)
+    worker.start()
+    worker.join(0.2)
+    assert worker.is_alive()
+    line.release.set()
+    for thread in (running, waiting, worker):
+        thread.join(WAIT)
+    assert got == [True] and line.order == ["running", "waiting", "warm"]
+    line.queue.close()
+    with line.queue.idle_turn(patient=True) as yield_now:
+        assert yield_now is None   # shutdown: no more idle work

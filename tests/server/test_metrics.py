@@ -4,29 +4,15 @@ from __future__ import annotations
 import threading
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from scripted import (ScriptedEngine, assert_error, call, real_service, scripted_service, serving,
-                      xtml_answer)
+from scripted import (ScriptedEngine, assert_error, call, real_service, samples, scrape,
+                      scripted_service, serving, xtml_answer)
 from serve.activity import Activity
 from serve.metrics import Metrics
 from serve.prefix_cache import PrefixCache
 
 CHAT = "/v1/chat/completions"
 USER = [{"role": "user", "content": "hi"}]
-
-
-def scrape(port: int, **headers: str) -> dict[tuple[str, tuple], float]:
-    """Every sample as {(name, sorted labels): value}."""
-    resp = call(port, "GET", "/metrics", headers=headers)
-    assert resp.status == 200, resp.body
-    assert resp.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
-    return samples(resp.body.decode())
-
-
-def samples(text: str) -> dict[tuple[str, tuple], float]:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
 
 
 def moved(before: dict, after: dict, name: str, **labels: str) -> float:

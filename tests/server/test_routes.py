@@ -14,7 +14,8 @@ CHAT = "/v1/chat/completions"
 # ---- discovery --------------------------------------------------------------
 
 def test_health_and_models(server, engine):
-    assert call(server.port, "GET", "/health").json() == {"status": "ok", "idle": True, "busy": False, "queue": 0, "deferred": False}
+    assert call(server.port, "GET", "/health").json() == {"status": "ok", "warming": None, "idle": True,
+                                                          "busy": False, "queue": 0, "deferred": False}
     models = call(server.port, "GET", "/v1/models").json()
     assert models["object"] == "list" and len(models["data"]) == 1
     model = models["data"][0]

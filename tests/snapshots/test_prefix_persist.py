@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,11 +19,13 @@ from typing import Iterator
 
 from served import cli_server, run_cli
 from conftest import make_container
-from scripted import ScriptedEngine, call, real_service, scripted_service, serving, xtml_answer
+from scripted import (ScriptedEngine, SlowEnginePolicy, call, real_service, scrape, scripted_service,
+                      serving, wait_idle, xtml_answer)
 from serve.api import parse_chat_request
 from serve.identity import SMALL_FILE, container_digest, state_identity
 from serve.prefill import prefill
 from serve.prefix_cache import PrefixCache
+from serve.snapshot_policy import SnapshotPolicy
 from serve.warm import Warmer, dialect_of
 
 CHAT = "/v1/chat/completions"
@@ -235,13 +239,14 @@ def test_a_killed_server_is_reclaimed_and_its_snapshots_reused(lib_path, k3_cont
 # -- checkpoints and what is not snapshotted ---------------------------------------------
 
 
-def test_long_stretches_are_checkpointed_at_a_bounded_spacing(k3_engine, tmp_path):
+def test_a_fixed_spacing_checkpoints_every_multiple_and_keeps_them(k3_engine, tmp_path):
+    # --prefix-cache-spacing: the multiples are kept, so prompts sharing a long prefix find them.
     cache = PrefixCache(64 << 20, str(tmp_path))
     tokens = k3_engine.tokenize("the tide comes in and goes out " * 120, add_bos=True)
     assert len(tokens) > 700
     k3_engine.reset()
     prefill(k3_engine, tokens, len(tokens) - 1, cache=cache, snapshot_at=[150], chunk=64,
-            spacing=256)
+            policy=SnapshotPolicy(spacing=256))
     stored = sorted(cache.lookup(tokens[:n + 1]).n_tokens for n in (150, 256, 512))
     assert stored == [150, 256, 512] and len(cache) == len(tokens[:-1]) // 256 + 1
     k3_engine.reset()
@@ -256,7 +261,8 @@ def test_a_short_prompt_that_shares_nothing_is_not_snapshotted(tmp_path):
     def entries_after_each(min_tokens: int) -> list[int]:
         cache = PrefixCache(1 << 20, str(tmp_path / str(min_tokens)))
         service = scripted_service(ScriptedEngine([xtml_answer("ok")]), thinking=False,
-                                   prefix_cache=cache, snapshot_min_tokens=min_tokens)
+                                   prefix_cache=cache,
+                                   snapshot_policy=SlowEnginePolicy(min_tokens=min_tokens))
         counts = []
         with serving(service) as srv:
             for messages in (short, long, turn):
@@ -278,21 +284,18 @@ def test_a_short_prompt_that_shares_nothing_is_not_snapshotted(tmp_path):
 # -- warming ------------------------------------------------------------------------------
 
 
-def test_health_and_generation_answer_503_while_warming():
+def test_health_says_how_far_the_warm_got_and_requests_are_served_meanwhile():
     service = scripted_service(ScriptedEngine([xtml_answer("ok")]))
-    service.warming = {"status": "warming", "requests_done": 0, "requests": 1, "prefilled": 512,
-                       "prompt_tokens": 9000}
+    service.warming = {"requests_done": 0, "requests": 1, "prefilled": 512, "prompt_tokens": 9000}
     with serving(service) as srv:
         health = call(srv.port, "GET", "/health")
-        assert health.status == 503
-        assert health.json() == {**service.warming, "idle": False, "busy": False, "queue": 0,
-                                 "deferred": False}
-        refused = call(srv.port, "POST", CHAT, {"messages": [{"role": "user", "content": "hi"}]})
-        assert refused.status == 503 and refused.json()["error"]["code"] == "warming"
-        assert call(srv.port, "GET", "/v1/models").status == 200
-        service.warming = None
-        assert call(srv.port, "GET", "/health").json() == {"status": "ok", "idle": True, "busy": False, "queue": 0, "deferred": False}
+        assert health.status == 200
+        assert health.json() == {"status": "ok", "warming": service.warming, "idle": False,
+                                 "busy": False, "queue": 0, "deferred": False}
         assert call(srv.port, "POST", CHAT, {"messages": [{"role": "user", "content": "hi"}]}).status == 200
+        service.warming = None
+        assert call(srv.port, "GET", "/health").json() == {"status": "ok", "warming": None, "idle": True,
+                                                           "busy": False, "queue": 0, "deferred": False}
 
 
 def warm_lines(proc) -> list[str]:
@@ -338,7 +341,7 @@ def test_the_warmer_reports_what_it_could_not_warm(tmp_path):
     lines: list[str] = []
     warmer = Warmer(service, [(name, parse_chat_request(body)) for name, body in requests],
                     lines.append)
-    assert service.warming["status"] == "warming" and service.warming["requests"] == 3
+    assert service.warming["requests"] == 3 and service.warming["requests_done"] == 0
     warmer.start()
     warmer.join()
     assert service.warming is None and warmer.failed == 2
@@ -348,13 +351,85 @@ def test_the_warmer_reports_what_it_could_not_warm(tmp_path):
     assert "3/3 ok.json:" in lines[-2] and "checkpointed (0 were already cached)" in lines[-2]
     assert lines[-1] == "warm     done: 1 of 3 warmed; serving"
     assert len(cache) == 2      # the end of the system message, and of the conversation
-    # Stopped (a shutdown) before it starts: nothing is warmed, and nothing says it was.
+    # Stopped (a shutdown) before it starts: nothing is warmed, and the log says it was cut short.
     stopped = Warmer(service, [("ok.json", parse_chat_request(requests[2][1]))], lines.append)
     stopped.stop()
     stopped.start()
     stopped.join()
-    assert service.warming is None and lines[-1] == "warm     done: 1 of 3 warmed; serving"
+    assert service.warming is None
+    assert lines[-1].startswith("warm     cut short by shutdown: 0 of 1 warmed; request 1 stopped at")
     cache.close()
+
+
+SENTENCE = "The harbour master kept a ledger of every ship that passed the breakwater. "
+
+
+def warming_server(lib_path, container, tmp_path, saved: Path):
+    """A server warming `saved` at a scaled clock: a 512-position chunk lasts about 3 s."""
+    return cli_server(str(container), "--lib", str(lib_path), "--usage", str(tmp_path / "u"),
+                      "--prefix-cache-dir", str(tmp_path / "cache"), "--warm", str(saved),
+                      env={**os.environ, "WASTE_DELAY_MS": "5"})
+
+
+def warmed_past(port: int, positions: int) -> dict:
+    """/health's warm progress, once it is past `positions`."""
+    deadline = time.monotonic() + 120
+    while True:
+        warming = call(port, "GET", "/health").json()["warming"]
+        assert warming is not None, "the warm ended before the test could see it"
+        if warming["prefilled"] >= positions:
+            return warming
+        assert time.monotonic() < deadline, warming
+        time.sleep(0.05)
+
+
+def preamble(tmp_path: Path, sentences: int) -> Path:
+    saved = tmp_path / "preamble.json"   # about 33 positions a sentence
+    saved.write_text(json.dumps({"messages": [{"role": "system", "content": SENTENCE * sentences},
+                                              {"role": "user", "content": "Ready?"}],
+                                 "reasoning_effort": "none"}))
+    return saved
+
+
+def test_a_request_during_a_warm_is_answered_and_the_warm_redoes_nothing(lib_path, k3_container,
+                                                                          tmp_path):
+    saved = preamble(tmp_path, 75)   # five chunks
+    with warming_server(lib_path, k3_container, tmp_path, saved) as (proc, port, _):
+        warmed_past(port, 512)    # the second chunk runs: at least two are left after it
+        reply = call(port, "POST", "/v1/completions",
+                     {"prompt": "Hello", "max_tokens": 4, "temperature": 0}, timeout=120)
+        assert reply.status == 200, reply.body
+        assert call(port, "GET", "/health").json()["warming"] is not None   # answered mid-warm
+        lines = warm_lines(proc)
+        assert lines[-1] == "warm     done: 1 of 1 warmed; serving"
+        held = int(re.search(r"(\d+) positions checkpointed \(0 were", lines[-2]).group(1))
+        done = [int(m.group(1)) for m in map(re.compile(r": (\d+)/\d+ positions").search, lines) if m]
+        assert done == sorted(set(done)) and done[-1] == held   # resumed, never went back
+        wait_idle(port)
+        evaluated = scrape(port)[("serve_engine_evaluated_tokens_total", ())]
+        usage = reply.json()["usage"]
+        assert evaluated == held + usage["prompt_tokens"] + usage["completion_tokens"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+
+
+def test_a_warm_cut_short_by_shutdown_says_so_and_the_next_start_resumes_it(lib_path, k3_container,
+                                                                             tmp_path):
+    saved = preamble(tmp_path, 45)   # three chunks
+    with warming_server(lib_path, k3_container, tmp_path, saved) as (proc, port, _):
+        warmed_past(port, 512)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        out = proc.stdout.read().splitlines()
+    assert not any(line.startswith("warm     done") for line in out), out
+    assert any(line.startswith("warm     cut short by shutdown: 0 of 1 warmed; request 1 stopped at")
+               for line in out), out
+    with warming_server(lib_path, k3_container, tmp_path, saved) as (proc, port, _):
+        lines = warm_lines(proc)
+        already = int(re.search(r"\((\d+) were already cached\)", lines[-2]).group(1))
+        assert already >= 512     # where the first start stopped, checkpointed
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
 
 
 def anthropic_body(directory: str, question: str) -> dict:

@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from scripted import (ScriptedEngine, call, data_url, real_service, scripted_service, serving,
-                      tiny_png, xtml_answer)
+                      tiny_png, wait_idle, xtml_answer)
 from serve import xtml
 from serve.engine import WasteError
 from serve.prefix_cache import PrefixCache
@@ -171,7 +171,10 @@ def test_short_prompts_send_no_progress():
     assert resp.comments() == [] and resp.events()[-1] == "[DONE]"
 
 
-def test_client_that_leaves_during_prefill_stops_it_at_the_next_chunk():
+@pytest.mark.parametrize("finish", [True, False])
+def test_client_that_leaves_during_prefill_stops_it_at_the_next_chunk(finish, tmp_path):
+    # Without a prefix cache there is nothing to finish the prefill for; with one and
+    # --no-finish-abandoned, it is not finished either.
     engine = ScriptedEngine([xtml_answer("ok")])
     in_prefill, client_closed = threading.Event(), threading.Event()
 
@@ -181,7 +184,8 @@ def test_client_that_leaves_during_prefill_stops_it_at_the_next_chunk():
             client_closed.wait(10)
 
     engine.before_eval = pace
-    service = scripted_service(engine, prefill_chunk=16)
+    cache = None if finish else PrefixCache(1 << 20, parent_dir=str(tmp_path))
+    service = scripted_service(engine, prefill_chunk=16, prefix_cache=cache, finish_abandoned=finish)
     with serving(service) as srv:
         body = (b'{"stream": true, "messages": [{"role": "user", "content": "' + b"y" * 300 + b'"}]}')
         sock = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
@@ -194,6 +198,9 @@ def test_client_that_leaves_during_prefill_stops_it_at_the_next_chunk():
         # The next request runs once the abandoned one has let go of the engine.
         resp = call(srv.port, "POST", CHAT, {"messages": [{"role": "user", "content": "hi"}]})
         assert resp.status == 200
+        wait_idle(srv.port)
+    if cache is not None:
+        cache.close()
     chunks_needed = -(-(300 + 30) // 16)
     abandoned = len(engine.evals) - 1   # the second request fits one chunk
     assert 2 <= abandoned < chunks_needed
