@@ -37,6 +37,7 @@ class Outcome:
     result: GenResult
     logprobs: Optional[list[dict]] = None  # the answer's logprob entries, when asked for
     saved: int = 0                         # prompt positions the longest snapshot of it holds
+    context_full: bool = False             # the context's end cut the reply
 
 
 @dataclass
@@ -132,7 +133,7 @@ class Generation:
         return Outcome(finish, self._usage(len(prompt.ids), clock, full, ms,
                                            _stats_delta(before, after), report),
                        clock.client_gone, clock.tokens, unevaluated, result,
-                       trail.entries if trail is not None else None, clock.saved)
+                       trail.entries if trail is not None else None, clock.saved, full)
 
     # -- decoding in serve (structure, logprobs) --------------------------------------
 

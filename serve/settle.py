@@ -74,7 +74,7 @@ class Settler:
             self.memory.remember(rendered, ids, reasoning,
                                  (prompt.conversation, dropped) if dropped != rendered else None)
         # A full context leaves no room for a next turn; snapshots never reach past images.
-        if self.cache is None or outcome.result.context_full or prompt.image_paths:
+        if self.cache is None or outcome.context_full or prompt.image_paths:
             return
         saved = self._snapshot(prompt, outcome, ids)
         if self.memory is not None and rendered:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from scripted import SlowEnginePolicy, call, scrape
+from scripted import SlowEnginePolicy, call, scrape, wait_idle
 from served import serve
 from serve.engine import Engine, EngineConfig, load_library
 from serve.prefill import prefill
@@ -141,3 +141,27 @@ def test_the_banner_names_the_overrides(lib_path, k3_container, tmp_path):
         (line,) = [b for b in server.banner if b.startswith("snapshot")]
     assert "every 4,096 positions (--prefix-cache-spacing)" in line
     assert "under 512 positions that restored nothing (--prefix-cache-min)" in line
+
+
+def test_a_reply_cut_by_the_room_left_saves_nothing_for_a_next_turn(monkeypatch, lib_path,
+                                                                     k3_container, tmp_path):
+    """max_tokens lowered to the room left in the context, and all of it used: no next turn
+    fits, so the state after the reply is not worth a snapshot, however slow the clock."""
+    monkeypatch.setenv("WASTE_DELAY_MS", "5")   # a position costs far more than a save
+    body = {"messages": [{"role": "user", "content": SENTENCE * 2}], "temperature": 0,
+            "reasoning_effort": "none"}
+    with serve(k3_container, lib_path, tmp_path, "--ctx", "160") as server:
+        roomy = call(server.port, "POST", "/v1/chat/completions", {**body, "max_tokens": 4},
+                     timeout=120).json()
+        wait_idle(server.port)
+        before = scrape(server.port)
+        full = call(server.port, "POST", "/v1/chat/completions", {**body, "max_tokens": 1000},
+                    timeout=120).json()
+        wait_idle(server.port)
+        after = scrape(server.port)
+    reply = ("serve_snapshots_total", (("kind", "reply"),))
+    # The same prompt with room to spare does save the state after its reply.
+    assert roomy["waste"]["context_full"] is False and before[reply] >= 1
+    assert full["choices"][0]["finish_reason"] == "length" and full["waste"]["context_full"] is True
+    assert full["usage"]["prompt_tokens"] + full["usage"]["completion_tokens"] == 160
+    assert after[reply] == before[reply]
