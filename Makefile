@@ -23,7 +23,7 @@ DEMO_PY  := $(DEMO_VENV)/bin/python
 HOST     ?= 127.0.0.1
 PORT     ?= 8000
 
-.PHONY: all demo demo-k3 check test asan bench soak clean chromium router cluster
+.PHONY: all demo demo-k3 check test asan bench soak agents clean chromium router cluster
 
 all: $(LIB)
 
@@ -106,6 +106,11 @@ check: test asan
 # The soak and fault tests at full scale (make check runs them short).
 soak: $(LIB) $(VENV)/.ok
 	$(VPY) -m pytest -q -m soak --soak tests
+
+# Claude Code and Codex from npm (installed under build/agents) against a slow prefill:
+# tens of minutes. They skip, saying why, when npm cannot install them.
+agents: $(LIB) $(VENV)/.ok
+	$(VPY) -m pytest -q -m slow --slow tests
 
 bench: $(LIB) $(DEMO) $(VENV)/.ok
 	$(VPY) bench/run_all.py

@@ -22,6 +22,7 @@ from .identity import state_identity
 from .prefill import DEFAULT_CHUNK
 from .prefix_cache import DEFAULT_MAX_ENTRIES, PrefixCache, PrefixCacheError, default_directory
 from .reply_memory import ReplyMemory
+from .sse import DEFAULT_HEARTBEAT
 from .service import Service, ServiceOptions
 from .warm import WarmError, Warmer, warm_requests
 
@@ -142,6 +143,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--request-timeout", type=seconds, default=DEFAULT_REQUEST_TIMEOUT,
                    help="seconds a client has to send a whole request, headers and body "
                         f"(default {DEFAULT_REQUEST_TIMEOUT:g})")
+    p.add_argument("--heartbeat", type=seconds, default=DEFAULT_HEARTBEAT, metavar="SECONDS",
+                   help="seconds a stream may stay silent (waiting, prefilling) before it sends "
+                        f"a sign of life its client counts (default {DEFAULT_HEARTBEAT:g})")
     return p.parse_args(argv)
 
 
@@ -295,7 +299,8 @@ def run_server(lib: Library, engine: Engine, fmt: ChatFormat, options: ServiceOp
     service = Service(engine, lib, fmt, options)
     try:
         server = Server((args.host, args.port), service, api_key=args.api_key or None, log=log,
-                        max_connections=args.max_connections, request_timeout=args.request_timeout)
+                        max_connections=args.max_connections, request_timeout=args.request_timeout,
+                        heartbeat=args.heartbeat)
     except OSError as e:
         return fail(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}")
     stopping, hurry = threading.Event(), threading.Event()

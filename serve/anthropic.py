@@ -4,6 +4,8 @@ A request becomes the internal chat request (`system` and mid-conversation
 system messages as system turns, `tool_use` as tool calls, `tool_result` as
 tool messages, images as data URLs) and the chat deltas become Anthropic's
 content blocks and stream events. Any `model` name is answered by the one model.
+Claude Code's billing header (a `system` text block starting
+`x-anthropic-billing-header:`) is metadata and stays out of the prompt.
 
 Thinking onto K3's effort levels (`api.parse_reasoning_effort` is the rule):
 
@@ -23,17 +25,18 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from . import seal
 from .api import ApiError, invalid, parse_reasoning_effort, unknown_fields
 from .dialect import (Block, Blocks, Conversation, Parts, Translation, chat_request,
                       string_field, tool_call)
-from .replies import ChatReply
+from .replies import ChatReply, ReplyStart
 from .sse import sse_named
 
 BUDGET_EFFORTS = ((8192, "low"), (24576, "high"))   # budget_tokens below the bound -> effort
 MIN_BUDGET = 1024   # Anthropic's own lower bound for budget_tokens
+BILLING_HEADER = "x-anthropic-billing-header:"   # Claude Code's system[0], see is_billing_block
 STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
@@ -70,8 +73,9 @@ def parse_request(body: dict, *, counting: bool = False) -> Translation:
         raise invalid("max_tokens", "max_tokens is required")
     conversation = Conversation()
     if body.get("system") is not None:
-        conversation.add({"role": "system", "content": _text_blocks(body["system"], "system")},
-                         "system")
+        system = _text_blocks(body["system"], "system", skip=is_billing_block)
+        if system is not None:
+            conversation.add({"role": "system", "content": system}, "system")
     _messages(conversation, body.get("messages"))
     left_out: list[str] = []
     tools, tool_fields = _tools(body.get("tools"), left_out)
@@ -97,15 +101,38 @@ def _blocks(value: Any, where: str) -> list[dict]:
 
 
 
-def _text_blocks(value: Any, where: str) -> str:
-    """`system` content: a string, or text blocks (cache_control is ignored)."""
+def is_billing_block(block: Any) -> bool:
+    """Claude Code's billing header, sent as a system text block: metadata, not prompt. Its
+    version suffix and `cch` change on every request, so in the prompt it would make every
+    turn's prefix differ from the last one's at the first system token."""
+    return (isinstance(block, dict) and block.get("type") == "text"
+            and isinstance(block.get("text"), str) and block["text"].startswith(BILLING_HEADER))
+
+
+def billing_block(body: dict) -> Optional[str]:
+    """Where a request's billing block is (`system[0]`), if it has one."""
+    system = body.get("system")
+    blocks = system if isinstance(system, list) else []
+    return next((f"system[{b}]" for b, block in enumerate(blocks) if is_billing_block(block)), None)
+
+
+def _text_blocks(value: Any, where: str, skip: Callable[[dict], bool] = lambda block: False
+                 ) -> Optional[str]:
+    """`system` content: a string, or text blocks (cache_control is ignored); blocks `skip`
+    names are left out, and None is returned when they were all there was."""
     if isinstance(value, str):
         return value
-    parts = Parts()
+    parts, skipped = Parts(), False
     for b, block in enumerate(_blocks(value, where)):
         if block.get("type") != "text":
             raise invalid(f"{where}[{b}].type", "system content blocks must be of type text")
-        parts.text(string_field(block, "text", f"{where}[{b}]"), f"{where}[{b}]")
+        text = string_field(block, "text", f"{where}[{b}]")
+        if skip(block):
+            skipped = True
+        else:
+            parts.text(text, f"{where}[{b}]")
+    if skipped and not parts:
+        return None
     return parts.content()  # type: ignore[return-value]  # text alone is a string
 
 
@@ -193,7 +220,8 @@ def _assistant(content: Any, where: str) -> dict:
             texts.append(string_field(block, "text", at))
         elif kind == "thinking":
             text = string_field(block, "thinking", at)
-            if seal.verify(text, block.get("signature")):   # else not ours: left out
+            # Not ours: left out; empty (a stream opened it before the reply chose text): nothing.
+            if text and seal.verify(text, block.get("signature")):
                 reasoning.append(text)
         elif kind == "tool_use":
             arguments = block.get("input")
@@ -329,6 +357,7 @@ class Exchange:
         self.request = self.translation.request
         self.left_out = self.translation.left_out
         self.ignored = unknown_fields(body, FIELDS)
+        self.billing = billing_block(body)   # where the billing header was, for the log
         self.id = "msg_" + uuid.uuid4().hex[:24]
         self.model = model
         self._blocks = Blocks()
@@ -336,17 +365,28 @@ class Exchange:
     def error(self, error: ApiError) -> ApiError:
         return self.translation.error(error)
 
-    def opening(self) -> bytes:
-        # The prompt's size is not known yet: message_delta carries the real usage.
-        empty = {"input_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
-                 "output_tokens": 0}
-        return sse_named([{"type": "message_start", "message": self._message([], None, None, empty)}])
+    def opening(self, start: ReplyStart) -> bytes:
+        # Zeros while the request still waits in line: message_delta says the size at the end.
+        prompt = start.prompt_tokens or 0
+        usage = {"input_tokens": prompt - start.cached_tokens, "cache_creation_input_tokens": 0,
+                 "cache_read_input_tokens": start.cached_tokens, "output_tokens": 0}
+        return sse_named([{"type": "message_start", "message": self._message([], None, None, usage)}])
 
-    def started(self) -> bytes:
-        return b""
+    def heartbeat(self, start: ReplyStart) -> bytes:
+        """An empty delta of the open block, and a ping for the clients that count those.
 
-    def progress(self) -> bytes:
-        return sse_named([{"type": "ping"}])
+        Claude Code counts only content events as signs of life (not ping), so the
+        first heartbeat opens the block the reply will begin with, thinking or text;
+        the reply's first delta goes on in it, or closes it when of another kind. A
+        reply that begins before a heartbeat is due streams as Anthropic's API would.
+        """
+        steps = [] if self._blocks.blocks else self._blocks.open(
+            "reasoning" if start.thinking else "text")
+        block = self._blocks.current
+        if block is not None:
+            steps.append(("add", block, ""))
+        return sse_named([event for step in steps for event in self._events(*step)]
+                         + [{"type": "ping"}])
 
     def delta(self, delta: dict) -> bytes:
         return sse_named([event for step in self._blocks.feed(delta) for event in self._events(*step)])

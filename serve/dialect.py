@@ -152,6 +152,16 @@ class Blocks:
                 steps += self._append(function["arguments"])
         return steps
 
+    def open(self, kind: str) -> list[tuple[str, Block, str]]:
+        """Open an empty block before the reply begins (a stream's heartbeats go in it): the
+        reply's first delta of its kind goes on in it, one of another kind closes it."""
+        return self._switch(Block(kind, len(self.blocks)))
+
+    @property
+    def current(self) -> Optional[Block]:
+        """The block still open, if one is."""
+        return self._open
+
     def finish(self) -> list[tuple[str, Block, str]]:
         """Close the last block; the reply is complete."""
         return self._switch(None)

@@ -70,7 +70,7 @@ class EngineQueue:
         """Waits for the engine in arrival order and holds it for the block.
 
         While waiting, `waiter.queued(ahead)` hears the number of requests in
-        front (the running one included) each time it changes. Raises the 503s
+        front (the running one included; 0 behind idle-time work) each time it changes. Raises the 503s
         of a full line or of shutdown, or ClientGone.
         """
         ticket = object()
@@ -98,7 +98,9 @@ class EngineQueue:
                 self._cond.notify_all()
 
     def _wait(self, ticket: object, waiter: Waiter) -> None:
-        told = 0
+        # Told even "0 ahead": idle-time work that holds the engine may run a chunk for
+        # minutes on a slow model, and a stream waiting behind it must open and beat.
+        told = -1
         while True:
             with self._cond:
                 ahead = self._take(ticket)

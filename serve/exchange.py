@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from .api import ApiError, ChatRequest, CompletionRequest
-from .replies import ChatReply, CompletionReply
+from .replies import ChatReply, CompletionReply, ReplyStart
 
 Reply = ChatReply | CompletionReply
 
@@ -26,18 +26,18 @@ class Exchange(Protocol):
 
     # -- a stream, as bytes of server-sent events
 
-    def opening(self) -> bytes:
-        """When the stream opens (the request may still wait in line)."""
-
-    def started(self) -> bytes:
-        """When generation starts."""
+    def opening(self, start: ReplyStart) -> bytes:
+        """The stream's first events, once the prompt's size is known (or once a heartbeat is
+        due while the request still waits, whatever comes first); `start` says what is known."""
 
     def delta(self, delta: dict) -> bytes:
         """One delta of the service's output. Called streaming or not: a blocking reply's
         body may be built from the deltas too."""
 
-    def progress(self) -> bytes:
-        """The format's own keepalive, sent beside prefill and queue comments."""
+    def heartbeat(self, start: ReplyStart) -> bytes:
+        """A sign of life in a form the format's clients count, sent after the opening when
+        the stream has been silent for a while (from the stream's writer thread, under the
+        sink's lock)."""
 
     def closing(self, reply: Reply) -> bytes:
         """The stream's last events, after the reply is done."""

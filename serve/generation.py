@@ -180,7 +180,8 @@ class Generation:
             clock.cached_tokens = prefill(self.engine, tokens, upto, cache=cache,
                                           snapshot_at=prompt.snapshot_at, chunk=chunk,
                                           progress=progress, cancelled=sink.gone,
-                                          min_snapshot=self.snapshot_min_tokens)
+                                          min_snapshot=self.snapshot_min_tokens,
+                                          restored=lambda n: sink.prefilling(len(prompt.ids), n))
             if cache is not None:
                 self.metrics.prefix_lookup(clock.cached_tokens > 0)
 
@@ -194,6 +195,7 @@ class Generation:
             # When there is nothing to restore or to chunk, one generate does it all.
             upto = prompt.image_start
             if upto <= chunk and (cache is None or cache.lookup(prompt.text_ids, limit=upto) is None):
+                sink.prefilling(len(prompt.ids), 0)
                 return prompt.ids
             self.engine.image_clear()
             run_prefill(prompt.text_ids, upto)

@@ -27,7 +27,7 @@ from .json_body import MAX_BODY_BYTES, parse_body
 from .page import CONTENT_TYPE as PAGE_TYPE, chat_page
 from .service import Service
 from .sinks import Answer, BlockingSink, ExchangeSink
-from .sse import EventWriter
+from .sse import DEFAULT_HEARTBEAT, EventWriter
 
 DEFAULT_REQUEST_TIMEOUT = 60.0  # seconds for a whole request's headers and body, idle time included
 _HANGUP = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0)
@@ -39,9 +39,11 @@ class Server(ConnectionServer):
     def __init__(self, address: tuple[str, int], service: Service, *, api_key: Optional[str] = None,
                  log: Optional[Callable[[str], None]] = None, socket_timeout: float = 30.0,
                  max_connections: int = DEFAULT_MAX_CONNECTIONS,
-                 request_timeout: float = DEFAULT_REQUEST_TIMEOUT):
+                 request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+                 heartbeat: float = DEFAULT_HEARTBEAT):
         self.service = service
         self.api_key = api_key
+        self.heartbeat = heartbeat  # seconds a stream may stay silent (serve/sse.py)
         self.socket_timeout = socket_timeout  # bounds each send to a client that stopped reading
         self.request_timeout = request_timeout
         self._unread: set[tuple[str, str]] = set()   # (endpoint, field) already named in the log
@@ -50,6 +52,16 @@ class Server(ConnectionServer):
         super().__init__(address, Handler, log=log, max_connections=max_connections)
         # Behind a router, every reply says which host wrote it (docs/serving-a-team.md).
         self.host_id = f"{socket.gethostname()}:{self.port}"
+        self._logged: set[str] = set()
+        self._logged_lock = threading.Lock()
+
+    def log_once(self, key: str, line: str) -> None:
+        """A log line said once per server, for what would otherwise repeat on every request."""
+        with self._logged_lock:
+            if key in self._logged or self.log is None:
+                return
+            self._logged.add(key)
+        self.log(line)
 
 
     def note_unread(self, endpoint: str, fields: list[str]) -> None:
@@ -239,7 +251,12 @@ class Handler(BaseHTTPRequestHandler):
 
     def _messages(self, method: str, rest: str) -> None:
         service = self.server.service
-        self._generate(anthropic.Exchange(self._read_json(), service.options.model_id), service.chat)
+        exchange = anthropic.Exchange(self._read_json(), service.options.model_id)
+        if exchange.billing is not None:
+            self.server.log_once("billing", f"/v1/messages: {exchange.billing} is Claude Code's "
+                                 "billing header, which changes on every request: it is left out "
+                                 "of the prompt (logged once)")
+        self._generate(exchange, service.chat)
 
     def _responses(self, method: str, rest: str) -> None:
         service = self.server.service
@@ -286,7 +303,7 @@ class Handler(BaseHTTPRequestHandler):
 
     # -- the connection, for sinks (serve/sinks.py's Connection) -------------------------
 
-    def open_stream(self) -> EventWriter:
+    def open_stream(self, on_silence: Callable[[], None]) -> EventWriter:
         self.status = 200
         self.streaming = True
         self.close_connection = True  # the stream ends when the connection does
@@ -300,7 +317,8 @@ class Handler(BaseHTTPRequestHandler):
         if chunked:
             self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        writer = EventWriter(self.wfile, chunked)
+        writer = EventWriter(self.wfile, chunked, heartbeat=self.server.heartbeat,
+                             on_silence=on_silence)
         writer.start()
         return writer
 

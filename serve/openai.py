@@ -11,8 +11,8 @@ from typing import Callable
 from . import api
 from .api import ApiError, ChatRequest, CompletionRequest
 from .logprobs import chat_logprobs, completion_logprobs, text_length
-from .replies import ChatReply, CompletionReply
-from .sse import SSE_DONE, sse_encoder, sse_event
+from .replies import ChatReply, CompletionReply, ReplyStart
+from .sse import SSE_DONE, sse_comment, sse_encoder, sse_event
 
 
 class _OpenAIStream:
@@ -26,11 +26,9 @@ class _OpenAIStream:
     def error(self, error: ApiError) -> ApiError:
         return error   # the request's fields are OpenAI's own
 
-    def opening(self) -> bytes:
-        return b""
-
-    def progress(self) -> bytes:
-        return b""
+    def heartbeat(self, start: ReplyStart) -> bytes:
+        # The openai clients skip comments; the bytes reset their read timeouts, and proxies'.
+        return sse_comment("keepalive")
 
     def failed(self, error: ApiError) -> bytes:
         return sse_event(error.body()) + SSE_DONE
@@ -50,7 +48,7 @@ class ChatExchange(_OpenAIStream):
         self._id, self._created, self._model = api.new_id("chatcmpl"), api.now(), model
         super().__init__(lambda delta: api.chat_chunk(self._id, self._created, self._model, delta))
 
-    def started(self) -> bytes:
+    def opening(self, start: ReplyStart) -> bytes:
         return self.delta({"role": "assistant", "content": ""})
 
     def delta(self, delta: dict) -> bytes:
@@ -82,7 +80,7 @@ class CompletionExchange(_OpenAIStream):
         super().__init__(lambda text: api.text_completion(self._id, self._created, self._model,
                                                           text, None))
 
-    def started(self) -> bytes:
+    def opening(self, start: ReplyStart) -> bytes:
         return b""
 
     def delta(self, delta: dict) -> bytes:

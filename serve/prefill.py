@@ -33,7 +33,7 @@ def prefill(engine: EngineApi, tokens: Sequence[int], upto: int, *, cache: Optio
             snapshot_at: Sequence[int] = (), chunk: int = DEFAULT_CHUNK,
             progress: Optional[Callable[[int, int], None]] = None,
             cancelled: Optional[Callable[[], bool]] = None, min_snapshot: int = 0,
-            spacing: int = SPACING) -> int:
+            spacing: int = SPACING, restored: Optional[Callable[[int], None]] = None) -> int:
     """Restore the longest cached prefix of tokens[:upto], evaluate the rest of it.
 
     `snapshot_at` lists positions worth a snapshot (e.g. the end of the tools
@@ -41,8 +41,9 @@ def prefill(engine: EngineApi, tokens: Sequence[int], upto: int, *, cache: Optio
     prompt); every multiple of `spacing` is one too.  Those past `upto` are
     not reached.  A prompt shorter than `min_snapshot` that restored nothing
     saves nothing: re-prefilling it costs little, and a prompt that shares
-    nothing with the cache is most likely asked once.  Returns
-    how many positions came from a snapshot.
+    nothing with the cache is most likely asked once.  `restored` hears how
+    many positions came from a snapshot before any chunk is evaluated (a
+    stream's first events say it); the same number is returned.
     """
     if not 0 <= upto < len(tokens):
         raise ValueError("prefill must leave at least one prompt token to generate")
@@ -59,6 +60,8 @@ def prefill(engine: EngineApi, tokens: Sequence[int], upto: int, *, cache: Optio
             else:
                 cache.note_restored(pos)
     cached = pos
+    if restored is not None:
+        restored(cached)
     worth_it = cache is not None and (cached > 0 or upto >= min_snapshot)
     marks = sorted({p for p in [*snapshot_at, *spaced(pos, upto, spacing)]
                     if pos < p <= upto}) if worth_it else []

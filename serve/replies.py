@@ -13,11 +13,27 @@ from typing import Optional, Protocol
 from .api import Usage
 
 
+@dataclass(frozen=True)
+class ReplyStart:
+    """What a reply's first events can say before any of it is generated."""
+    thinking: bool = False                # it opens in the think channel
+    prompt_tokens: Optional[int] = None   # None while the prompt is not built (waiting in line)
+    cached_tokens: int = 0                # of those, restored from a snapshot, as known before prefill
+
+
 class ReplySink(Protocol):
     """Where a running request sends its output (a socket, or nothing for blocking replies)."""
 
+    def accepted(self, thinking: bool) -> None:
+        """The request passed its checks and will wait for the engine; `thinking`: its reply
+        opens in the think channel."""
+
     def start(self) -> None:
         """The request was accepted and generation begins; errors after this are mid-reply."""
+
+    def prefilling(self, prompt_tokens: int, cached_tokens: int) -> None:
+        """Prefill begins: the prompt holds `prompt_tokens` positions, `cached_tokens` of them
+        restored from a snapshot. Called once, before the first chunk is evaluated."""
 
     def progress(self, done: int, total: int) -> None:
         """Prefill has evaluated `done` of `total` prompt positions."""

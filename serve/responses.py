@@ -29,7 +29,7 @@ from .api import ApiError, invalid, parse_reasoning_effort, unknown_fields
 from .dialect import (Block, Blocks, Conversation, Parts, Translation, chat_request,
                       string_field, tool_call)
 from .response_store import ResponseStore
-from .replies import ChatReply
+from .replies import ChatReply, ReplyStart
 from .sse import sse_named
 
 INCLUDE_REASONING = "reasoning.encrypted_content"
@@ -294,6 +294,13 @@ def _text_format(text: Any) -> Optional[dict]:
 # ---- replies ----------------------------------------------------------------
 
 
+def _usage(prompt: int, cached: int, output: int, reasoning: int) -> dict:
+    return {"input_tokens": prompt,
+            "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
+            "output_tokens": output, "output_tokens_details": {"reasoning_tokens": reasoning},
+            "total_tokens": prompt + output}
+
+
 class Exchange:
     """One Responses request: its stream events as the deltas arrive, or the Response at the end."""
 
@@ -327,16 +334,19 @@ class Exchange:
 
     # -- the stream -------------------------------------------------------------------
 
-    def opening(self) -> bytes:
-        response = self._response("in_progress", [], None)
+    def opening(self, start: ReplyStart) -> bytes:
+        response = self._response("in_progress", [], self._usage_at(start))
         return sse_named([self._event("response.created", response=response),
                           self._event("response.in_progress", response=response)])
 
-    def started(self) -> bytes:
-        return b""
-
-    def progress(self) -> bytes:
-        return b""
+    def heartbeat(self, start: ReplyStart) -> bytes:
+        """response.in_progress again: a data event (Codex's idle timer ignores comments),
+        with the output so far and the usage as known before prefill."""
+        current = self._blocks.current
+        output = [self._item(block, block is not current) for block in self._blocks.blocks]
+        return sse_named([self._event("response.in_progress",
+                                      response=self._response("in_progress", output,
+                                                              self._usage_at(start)))])
 
     def delta(self, delta: dict) -> bytes:
         return sse_named([event for step in self._blocks.feed(delta) for event in self._events(*step)])
@@ -383,16 +393,20 @@ class Exchange:
         response = self._response(
             "incomplete" if self._incomplete else "completed",
             [self._item(block, True) for block in self._blocks.blocks],
-            {"input_tokens": usage.prompt_tokens,
-             "input_tokens_details": {"cached_tokens": usage.cached_tokens, "cache_write_tokens": 0},
-             "output_tokens": usage.completion_tokens,
-             "output_tokens_details": {"reasoning_tokens": self._blocks.reasoning_pieces},
-             "total_tokens": usage.prompt_tokens + usage.completion_tokens})
+            _usage(usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens,
+                   self._blocks.reasoning_pieces))
         response["waste"] = usage.waste
         if self._incomplete:
             response["incomplete_details"] = {"reason": "max_output_tokens"}
         self._done = response
         return response
+
+    @staticmethod
+    def _usage_at(start: ReplyStart) -> Optional[dict]:
+        """The usage a stream's first events carry: the input, once the prompt is built."""
+        if start.prompt_tokens is None:
+            return None
+        return _usage(start.prompt_tokens, start.cached_tokens, 0, 0)
 
     def _response(self, status: str, output: list[dict], usage: Optional[dict]) -> dict:
         body, sampling = self._body, self.request.sampling

@@ -47,8 +47,14 @@ class _Watched:
         self._stopping = stopping
         self.cut = False  # gone() said yes because of shutdown
 
+    def accepted(self, thinking: bool) -> None:
+        self._sink.accepted(thinking)
+
     def start(self) -> None:
         self._sink.start()
+
+    def prefilling(self, prompt_tokens: int, cached_tokens: int) -> None:
+        self._sink.prefilling(prompt_tokens, cached_tokens)
 
     def progress(self, done: int, total: int) -> None:
         self._sink.progress(done, total)
@@ -131,6 +137,7 @@ class Service:
         # Built before the engine is held: a schema the grammar cannot enforce is a 400
         # before any stream opens, and a large one compiles while others use the engine.
         constraint = self._constraint(req, check.thinking)
+        sink.accepted(check.thinking)
         with self._turn(sink) as sink, StagedImages(self.options.allow_local_images) as staged:
             prompt = self.prompts.chat(req, check, staged)
             reader = ChatReader(self.chat_format.new_parser(check.thinking), req.sampling.stop,

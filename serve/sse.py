@@ -2,7 +2,10 @@
 
 Once a stream opens, every byte of it goes through its `EventWriter`: the
 engine thread only queues, so a slow client never stalls generation, and the
-writer is the one place that sends (and would send anything on a clock).
+writer is the one place that sends. It also keeps the clock of the stream's
+heartbeat: after `heartbeat` seconds without a sign of life it asks for one,
+so a prefill chunk that lasts minutes (a call the engine thread cannot leave)
+never leaves the client in silence long enough to give up.
 """
 from __future__ import annotations
 
@@ -13,6 +16,9 @@ import time
 from typing import Any, BinaryIO, Callable, Optional
 
 SEND_GAP = 0.01  # seconds between two sends of one stream, at most (see EventWriter)
+# Seconds of silence before a stream's heartbeat: well under the 300 s after which Claude Code
+# and Codex give up on a stream, and rare enough to cost nothing.
+DEFAULT_HEARTBEAT = 10.0
 SSE_DONE = b"data: [DONE]\n\n"
 
 _JSON = json.JSONEncoder(ensure_ascii=False)  # built once: json.dumps builds one per call
@@ -51,20 +57,29 @@ class EventWriter(threading.Thread):
     sent the moment it exists; a faster one has its tokens gathered into one
     send per SEND_GAP instead of paying a socket round trip per token, for at
     most SEND_GAP of added latency.
+
+    Bytes are queued as signs of life (events a client counts) or not (comments,
+    which some clients drop before their idle timers see them). After
+    `heartbeat` seconds without a sign of life sent, `on_silence()` is called,
+    from this thread, to queue one.
     """
 
-    def __init__(self, wfile: BinaryIO, chunked: bool = False):
+    def __init__(self, wfile: BinaryIO, chunked: bool = False, *, heartbeat: float = 0.0,
+                 on_silence: Optional[Callable[[], None]] = None):
         super().__init__(name="sse-writer", daemon=True)
         self._wfile = wfile
         # HTTP/1.1 chunked framing: only a finished stream ends with the last chunk, so one
         # cut by a dying server is told apart from a finished one, through a proxy too.
         self._chunked = chunked
-        self._queue: "queue.SimpleQueue[Optional[bytes]]" = queue.SimpleQueue()
+        self._heartbeat = heartbeat if on_silence is not None else 0.0   # 0: no heartbeat
+        self._on_silence = on_silence or (lambda: None)
+        self._queue: "queue.SimpleQueue[Optional[tuple[bytes, bool]]]" = queue.SimpleQueue()
         self.failed = False  # the client went away mid-stream
 
-    def put(self, data: bytes) -> None:
+    def put(self, data: bytes, alive: bool = True) -> None:
+        """Queue bytes to send; `alive`: clients count them as a sign of life (not a comment)."""
         if data:
-            self._queue.put(data)
+            self._queue.put((data, alive))
 
     def close(self) -> None:
         """Send everything queued so far, then stop; once stopped, closing again does nothing."""
@@ -72,9 +87,16 @@ class EventWriter(threading.Thread):
         self.join()
 
     def run(self) -> None:
-        done, last_send = False, 0.0
+        done, last_send, alive_at = False, 0.0, time.monotonic()
         while not done:
-            batch = [self._queue.get()]
+            try:
+                batch = [self._queue.get(timeout=self._silence_left(alive_at))]
+            except queue.Empty:
+                # Queued, not sent from here: the heartbeat goes out after whatever the
+                # engine thread queued before it, so the stream's events stay in order.
+                self._on_silence()
+                alive_at = time.monotonic()   # even when nothing was queued: no busy loop
+                continue
             pause = last_send + SEND_GAP - time.monotonic()
             if pause > 0:
                 time.sleep(pause)  # tokens are coming faster than anyone reads them
@@ -84,7 +106,8 @@ class EventWriter(threading.Thread):
                 except queue.Empty:
                     break
             done = None in batch
-            data = b"".join(item for item in batch if item is not None)
+            items = [item for item in batch if item is not None]
+            data = b"".join(data for data, _ in items)
             if self._chunked:
                 data = (b"%x\r\n%s\r\n" % (len(data), data) if data else b"") + (b"0\r\n\r\n" if done else b"")
             if data and not self.failed:
@@ -93,3 +116,11 @@ class EventWriter(threading.Thread):
                 except OSError:
                     self.failed = True
                 last_send = time.monotonic()
+                if any(alive for _, alive in items):
+                    alive_at = last_send
+
+    def _silence_left(self, alive_at: float) -> Optional[float]:
+        """Seconds until the next heartbeat is due; None (wait for bytes) when there is none."""
+        if not self._heartbeat or self.failed:
+            return None
+        return max(0.0, alive_at + self._heartbeat - time.monotonic())

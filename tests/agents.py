@@ -1,7 +1,7 @@
 """Requests shaped like the ones Claude Code 2.1 and Codex 0.171 send, at their real sizes.
 
 The texts are made up here; what is kept is the structure and the size:
-Claude Code's three system blocks (~5.7 KB), 24 tools with ~64 KB of JSON
+Claude Code's three system blocks (~5.7 KB, the first its billing header), 24 tools with ~64 KB of JSON
 schemas, a <system-reminder> opening the first user message; Codex's
 developer message, nine tools in ~19 KB with a namespace and web_search.
 """
@@ -45,17 +45,23 @@ def claude_code_tools() -> list[dict]:
     return tools
 
 
-def claude_code_system() -> list[dict]:
-    return [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.0; cc_entrypoint=cli;"},
+def claude_code_billing(cch: str) -> dict:
+    """Claude Code's billing header: its version suffix and `cch` change on every request."""
+    return {"type": "text", "text": f"x-anthropic-billing-header: cc_version=2.1.197.{cch[:3]}; "
+                                    f"cc_entrypoint=cli; cch={cch};"}
+
+
+def claude_code_system(cch: str = "5e1a7") -> list[dict]:
+    return [claude_code_billing(cch),
             {"type": "text", "text": "You are an interactive CLI tool that helps with software "
                                      "engineering tasks.", "cache_control": {"type": "ephemeral"}},
             {"type": "text", "text": "Working directory: /home/user/project\n" + "Guideline. " * 500,
              "cache_control": {"type": "ephemeral"}}]
 
 
-def claude_code_request(messages: list[dict], **overrides: Any) -> dict:
+def claude_code_request(messages: list[dict], cch: str = "5e1a7", **overrides: Any) -> dict:
     body = {"model": "claude-opus-4-5", "max_tokens": 32000, "stream": True,
-            "system": claude_code_system(), "tools": claude_code_tools(), "messages": messages,
+            "system": claude_code_system(cch), "tools": claude_code_tools(), "messages": messages,
             "thinking": {"type": "adaptive"}, "output_config": {"effort": "high"},
             "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
             "metadata": {"user_id": "user_abc_account_def_session_0199a213"}}

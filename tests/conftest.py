@@ -119,10 +119,23 @@ def snapshot_cache(tmp_path):
 def pytest_addoption(parser) -> None:
     parser.addoption("--soak", action="store_true",
                      help="run the soak and fault tests at full scale (make soak)")
+    parser.addoption("--slow", action="store_true",
+                     help="run the slow tests: real agents from npm at a scaled clock (make agents)")
 
 
 def pytest_configure(config) -> None:
     config.addinivalue_line("markers", "soak: a soak or fault test; short unless --soak is given")
+    config.addinivalue_line("markers", "slow: a test of many minutes (real agents); skipped "
+                                       "unless --slow is given")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    if config.getoption("--slow"):
+        return
+    skip = pytest.mark.skip(reason="slow (minutes): run with --slow, or `make agents`")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture

@@ -274,13 +274,13 @@ def scripted_service(engine: Optional[ScriptedEngine] = None, library: Optional[
 
 
 @contextmanager
-def real_service(lib_path, container, *, vision: bool = False,
+def real_service(lib_path, container, *, vision: bool = False, ctx: int = 0,
                  prefix_cache_for: Optional[Callable[[Any, Engine], PrefixCache]] = None,
                  **options: Any) -> Iterator[Service]:
     """The real engine on a container, closed afterwards. `prefix_cache_for(lib, engine)`
     makes a prefix cache that needs them (its identity, say)."""
     lib = load_library(str(lib_path))
-    engine = Engine(lib, container, EngineConfig(vision=vision))
+    engine = Engine(lib, container, EngineConfig(vision=vision, ctx=ctx))
     service = None
     try:
         options.setdefault("model_id", "real")
@@ -490,3 +490,50 @@ def sse_data(raw: bytes) -> list:
     body = dechunk(raw).decode()
     return [b[6:] if b[6:] == "[DONE]" else json.loads(b[6:])
             for b in body.split("\n\n") if b.startswith("data: ")]
+
+
+# ---- streams on a clock ---------------------------------------------------------------
+
+
+def timed_blocks(port: int, path: str, body: dict, timeout: float = 120
+                 ) -> tuple[float, list[tuple[float, str]]]:
+    """A streamed request over a real socket (HTTP/1.1, chunked): when it was sent, and every
+    SSE block, comments included, with the time its last byte arrived."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("POST", path, body=json.dumps(body).encode(),
+                     headers={"Content-Type": "application/json"})
+        sent = time.monotonic()
+        resp = conn.getresponse()
+        assert resp.status == 200, resp.read()
+        blocks: list[tuple[float, str]] = []
+        pending = b""
+        while data := resp.read1(65536):
+            now = time.monotonic()
+            *done, pending = (pending + data).split(b"\n\n")
+            blocks += [(now, block.decode()) for block in done]
+        return sent, blocks
+    finally:
+        conn.close()
+
+
+def longest_silence(sent: float, blocks: list[tuple[float, str]], counts: Callable[[str], bool],
+                    until: Callable[[str], bool]) -> float:
+    """The longest time, from the request until the first block `until` accepts, in which no
+    block that `counts` (a sign of life to the client in question) arrived."""
+    last, longest = sent, 0.0
+    for at, block in blocks:
+        if counts(block):
+            longest, last = max(longest, at - last), at
+        if until(block):
+            return longest
+    raise AssertionError(f"the stream never got there: {[b for _, b in blocks][-5:]}")
+
+
+def block_data(block: str) -> Any:
+    """The JSON of an SSE block's data line (None for a comment or [DONE])."""
+    for line in block.split("\n"):
+        if line.startswith("data: ") and line != "data: [DONE]":
+            return json.loads(line[len("data: "):])
+    return None
+

@@ -6,10 +6,13 @@ import json
 import anthropic
 import pytest
 
-from agents import CLAUDE_CODE_HEADERS, claude_code_first_message, claude_code_request
+from agents import (CLAUDE_CODE_HEADERS, claude_code_billing, claude_code_first_message,
+                    claude_code_request)
 from scripted import (ScriptedEngine, call, data_url, raw_exchange, real_server_with_cache,
-                      scripted_service, serving, status_of, tiny_png, xtml_answer, xtml_tool_call)
+                      real_service, scripted_service, serving, status_of, tiny_png, wait_idle, xtml_answer,
+                      xtml_tool_call)
 from serve import seal, xtml
+from serve.reply_memory import ReplyMemory
 
 MESSAGES = "/v1/messages"
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
@@ -214,18 +217,19 @@ def test_stream_event_order_is_anthropics():
     assert resp.status == 200 and resp.headers["content-type"] == "text/event-stream"
     events = resp.named_events()
     assert all(name == data["type"] for name, data in events)
-    names = [name for name, _ in events if name != "ping"]
+    names = [name for name, _ in events]
     assert names == ["message_start",
                      "content_block_start", "content_block_delta", "content_block_delta",
                      "content_block_delta", "content_block_stop",
                      "content_block_start", "content_block_delta", "content_block_stop",
                      "content_block_start"] + ["content_block_delta"] * (len(names) - 13) + [
                      "content_block_stop", "message_delta", "message_stop"]
-    pings = [i for i, (name, _) in enumerate(events) if name == "ping"]
-    assert pings and pings[0] == 1 and resp.comments()   # prefill progress: after message_start
-    data = [d for name, d in events if name != "ping"]
+    # Prefill progress is comments; pings go with heartbeats, and none was due in this reply.
+    assert resp.comments()
+    data = [d for _, d in events]
     start = data[0]["message"]
     assert start["content"] == [] and start["stop_reason"] is None and start["usage"]["output_tokens"] == 0
+    assert start["usage"]["input_tokens"] == len(engine.prompts[0])   # known before prefill
     assert [d["delta"]["type"] for d in data[2:5]] == ["thinking_delta", "thinking_delta", "signature_delta"]
     assert data[4]["delta"]["signature"] == seal.sign("mulling")
     assert data[6]["content_block"] == {"type": "text", "text": ""} and data[7]["delta"]["text"] == "Let me look."
@@ -261,7 +265,7 @@ def test_a_claude_code_session_is_accepted_and_reuses_its_prefix(snapshot_cache)
     previous = None
     with serving(service, api_key="sk-local", log=lines.append) as srv:
         for turn in range(3):
-            body = claude_code_request(messages)
+            body = claude_code_request(messages, cch=f"{turn:03d}f{turn}")   # a new one each turn
             resp = call(srv.port, "POST", MESSAGES + "?beta=true", body,
                         headers={**CLAUDE_CODE_HEADERS, "x-api-key": "sk-local"})
             assert resp.status == 200, resp.body
@@ -289,8 +293,44 @@ def test_a_claude_code_session_is_accepted_and_reuses_its_prefix(snapshot_cache)
     assert rendered.count("<|open|>message role=\"system\"<|sep|>The user switched branches.") == 2
     assert "<system-reminder>\nToday's date is 2026-12-01.\n</system-reminder>\n\nTidy up" in rendered
     assert "web_search" not in rendered
-    assert [line for line in lines if "left out" in line] == [
+    assert [line for line in lines if "tools left out" in line] == [
         "/v1/messages: tools left out (the server cannot run them): web_search (web_search_20250305)"] * 3
+    assert "x-anthropic-billing-header" not in rendered
+    assert [line for line in lines if "billing" in line] == [
+        "/v1/messages: system[0] is Claude Code's billing header, which changes on every request: "
+        "it is left out of the prompt (logged once)"]
+
+
+def test_requests_differing_only_in_the_billing_header_share_their_whole_prefix(
+        lib_path, k3_container, snapshot_cache):
+    with real_service(lib_path, k3_container, thinking=False, prefix_cache=snapshot_cache,
+                      reply_memory=ReplyMemory()) as service, serving(service) as srv, \
+            client_for(srv.port) as client:
+        billing_header_is_no_prompt(client, srv.port)
+
+
+def billing_header_is_no_prompt(client: anthropic.Anthropic, port: int) -> None:
+    system = [{"type": "text", "text": "You review code."}]
+    messages = [{"role": "user", "content": "Is this loop right? for i in range(10): pass"}]
+    # Long enough that the state after the reply is worth a snapshot (serve/settle.py).
+    first = client.messages.create(model="m", max_tokens=40, messages=messages, temperature=0,
+                                   system=[claude_code_billing("a81f0")] + system)
+    wait_idle(port)   # the reply's state is settled for the next turn
+    messages += [{"role": "assistant", "content": [b.model_dump() for b in first.content]},
+                 {"role": "user", "content": "And with a while loop?"}]
+    second = client.messages.create(model="m", max_tokens=6, messages=messages, temperature=0,
+                                    system=[claude_code_billing("c03d9")] + system)
+    # Everything before the new message came from a snapshot: the first prompt and its reply.
+    before = first.usage.input_tokens + first.usage.cache_read_input_tokens + first.usage.output_tokens
+    assert second.usage.cache_read_input_tokens >= before
+    # The header is not in the prompt at all: counted with it or without, the same.
+    counted = [client.messages.count_tokens(model="m", messages=messages, system=head + system)
+               for head in ([claude_code_billing("77777")], [])]
+    assert counted[0].input_tokens == counted[1].input_tokens
+    only = client.messages.count_tokens(model="m", messages=messages,
+                                        system=[claude_code_billing("12345")])
+    alone = client.messages.count_tokens(model="m", messages=messages)
+    assert only.input_tokens == alone.input_tokens   # a header alone leaves no system turn
 
 
 def test_max_tokens_beyond_the_context_is_capped_not_refused():
@@ -418,6 +458,10 @@ def test_a_queued_request_opens_its_stream_and_says_where_it_waits():
         resp = call(srv.port, "POST", MESSAGES, {"model": "m", "max_tokens": 10, "messages": ASK,
                                                  "stream": True})
     assert resp.comments() == ["queue 2", "queue 1"]
-    names = [name for name, _ in resp.named_events()]
-    assert names[:3] == ["message_start", "ping", "ping"] and names.count("message_start") == 1
-    assert names[-1] == "message_stop"
+    events = resp.named_events()
+    names = [name for name, _ in events]
+    # message_start waits for the prompt, so it says its size (no heartbeat was due here).
+    assert names[0] == "message_start" and names.count("message_start") == 1
+    assert "ping" not in names and names[-1] == "message_stop"
+    assert events[0][1]["message"]["usage"]["input_tokens"] == events[-2][1]["usage"]["input_tokens"]
+    assert resp.body.index(b": queue 1") < resp.body.index(b"event: message_start")

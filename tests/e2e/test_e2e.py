@@ -236,7 +236,8 @@ def test_plan_prints_and_exits(lib_path, k3_container):
                                   ["--cache", "fifo"], ["--max-tokens", "0"],
                                   ["--port", "70000"], ["--ctx", str(2 ** 32 + 1)],
                                   ["--max-connections", "0"], ["--max-queue", "-1"],
-                                  ["--request-timeout", "0"], ["--allow-local-images", "/nonexistent"]])
+                                  ["--request-timeout", "0"], ["--heartbeat", "0"],
+                                  ["--heartbeat", "soon"], ["--allow-local-images", "/nonexistent"]])
 def test_bad_flags_are_one_line(lib_path, k3_container, args):
     done = run_cli(str(k3_container), *args, lib_path=lib_path)
     assert done.returncode != 0 and done.stdout == ""

@@ -140,7 +140,13 @@ class GoneAfter:
     def __init__(self, n: int):
         self.n, self.deltas = n, []
 
+    def accepted(self, thinking: bool) -> None:
+        pass
+
     def start(self) -> None:
+        pass
+
+    def prefilling(self, prompt_tokens: int, cached_tokens: int) -> None:
         pass
 
     def progress(self, done: int, total: int) -> None:

@@ -169,14 +169,14 @@ def test_an_idle_turn_never_runs_while_a_request_holds_or_waits():
 
 def test_idle_work_is_told_to_yield_and_the_request_waits_for_its_chunk():
     queue, order, errors = EngineQueue(4), [], []
-    chunks, asked = [], threading.Event()
+    chunks, asked, chunk_over = [], threading.Event(), threading.Event()
 
     def idle_work() -> None:
         with queue.idle_turn() as yield_now:
             asked.set()
             while not yield_now():   # one chunk at a time, until a request waits
                 chunks.append(len(chunks))
-                time.sleep(0.002)
+                chunk_over.wait(WAIT)   # a chunk that lasts until the test has looked
             order.append("idle done")
 
     worker = threading.Thread(target=idle_work)
@@ -186,10 +186,13 @@ def test_idle_work_is_told_to_yield_and_the_request_waits_for_its_chunk():
     waiter, no_wait = Waiter(), threading.Event()
     no_wait.set()   # the request lets go at once
     request = hold(queue, waiter, threading.Event(), no_wait, order, "request", errors)
+    # Told 0 ahead while the chunk runs: its stream opens and beats (a chunk lasts minutes on K3).
+    wait_until(lambda: waiter.told == [0], f"the waiting request was told {waiter.told}")
+    chunk_over.set()
     worker.join(WAIT)
     request.join(WAIT)
     assert order[:2] == ["idle done", "request"] and not errors
-    assert waiter.told == []   # nothing was ahead of it but idle work finishing its chunk
+    assert waiter.told == [0] and chunks == [0]
 
 
 def test_a_second_idle_turn_that_gives_up_leaves_the_first_holding():

@@ -1,0 +1,89 @@
+"""Streams at a scaled K3 clock: one streamed request per dialect, and what its clients count.
+
+The reference engine sleeps WASTE_DELAY_MS per evaluated token, so a 512-token
+prefill chunk lasts seconds, as one lasts 17 minutes on K3. What counts as a
+sign of life differs by client: the openai clients' read timeouts are reset
+by any byte (comments too); Codex's idle timer only by an event with a data
+line; Claude Code's watchdog only by an event other than `ping`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from scripted import block_data
+
+DELAY_MS = 9          # per evaluated token: a 512-token chunk lasts about 4.6 s
+CHUNK = 512
+
+
+@dataclass(frozen=True)
+class Dialect:
+    path: str
+    body: Callable[[str], dict]      # the prompt's text -> a streamed request
+    counts: Callable[[str], bool]    # an SSE block this dialect's clients count as a sign of life
+    token: Callable[[str], bool]     # a block carrying a piece of the reply
+
+
+def _any_block(block: str) -> bool:
+    return True
+
+
+def _data(block: str) -> bool:
+    return block_data(block) is not None
+
+
+def _not_ping(block: str) -> bool:
+    return _data(block) and block_data(block).get("type") != "ping"
+
+
+def _chat_token(block: str) -> bool:
+    data = block_data(block)
+    delta = data["choices"][0]["delta"] if data and data.get("choices") else {}
+    return bool(delta.get("content") or delta.get("reasoning_content"))
+
+
+def _completion_token(block: str) -> bool:
+    data = block_data(block)
+    return bool(data and data.get("choices") and data["choices"][0]["text"])
+
+
+def _responses_token(block: str) -> bool:
+    data = block_data(block) or {}
+    return data.get("type") in ("response.output_text.delta", "response.reasoning_text.delta") \
+        and bool(data["delta"])
+
+
+def _messages_token(block: str) -> bool:
+    data = block_data(block) or {}
+    delta = data.get("delta", {}) if data.get("type") == "content_block_delta" else {}
+    return bool(delta.get("text") or delta.get("thinking") or delta.get("partial_json"))
+
+
+def _user(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+DIALECTS = {
+    "chat": Dialect("/v1/chat/completions",
+                    lambda text: {"messages": _user(text), "max_tokens": 4, "stream": True},
+                    _any_block, _chat_token),
+    "completions": Dialect("/v1/completions",
+                           lambda text: {"prompt": text, "max_tokens": 4, "stream": True},
+                           _any_block, _completion_token),
+    "responses": Dialect("/v1/responses",
+                         lambda text: {"model": "m", "input": text, "max_output_tokens": 4,
+                                       "stream": True},
+                         _data, _responses_token),
+    "messages": Dialect("/v1/messages",
+                        lambda text: {"model": "m", "messages": _user(text), "max_tokens": 4,
+                                      "stream": True},
+                        _not_ping, _messages_token),
+}
+COUNTED_BY = {"chat": "any byte (openai clients)", "completions": "any byte (openai clients)",
+              "responses": "data events (Codex)", "messages": "events but ping (Claude Code)"}
+
+
+def prompt_text(items: int, salt: str = "") -> str:
+    """Text of about 13 tokens per item on the reference containers; `salt` makes it differ."""
+    return " ".join(f"{salt}item{i} costs {i * 7 % 100} pounds;" for i in range(items))
