@@ -46,10 +46,15 @@ class Host:
     pid: Optional[int] = None
 
 
+RESPONSES = "responses"   # the backend of /v1/responses/{id}..., and the table of stored responses' hosts
 POLICIES = {
-    # each conversation on the host of its first turn, new ones on the least loaded: the default
+    # each conversation on the host of its first turn, new ones on the least loaded: the default.
+    # A stored response's host comes first: a request naming one (previous_response_id) goes
+    # where it is kept, and the host's X-Serve-Response-Id on a reply says where that is.
     "affinity": ["    stick-table type string len 256 size 100k expire 7d",
-                 "    stick on var(txn.conversation)"],
+                 f"    stick match var(txn.response) table {RESPONSES}",
+                 "    stick on var(txn.conversation)",
+                 f"    stick store-response res.hdr(x-serve-response-id) table {RESPONSES}"],
     # for comparison (bench/cluster.py): every request to the least loaded, or to the next host
     "leastconn": [],
     "roundrobin": ["    balance roundrobin"],
@@ -57,19 +62,36 @@ POLICIES = {
 
 
 def backends_cfg(hosts: list[Host], policy: str = "affinity") -> str:
-    """One backend per model, named model1, model2... in order of first appearance.
+    """One backend per model, named model1, model2... in order of first appearance, and
+    the `responses` backend.
 
-    The stick table lives in the backend: the same conversation key asking for two
-    models (an agent's main and small model) is then placed on each model's hosts apart.
+    The conversations' stick table lives in each model's backend: the same conversation
+    key asking for two models (an agent's main and small model) is then placed on each
+    model's hosts apart. The stored responses' table is one, in `responses`, shared by
+    every backend: a retrieval by id names no model. A shared table records hosts by
+    server id, so each host has the same id everywhere.
     """
+    ids = {host.name: n for n, host in enumerate(hosts, 1)}
     lines = []
+    homes = {}
     for n, (model, members) in enumerate(by_model(hosts).items(), 1):
         lines += [f"backend model{n}  # {model}", *POLICIES[policy]]
         for host in members:
-            address = host.url.split("://", 1)[1].rstrip("/")
-            lines.append(f"    server {host.name} {address}")
+            lines.append(f"    server {host.name} {address(host)} id {ids[host.name]}")
+            homes[host.name] = f"model{n}"
         lines.append("")
-    return "\n".join(lines)
+    # Every host, in the state its model's backend checks: an id the table does not know
+    # (expired, or never seen) goes to the least loaded host, whose 404 is the answer.
+    lines += [f"backend {RESPONSES}  # GET, DELETE /v1/responses/{{id}}...: the host that stored it",
+              "    stick-table type string len 64 size 100k expire 7d",
+              "    stick match var(txn.response)"]
+    lines += [f"    server {host.name} {address(host)} id {ids[host.name]} no-check "
+              f"track {homes[host.name]}/{host.name}" for host in hosts]
+    return "\n".join(lines + [""])
+
+
+def address(host: Host) -> str:
+    return host.url.split("://", 1)[1].rstrip("/")
 
 
 def by_model(hosts: Iterable[Host]) -> dict[str, list[Host]]:
@@ -180,7 +202,8 @@ def server_states(directory: Path) -> dict[str, tuple[str, str]]:
     states = {}
     for row in rows[1:]:
         fields = dict(zip(header, row.split(",")))
-        if fields.get("svname") not in (None, "", "FRONTEND", "BACKEND"):
+        # The responses backend's servers only repeat their model's (`track`).
+        if fields.get("svname") not in (None, "", "FRONTEND", "BACKEND") and fields["pxname"] != RESPONSES:
             states[fields["svname"]] = (fields["status"], fields["check_status"])
     return states
 

@@ -140,6 +140,7 @@ class Handler(BaseHTTPRequestHandler):
         self._body_read = False
         self._body_bytes = 0
         self.streaming = False   # an event stream's headers have gone out
+        self._reply_headers: dict[str, str] = {}   # what a generation's reply carries
         path = self.path.split("?", 1)[0]
         self._counted = False
         self._endpoint = endpoint_label(path)
@@ -257,8 +258,11 @@ class Handler(BaseHTTPRequestHandler):
 
     def _responses(self, method: str, rest: str) -> None:
         service = self.server.service
-        self._generate(responses.Exchange(self._read_json(), service.responses,
-                                          service.options.model_id), service.chat)
+        exchange = responses.Exchange(self._read_json(), service.responses, service.options.model_id)
+        # The id the reply is stored under, for a router to remember this host by: the
+        # response's next turn and its retrieval find it only here (docs/serving-a-team.md).
+        self._generate(exchange, service.chat,
+                       {"X-Serve-Response-Id": exchange.id} if exchange.stored else {})
 
     def _count_tokens(self, method: str, rest: str) -> None:
         translation = anthropic.parse_request(self._read_json(), counting=True)
@@ -278,8 +282,11 @@ class Handler(BaseHTTPRequestHandler):
         self._send_json(200, stored.response if method == "GET" else
                         {"id": response_id, "object": "response.deleted", "deleted": True})
 
-    def _generate(self, exchange: Exchange, run: Callable[[Any, Any], Any]) -> None:
-        """One generation: blocking (one JSON body) or streamed, as the exchange's request says."""
+    def _generate(self, exchange: Exchange, run: Callable[[Any, Any], Any],
+                  headers: Optional[dict[str, str]] = None) -> None:
+        """One generation: blocking (one JSON body) or streamed, as the exchange's request says;
+        `headers` go with the reply, not with an error in its place."""
+        self._reply_headers = headers or {}
         if exchange.left_out and self.server.log is not None:
             self.server.log(f"{self.path.split('?', 1)[0]}: tools left out (the server cannot "
                             f"run them): {', '.join(exchange.left_out)}")
@@ -288,7 +295,7 @@ class Handler(BaseHTTPRequestHandler):
         answer: Answer = ExchangeSink(self, exchange).run(lambda sink: run(exchange.request, sink))
         self.tokens = answer.tokens
         if answer.body is not None:
-            self._send_json(answer.status, answer.body)
+            self._send_json(answer.status, answer.body, self._reply_headers)
         else:
             self.status = answer.status
 
@@ -302,6 +309,8 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Connection", "close")
+        for name, value in self._reply_headers.items():
+            self.send_header(name, value)
         chunked = self.request_version == "HTTP/1.1"
         if chunked:
             self.send_header("Transfer-Encoding", "chunked")

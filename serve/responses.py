@@ -315,7 +315,7 @@ class Exchange:
         # Only what the Response echoes: the input is in the request now, and need not stay.
         self._body = {key: body[key] for key in ECHOED if key in body}
         self._store = store
-        self._keep = body.get("store") is not False
+        self.stored = body.get("store") is not False   # kept for previous_response_id and GET
         include = body.get("include") or []
         if not isinstance(include, list):
             raise invalid("include", "include must be a list")
@@ -353,7 +353,7 @@ class Exchange:
 
     def keep(self, reply: ChatReply) -> None:
         """Store the Response before the client sees it, so its next request can name it."""
-        if self._keep:
+        if self.stored:
             self._store.put(self._final(reply), self._history + [reply.message])
 
     def closing(self, reply: ChatReply) -> bytes:
@@ -418,7 +418,7 @@ class Exchange:
                 "previous_response_id": body.get("previous_response_id"),
                 "reasoning": {"effort": (body.get("reasoning") or {}).get("effort"),
                               "summary": (body.get("reasoning") or {}).get("summary")},
-                "store": self._keep, "temperature": sampling.temperature,
+                "store": self.stored, "temperature": sampling.temperature,
                 "text": body.get("text") or {"format": {"type": "text"}},
                 "tool_choice": body.get("tool_choice") or "auto", "tools": body.get("tools") or [],
                 "top_p": sampling.top_p, "truncation": "disabled", "usage": usage,

@@ -321,6 +321,23 @@ def test_bad_fields_are_named(change, param):
         assert call(srv.port, "POST", RESPONSES, {"model": "m", "input": "hi"}).status == 200
 
 
+def test_a_stored_reply_names_its_id_in_a_header_for_routers():
+    engine = ScriptedEngine([xtml_answer("a")] * 3)
+    with serving(scripted_service(engine, thinking=False)) as srv:
+        blocking = call(srv.port, "POST", RESPONSES, {"model": "m", "input": "hi"})
+        assert blocking.headers["x-serve-response-id"] == blocking.json()["id"]
+        # A stream's headers go out before its events: the id is the one they go on to name.
+        streamed = call(srv.port, "POST", RESPONSES, {"model": "m", "input": "hi", "stream": True})
+        created = streamed.named_events()[0][1]["response"]
+        assert streamed.headers["x-serve-response-id"] == created["id"]
+        assert call(srv.port, "GET", f"{RESPONSES}/{created['id']}").status == 200
+        # Nothing stored, nothing named: store false, or an error in place of the reply.
+        unkept = call(srv.port, "POST", RESPONSES, {"model": "m", "input": "hi", "store": False})
+        assert unkept.status == 200 and "x-serve-response-id" not in unkept.headers
+        refused = call(srv.port, "POST", RESPONSES, {"model": "m", "input": "hi", "previous_response_id": "x"})
+        assert refused.status == 400 and "x-serve-response-id" not in refused.headers
+
+
 def test_unknown_stored_responses_are_404_and_failures_mid_stream_are_response_failed():
     engine = ScriptedEngine([xtml_answer("a", "b", "c")])
 

@@ -99,6 +99,14 @@ class Cluster:
         self.proc.stdout.close()
 
 
+@pytest.fixture(scope="module")
+def three_hosts(lib_path, k3_container, tmp_path_factory):
+    """Three hosts of K3, shared by the tests that neither kill, drain, warm nor slow one."""
+    cluster = Cluster([k3_container] * 3, tmp_path_factory.mktemp("three"), lib_path)
+    yield cluster
+    cluster.stop()
+
+
 @pytest.fixture
 def start(lib_path, tmp_path):
     started: list[Cluster] = []
@@ -244,8 +252,8 @@ def read_reply(path: str, reply: Reply, stream: bool) -> tuple[str, int]:
 
 
 @needs_router
-def test_six_conversations_in_three_apis_each_stay_on_their_host(start, k3_container):
-    cluster = start(k3_container, k3_container, k3_container)
+def test_six_conversations_in_three_apis_each_stay_on_their_host(three_hosts):
+    cluster = three_hosts
     with ThreadPoolExecutor(len(DIALECTS)) as pool:
         runs = dict(zip(DIALECTS, pool.map(lambda d: converse(cluster.port, d, 4), DIALECTS)))
     used = set()
@@ -414,6 +422,11 @@ def test_two_models_behind_one_router(start, k3_container, kimi_linear_container
             assert cluster.host_of(reply.headers) == host
         one = send(cluster.port, f"/v1/models/{model}", {}, method="GET")
         assert one.status == 200 and one.json()["id"] == model and cluster.host_of(one.headers) == host
+        # A stored response is found by its id alone, whichever model's host wrote it.
+        made = send(cluster.port, "/v1/responses", {"model": model, "input": "hi", "max_output_tokens": 2})
+        assert made.status == 200 and cluster.host_of(made.headers) == host
+        kept = send(cluster.port, f"/v1/responses/{made.json()['id']}", {}, method="GET")
+        assert kept.status == 200 and cluster.host_of(kept.headers) == host
     listed = send(cluster.port, "/v1/models", {}, method="GET").json()
     assert listed["object"] == "list" and sorted(m["id"] for m in listed["data"]) == ["k3", "kl"]
 
@@ -460,8 +473,8 @@ def test_the_router_serves_https_with_a_key_in_front_of_hosts_with_their_own(sta
 
 
 @needs_router
-def test_conversations_without_a_key_stay_with_their_first_message_in_all_four_apis(start, k3_container):
-    cluster = start(k3_container, k3_container, k3_container)
+def test_conversations_without_a_key_stay_with_their_first_message_in_all_four_apis(three_hosts):
+    cluster = three_hosts
     system = {"role": "system", "content": "You are terse."}
 
     def conversation(n: int) -> set:
@@ -488,3 +501,87 @@ def test_conversations_without_a_key_stay_with_their_first_message_in_all_four_a
         placed = list(pool.map(conversation, range(8)))
     assert all(len(hosts) == 1 for hosts in placed), placed
     assert len(set().union(*placed)) >= 2, placed  # and they were spread, not all sent to one host
+
+
+# ---- stored Responses -------------------------------------------------------------------
+
+def chain_turn(port: int, text: str, previous: Optional[str], stream: bool = False,
+               headers: Optional[dict] = None, **fields) -> tuple[Reply, dict]:
+    """One stored Responses turn, chained by previous_response_id alone: (the reply, its Response)."""
+    body = {"model": "k3", "input": text, "max_output_tokens": 4, "store": True,
+            "reasoning": {"effort": "none"}, **GREEDY, "stream": stream, **fields}
+    if previous:
+        body["previous_response_id"] = previous
+    reply = send(port, "/v1/responses", body, headers)
+    assert reply.status == 200 and not reply.error, (text, reply.status, reply.body[-300:])
+    response = reply.events()[-1]["response"] if stream else reply.json()
+    # The id the router remembers the host by, in the headers (a stream's go out before its events).
+    assert reply.headers["x-serve-response-id"] == response["id"]
+    return reply, response
+
+
+@needs_router
+def test_a_responses_chain_without_a_key_stays_with_its_stored_responses(three_hosts):
+    cluster = three_hosts
+    previous, ids, hosts, cached = None, [], [], []
+    for turn in range(4):  # no key at all: each turn's input is only its new message
+        reply, response = chain_turn(cluster.port, f"chain turn {turn}: "
+                                     + " ".join(f"c{turn}-{i}" for i in range(12)), previous, stream=turn == 2)
+        previous = response["id"]
+        ids.append(previous)
+        hosts.append(cluster.host_of(reply.headers))
+        cached.append(response["usage"]["input_tokens_details"]["cached_tokens"])
+    home = hosts[0]
+    assert hosts == [home] * 4 and all(c > 0 for c in cached[1:]), (hosts, cached)
+    # Retrieval by id alone, one after the other: leastconn alone would spread them on the three.
+    for response_id in ids:
+        got = send(cluster.port, f"/v1/responses/{response_id}", {}, method="GET")
+        assert got.status == 200 and got.json()["id"] == response_id, got.body[-300:]
+        assert cluster.host_of(got.headers) == home
+    deleted = send(cluster.port, f"/v1/responses/{ids[0]}", {}, method="DELETE")
+    assert deleted.status == 200 and deleted.json() == {"id": ids[0], "object": "response.deleted",
+                                                        "deleted": True}
+    assert cluster.host_of(deleted.headers) == home
+    # Gone from its host: the router still sends it there, and the host says it is not found.
+    gone = send(cluster.port, f"/v1/responses/{ids[0]}", {}, method="GET")
+    assert gone.status == 404 and cluster.host_of(gone.headers) == home
+    assert gone.json()["error"]["code"] == "not_found" and gone.json()["error"]["param"] == "response_id"
+
+
+@needs_router
+def test_a_stored_response_outranks_the_conversation_key_and_the_key_follows_it(three_hosts):
+    cluster = three_hosts
+    first, response = chain_turn(cluster.port, "where the chain began", None)
+    home = cluster.host_of(first.headers)
+    # A key already placed on another host (new keys go round the idle hosts: a few tries at most).
+    for attempt in range(6):
+        key = {"prompt_cache_key": f"elsewhere-{attempt}-{time.monotonic_ns()}"}
+        placed, _ = chain_turn(cluster.port, "a conversation of its own", None, **key)
+        if cluster.host_of(placed.headers) != home:
+            break
+    else:
+        raise AssertionError("every new key went to the chain's host")
+    # Continuing the chain under that key: the stored response's host answers, not the key's.
+    later, _ = chain_turn(cluster.port, "and on", response["id"], **key)
+    assert cluster.host_of(later.headers) == home
+    # The key now names that host too, so the two never disagree on a later turn.
+    alone, _ = chain_turn(cluster.port, "the key alone", None, **key)
+    assert cluster.host_of(alone.headers) == home
+
+
+@needs_router
+def test_a_response_the_router_never_saw_gets_the_hosts_own_error(three_hosts):
+    cluster = three_hosts
+    unknown = "resp_" + "0" * 32
+    refused = send(cluster.port, "/v1/responses", {"model": "k3", "input": "hi", "max_output_tokens": 2,
+                                                   "previous_response_id": unknown})
+    # Placed as any request is, and answered by the host (X-Serve-Host) as OpenAI answers it.
+    assert refused.status == 400 and "x-serve-host" in refused.headers
+    error = refused.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and unknown in error["message"]
+    assert (error["type"], error["param"], error["code"]) == (
+        "invalid_request_error", "previous_response_id", "previous_response_not_found")
+    for method in ("GET", "DELETE"):
+        missing = send(cluster.port, f"/v1/responses/{unknown}", {}, method=method)
+        assert missing.status == 404 and "x-serve-host" in missing.headers
+        assert missing.json()["error"]["code"] == "not_found"
