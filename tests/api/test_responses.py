@@ -336,6 +336,10 @@ def test_a_stored_reply_names_its_id_in_a_header_for_routers():
         assert unkept.status == 200 and "x-serve-response-id" not in unkept.headers
         refused = call(srv.port, "POST", RESPONSES, {"model": "m", "input": "hi", "previous_response_id": "x"})
         assert refused.status == 400 and "x-serve-response-id" not in refused.headers
+    # Refused once generation began (the prompt does not fit): nothing stored, nothing named.
+    with serving(scripted_service(ScriptedEngine([xtml_answer("a")], ctx_max=4), thinking=False)) as srv:
+        too_long = call(srv.port, "POST", RESPONSES, {"model": "m", "input": "hi"})
+        assert too_long.status == 400 and "x-serve-response-id" not in too_long.headers
 
 
 def test_unknown_stored_responses_are_404_and_failures_mid_stream_are_response_failed():
