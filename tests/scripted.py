@@ -267,6 +267,22 @@ class ScriptedEngine:
         pass
 
 
+def held_engine(answer: list[str]) -> tuple[ScriptedEngine, threading.Event, threading.Event]:
+    """An engine that stops before its first token until `release` is set: (engine, held,
+    release), where `held` says the first request has the engine. For what is seen while a
+    request holds it (a line behind it, /health, /metrics)."""
+    engine = ScriptedEngine([answer])
+    held, release = threading.Event(), threading.Event()
+
+    def hold(index: int) -> None:
+        if index == 0 and not held.is_set():
+            held.set()
+            release.wait(30)
+
+    engine.before_token = hold
+    return engine, held, release
+
+
 # ---- running a server in-process ------------------------------------------------
 
 

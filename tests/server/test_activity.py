@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 
-from scripted import (ScriptedEngine, call, scrape, scripted_service, serving, wait_idle,
+from scripted import (ScriptedEngine, call, held_engine, scrape, scripted_service, serving, wait_idle,
                       xtml_answer)
 from serve.prefix_cache import PrefixCache
 from serve.reply_memory import ReplyMemory
@@ -30,15 +30,7 @@ def gauges(port: int) -> tuple[float, float, float]:
 
 
 def test_a_request_on_the_engine_and_one_in_line_are_reported():
-    engine = ScriptedEngine([xtml_answer("slow", " reply")])
-    held, release = threading.Event(), threading.Event()
-
-    def hold(index: int) -> None:
-        if index == 0 and not held.is_set():
-            held.set()
-            release.wait(30)
-
-    engine.before_token = hold
+    engine, held, release = held_engine(xtml_answer("slow", " reply"))
     with serving(scripted_service(engine, thinking=False)) as srv:
         assert health(srv.port) == {"status": "ok", "warming": None, "idle": True, "busy": False,
                                     "queue": 0, "deferred": False}

@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from scripted import (ScriptedEngine, assert_error, call, real_service, samples, scrape,
+from scripted import (ScriptedEngine, assert_error, call, held_engine, real_service, samples, scrape,
                       scripted_service, serving, xtml_answer)
 from serve.activity import Activity
 from serve.metrics import Metrics
@@ -97,15 +97,7 @@ def test_engine_counters_match_the_real_engine(lib_path, k3_container):
 
 
 def test_queue_length_counts_requests_waiting_for_the_engine():
-    engine = ScriptedEngine([xtml_answer("slow", " reply")])
-    held, release = threading.Event(), threading.Event()
-
-    def hold(index: int) -> None:
-        if index == 0 and not held.is_set():
-            held.set()
-            release.wait(30)
-
-    engine.before_token = hold
+    engine, held, release = held_engine(xtml_answer("slow", " reply"))
     with serving(scripted_service(engine, thinking=False)) as srv:
         threads = [threading.Thread(target=call, args=(srv.port, "POST", CHAT, {"messages": USER}))
                    for _ in range(3)]
