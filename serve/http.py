@@ -17,12 +17,14 @@ import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable, Optional
+from urllib.parse import parse_qsl
 
 from . import anthropic, api, heap, metrics, openai, responses
 from .api import ApiError
 from .connections import DEFAULT_MAX_CONNECTIONS, ConnectionServer
 from .engine_queue import ClientGone
 from .exchange import Exchange
+from .input_items import listing
 from .json_body import MAX_BODY_BYTES, parse_body
 from .page import CONTENT_TYPE as PAGE_TYPE, chat_page
 from .response_store import Stored
@@ -282,6 +284,11 @@ class Handler(BaseHTTPRequestHandler):
         self._send_json(200, stored.response if method == "GET" else
                         {"id": response_id, "object": "response.deleted", "deleted": True})
 
+    def _input_items(self, method: str, response_id: str) -> None:
+        items = self._stored(response_id).input_items
+        self._send_json(200, listing(items, dict(parse_qsl(self.path.partition("?")[2],
+                                                           keep_blank_values=True))))
+
     def _stored(self, response_id: str) -> Stored:
         stored = self.server.service.responses.get(response_id)
         if stored is None:
@@ -488,6 +495,7 @@ ROUTES = (
     Route(MESSAGES + "/count_tokens", ("POST",), Handler._count_tokens, errors=anthropic.error_body),
     Route("/v1/responses", ("POST",), Handler._responses),
     Route(f"/v1/responses/{ID}", ("GET", "DELETE"), Handler._stored_response),
+    Route(f"/v1/responses/{ID}/input_items", ("GET",), Handler._input_items),
 )
 
 
