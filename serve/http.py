@@ -289,6 +289,13 @@ class Handler(BaseHTTPRequestHandler):
         self._send_json(200, listing(items, dict(parse_qsl(self.path.partition("?")[2],
                                                            keep_blank_values=True))))
 
+    def _cancel(self, method: str, response_id: str) -> None:
+        self._stored(response_id)
+        # As OpenAI answers for a response not made with background: true, the only kind
+        # there is here (background is refused at creation).
+        raise ApiError(400, "Cannot cancel a synchronous response: only responses created with "
+                            "background: true can be cancelled, and this server runs none")
+
     def _stored(self, response_id: str) -> Stored:
         stored = self.server.service.responses.get(response_id)
         if stored is None:
@@ -496,6 +503,7 @@ ROUTES = (
     Route("/v1/responses", ("POST",), Handler._responses),
     Route(f"/v1/responses/{ID}", ("GET", "DELETE"), Handler._stored_response),
     Route(f"/v1/responses/{ID}/input_items", ("GET",), Handler._input_items),
+    Route(f"/v1/responses/{ID}/cancel", ("POST",), Handler._cancel),
 )
 
 

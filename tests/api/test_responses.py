@@ -431,6 +431,9 @@ def test_input_items_page_through_the_official_client():
         assert caught.value.body["param"] == "limit"
         with pytest.raises(openai.NotFoundError):
             client.responses.input_items.list("resp_nope")
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.responses.cancel(done.id)
+        assert "background" in caught.value.message
 
 
 @pytest.mark.parametrize("query, param", [
@@ -455,6 +458,13 @@ def test_paths_under_a_stored_response_answer_as_openai_does():
         other = assert_error(call(srv.port, "GET", f"{RESPONSES}/{done['id']}/other", headers=key), 404)
         assert other["message"] == f"no such endpoint: {RESPONSES}/{done['id']}/other"
         assert_error(input_items(srv.port, "resp_nope", **key), 404, param="response_id")
+        # Only a background response can be cancelled, and there are none here.
+        cancel = f"{RESPONSES}/{done['id']}/cancel"
+        refused = assert_error(call(srv.port, "POST", cancel, headers=key), 400)
+        assert "background" in refused["message"]
+        assert_error(call(srv.port, "POST", f"{RESPONSES}/resp_nope/cancel", headers=key), 404,
+                     param="response_id")
+        assert_error(call(srv.port, "GET", cancel, headers=key), 405)
         assert_error(call(srv.port, "DELETE", f"{RESPONSES}/{done['id']}/input_items", headers=key), 405)
         assert call(srv.port, "GET", f"{RESPONSES}/{done['id']}", headers=key).status == 200
 
