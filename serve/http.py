@@ -17,14 +17,17 @@ import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable, Optional
+from urllib.parse import parse_qsl
 
 from . import anthropic, api, heap, metrics, openai, responses
 from .api import ApiError
 from .connections import DEFAULT_MAX_CONNECTIONS, ConnectionServer
 from .engine_queue import ClientGone
 from .exchange import Exchange
+from .input_items import listing
 from .json_body import MAX_BODY_BYTES, parse_body
 from .page import CONTENT_TYPE as PAGE_TYPE, chat_page
+from .response_store import Stored
 from .service import Service
 from .sinks import Answer, BlockingSink, ExchangeSink
 from .sse import DEFAULT_HEARTBEAT, EventWriter
@@ -193,7 +196,7 @@ class Handler(BaseHTTPRequestHandler):
         if method not in route.methods:
             raise ApiError(405, f"{path} accepts {', '.join(route.methods)} only",
                            code="method_not_allowed")
-        route.answer(self, method, path[len(route.path):])
+        route.answer(self, method, route.match(path))
 
     def _check_auth(self) -> None:
         key = self.server.api_key
@@ -275,12 +278,29 @@ class Handler(BaseHTTPRequestHandler):
 
     def _stored_response(self, method: str, response_id: str) -> None:
         store = self.server.service.responses
-        stored = store.get(response_id)
-        if stored is None or (method == "DELETE" and not store.delete(response_id)):
-            raise ApiError(404, f"no stored response with id {response_id!r}",
-                           param="response_id", code="not_found")
+        stored = self._stored(response_id)
+        if method == "DELETE" and not store.delete(response_id):
+            raise _not_stored(response_id)
         self._send_json(200, stored.response if method == "GET" else
                         {"id": response_id, "object": "response.deleted", "deleted": True})
+
+    def _input_items(self, method: str, response_id: str) -> None:
+        items = self._stored(response_id).input_items
+        self._send_json(200, listing(items, dict(parse_qsl(self.path.partition("?")[2],
+                                                           keep_blank_values=True))))
+
+    def _cancel(self, method: str, response_id: str) -> None:
+        self._stored(response_id)
+        # As OpenAI answers for a response not made with background: true, the only kind
+        # there is here (background is refused at creation).
+        raise ApiError(400, "Cannot cancel a synchronous response: only responses created with "
+                            "background: true can be cancelled, and this server runs none")
+
+    def _stored(self, response_id: str) -> Stored:
+        stored = self.server.service.responses.get(response_id)
+        if stored is None:
+            raise _not_stored(response_id)
+        return stored
 
     def _generate(self, exchange: Exchange, run: Callable[[Any, Any], Any],
                   headers: Optional[dict[str, str]] = None) -> None:
@@ -435,17 +455,38 @@ for _method in ("GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"):  # 
     setattr(Handler, f"do_{_method}", lambda self, method=_method: self._dispatch(method))
 
 
+def _not_stored(response_id: str) -> ApiError:
+    return ApiError(404, f"no stored response with id {response_id!r}", param="response_id",
+                    code="not_found")
+
+
 # ---- routes -------------------------------------------------------------------------------
+
+ID = "{id}"
+
 
 @dataclass(frozen=True)
 class Route:
-    path: str                                 # the whole path; with `prefix`, how paths begin
-    methods: tuple[str, ...]
-    answer: Callable[[Handler, str, str], None]   # (handler, method, the path after `path`)
+    path: str                                 # the whole path, ID standing for one segment;
+    methods: tuple[str, ...]                  # with `prefix`, how paths begin
+    answer: Callable[[Handler, str, str], None]   # (handler, method, what match() found)
     prefix: bool = False
     open: bool = False                        # no API key: it holds no data (the page asks for one)
     errors: Callable[[ApiError], dict] = ApiError.body   # the error shape its clients read
     label: str = ""                           # its endpoint in /metrics, when not the path
+
+    def match(self, path: str) -> Optional[str]:
+        """None if `path` is not this route's; else the ID segment, the path after a
+        prefix, or "" for a plain path."""
+        head, has_id, tail = self.path.partition(ID)
+        if not has_id:
+            if path == self.path:
+                return ""
+            return path[len(self.path):] if self.prefix and path.startswith(self.path) else None
+        segment = path[len(head):len(path) - len(tail)]   # "" when head and tail overlap
+        if path.startswith(head) and path.endswith(tail) and segment and "/" not in segment:
+            return segment
+        return None
 
 
 MESSAGES = "/v1/messages"
@@ -460,13 +501,14 @@ ROUTES = (
     Route(MESSAGES, ("POST",), Handler._messages, errors=anthropic.error_body),
     Route(MESSAGES + "/count_tokens", ("POST",), Handler._count_tokens, errors=anthropic.error_body),
     Route("/v1/responses", ("POST",), Handler._responses),
-    Route("/v1/responses/", ("GET", "DELETE"), Handler._stored_response, prefix=True,
-          label="/v1/responses/{id}"),
+    Route(f"/v1/responses/{ID}", ("GET", "DELETE"), Handler._stored_response),
+    Route(f"/v1/responses/{ID}/input_items", ("GET",), Handler._input_items),
+    Route(f"/v1/responses/{ID}/cancel", ("POST",), Handler._cancel),
 )
 
 
 def find_route(path: str) -> Optional[Route]:
-    return next((r for r in ROUTES if path == r.path or (r.prefix and path.startswith(r.path))), None)
+    return next((r for r in ROUTES if r.match(path) is not None), None)
 
 
 def nearest_route(path: str) -> Route:

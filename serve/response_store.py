@@ -1,4 +1,5 @@
-"""Responses kept for `previous_response_id`, `GET` and `DELETE /v1/responses/{id}`.
+"""Responses kept for `previous_response_id`, `GET` and `DELETE /v1/responses/{id}`
+and `GET /v1/responses/{id}/input_items`.
 
 In memory only, bounded by count and by JSON size, oldest out first: a
 restart forgets every stored response.
@@ -19,6 +20,7 @@ STORE_BYTES = 64 * 1024 * 1024  # and their JSON size, at most
 class Stored:
     response: dict
     conversation: list[dict]   # the chat messages up to and including this reply, no instructions
+    input_items: list[dict]    # as listed by input_items (serve/input_items.py)
     size: int
 
 
@@ -34,10 +36,10 @@ class ResponseStore:
         self._reasoning: dict[str, str] = {}
         self._bytes = 0
 
-    def put(self, response: dict, conversation: list[dict]) -> None:
-        size = len(json.dumps(response)) + len(json.dumps(conversation))
+    def put(self, response: dict, conversation: list[dict], input_items: list[dict]) -> None:
+        size = sum(len(json.dumps(part)) for part in (response, conversation, input_items))
         with self._lock:
-            self._entries[response["id"]] = Stored(response, conversation, size)
+            self._entries[response["id"]] = Stored(response, conversation, input_items, size)
             self._bytes += size
             self._reasoning.update(_reasoning_items(response))
             while self._entries and (len(self._entries) > self.max_responses

@@ -1,4 +1,5 @@
-"""The OpenAI Responses API (`POST /v1/responses`, `GET`/`DELETE /v1/responses/{id}`), at the edge.
+"""The OpenAI Responses API (`POST /v1/responses`, `GET`/`DELETE /v1/responses/{id}`), at the edge
+(the stored input's listing: serve/input_items.py).
 
 Input items become the internal chat request: `instructions` and
 system/developer messages as system turns, consecutive reasoning, assistant
@@ -28,7 +29,8 @@ from . import seal
 from .api import ApiError, invalid, parse_reasoning_effort, unknown_fields
 from .dialect import (Block, Blocks, Conversation, Parts, Translation, chat_request,
                       string_field, tool_call)
-from .response_store import ResponseStore
+from .input_items import stored_items
+from .response_store import ResponseStore, Stored
 from .replies import ChatReply, ReplyStart
 from .sse import sse_named
 
@@ -61,6 +63,7 @@ class _Request:
     translation: Translation
     history: list[dict]                 # the conversation without instructions, for the store
     namespaced: dict[str, tuple[str, str]]  # model-facing name -> (namespace, name)
+    previous: Optional[Stored]          # the response it continues (previous_response_id)
 
 
 
@@ -75,6 +78,7 @@ def _parse(body: dict, store: ResponseStore) -> _Request:
         conversation.add({"role": "system", "content": body["instructions"]}, "instructions")
     start = len(conversation.messages)
     previous_id = body.get("previous_response_id")
+    stored = None
     if previous_id is not None:
         stored = store.get(previous_id) if isinstance(previous_id, str) else None
         if stored is None:
@@ -98,7 +102,7 @@ def _parse(body: dict, store: ResponseStore) -> _Request:
             **{key: body.get(key) for key in ("temperature", "top_p")}}
     translation = chat_request(chat, {**TOP_FIELDS, **conversation.fields, **tool_fields}, left_out)
     translation.request.thinking, translation.request.thinking_effort = thinking, effort
-    return _Request(translation, conversation.messages[start:], namespaced)
+    return _Request(translation, conversation.messages[start:], namespaced, stored)
 
 
 def parse_request(body: dict, store: ResponseStore) -> Translation:
@@ -316,6 +320,10 @@ class Exchange:
         self._body = {key: body[key] for key in ECHOED if key in body}
         self._store = store
         self.stored = body.get("store") is not False   # kept for previous_response_id and GET
+        # What input_items lists: the chain's items so far, then this request's.
+        previous = parsed.previous
+        earlier = previous.input_items + previous.response["output"] if previous else []
+        self._input_items = stored_items(body["input"], earlier) if self.stored else []
         include = body.get("include") or []
         if not isinstance(include, list):
             raise invalid("include", "include must be a list")
@@ -354,7 +362,7 @@ class Exchange:
     def keep(self, reply: ChatReply) -> None:
         """Store the Response before the client sees it, so its next request can name it."""
         if self.stored:
-            self._store.put(self._final(reply), self._history + [reply.message])
+            self._store.put(self._final(reply), self._history + [reply.message], self._input_items)
 
     def closing(self, reply: ChatReply) -> bytes:
         self._incomplete = reply.finish_reason == "length"

@@ -366,6 +366,109 @@ def test_unknown_stored_responses_are_404_and_failures_mid_stream_are_response_f
         assert call(srv.port, "POST", RESPONSES, {"model": "m", "input": "hi"}).status == 200
 
 
+# ---- input items ------------------------------------------------------------------------
+
+
+def input_items(port: int, response_id: str, query: str = "", **headers: str):
+    return call(port, "GET", f"{RESPONSES}/{response_id}/input_items{query}", headers=headers)
+
+
+def test_input_items_list_what_each_request_sent_and_its_chain_with_stable_ids():
+    engine = ScriptedEngine([xtml_tool_call("get_weather", {"city": "Oslo"}), xtml_answer("Mild.")])
+    image = {"type": "input_image", "image_url": data_url(tiny_png()), "detail": "auto"}
+    look = {"role": "user", "content": [{"type": "input_text", "text": "Weather here?"}, image]}
+    with serving(scripted_service(engine, thinking=False, vision=True)) as srv:
+        sent = [{"role": "developer", "content": "Metric."}, look]
+        first = call(srv.port, "POST", RESPONSES, {"model": "m", "instructions": "Be brief.",
+                                                   "tools": TOOLS, "input": sent}).json()
+        (fc,) = first["output"]
+        listed = input_items(srv.port, first["id"]).json()
+        assert set(listed) == {"object", "data", "first_id", "last_id", "has_more"}
+        assert listed["object"] == "list" and listed["has_more"] is False
+        # Newest first; the instructions are no item; ids given at store time.
+        developer, user = listed["data"][::-1]
+        assert developer["type"] == user["type"] == "message" and developer["id"].startswith("msg_")
+        assert developer["role"] == "developer"
+        assert developer["content"] == [{"type": "input_text", "text": "Metric."}]
+        assert user["role"] == "user" and user["content"] == look["content"]   # parts as sent
+        assert listed["first_id"] == user["id"] and listed["last_id"] == developer["id"]
+        assert input_items(srv.port, first["id"]).json() == listed   # the same ids every time
+        output = {"type": "function_call_output", "call_id": fc["call_id"], "output": "12 C"}
+        second = call(srv.port, "POST", RESPONSES, {"model": "m", "tools": TOOLS, "input": [output],
+                                                    "previous_response_id": first["id"]}).json()
+        chain = input_items(srv.port, second["id"], "?order=asc").json()["data"]
+        # A chained response lists its whole context: the earlier input and output, then its own.
+        assert chain[:3] == [developer, user, fc] and chain[3]["id"].startswith("fco_")
+        assert {k: v for k, v in chain[3].items() if k != "id"} == output
+        unkept = call(srv.port, "POST", RESPONSES, {"model": "m", "input": "hi", "store": False}).json()
+        assert_error(input_items(srv.port, unkept["id"]), 404, param="response_id", code="not_found")
+        assert call(srv.port, "DELETE", f"{RESPONSES}/{first['id']}").status == 200
+        assert_error(input_items(srv.port, first["id"]), 404, param="response_id", code="not_found")
+        assert len(input_items(srv.port, second["id"]).json()["data"]) == 4   # its own copy
+
+
+def test_input_items_page_through_the_official_client():
+    sent = [{"role": "user", "content": f"part {n}"} for n in range(5)]
+    # An id the client chose is kept; one that repeats an earlier one's is not (cursors need one).
+    sent[2], sent[3] = {**sent[2], "id": "msg_mine"}, {**sent[3], "id": "msg_mine"}
+    with serving(scripted_service(ScriptedEngine([xtml_answer("ok")]), thinking=False)) as srv, \
+            client_for(srv.port) as client:
+        done = client.responses.create(model="m", input=sent)
+        page = client.responses.input_items.list(done.id, limit=2)
+        assert page.has_more and [item.content[0].text for item in page.data] == ["part 4", "part 3"]
+        every = list(client.responses.input_items.list(done.id, limit=2))   # pages by `after`
+        assert [item.content[0].text for item in every] == [f"part {n}" for n in range(4, -1, -1)]
+        assert every[2].id == "msg_mine" and len({item.id for item in every}) == 5
+        ascending = client.responses.input_items.list(done.id, order="asc", after=every[-2].id,
+                                                      include=["message.input_image.image_url"])
+        assert [item.id for item in ascending.data] == [item.id for item in every[2::-1]]
+        assert not ascending.has_more
+        # `before` is the page just before that item: the nearest ones, and more beyond.
+        before = client.responses.input_items.list(done.id, limit=1, extra_query={"before": "msg_mine"})
+        assert [item.id for item in before.data] == [every[1].id] and before.has_more
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.responses.input_items.list(done.id, limit=101)
+        assert caught.value.body["param"] == "limit"
+        with pytest.raises(openai.NotFoundError):
+            client.responses.input_items.list("resp_nope")
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.responses.cancel(done.id)
+        assert "background" in caught.value.message
+
+
+@pytest.mark.parametrize("query, param", [
+    ("?limit=0", "limit"), ("?limit=101", "limit"), ("?limit=ten", "limit"), ("?limit=", "limit"),
+    ("?limit=-1", "limit"), ("?order=sideways", "order"), ("?after=msg_nope", "after"),
+    ("?before=msg_nope", "before"), ("?limit=2&after=", "after"),
+])
+def test_bad_input_items_queries_are_400s_naming_the_param(query, param):
+    with serving(scripted_service(ScriptedEngine([xtml_answer("ok")]), thinking=False)) as srv:
+        done = call(srv.port, "POST", RESPONSES, {"model": "m", "input": "hi"}).json()
+        assert_error(input_items(srv.port, done["id"], query), 400, param=param)
+        assert input_items(srv.port, done["id"], "?limit=100&order=asc").status == 200
+
+
+def test_paths_under_a_stored_response_answer_as_openai_does():
+    with serving(scripted_service(ScriptedEngine([xtml_answer("ok")]), thinking=False),
+                 api_key="secret") as srv:
+        key = {"Authorization": "Bearer secret"}
+        done = call(srv.port, "POST", RESPONSES, {"model": "m", "input": "hi"}, headers=key).json()
+        assert_error(input_items(srv.port, done["id"]), 401, code="invalid_api_key")
+        assert input_items(srv.port, done["id"], **key).status == 200
+        other = assert_error(call(srv.port, "GET", f"{RESPONSES}/{done['id']}/other", headers=key), 404)
+        assert other["message"] == f"no such endpoint: {RESPONSES}/{done['id']}/other"
+        assert_error(input_items(srv.port, "resp_nope", **key), 404, param="response_id")
+        # Only a background response can be cancelled, and there are none here.
+        cancel = f"{RESPONSES}/{done['id']}/cancel"
+        refused = assert_error(call(srv.port, "POST", cancel, headers=key), 400)
+        assert "background" in refused["message"]
+        assert_error(call(srv.port, "POST", f"{RESPONSES}/resp_nope/cancel", headers=key), 404,
+                     param="response_id")
+        assert_error(call(srv.port, "GET", cancel, headers=key), 405)
+        assert_error(call(srv.port, "DELETE", f"{RESPONSES}/{done['id']}/input_items", headers=key), 405)
+        assert call(srv.port, "GET", f"{RESPONSES}/{done['id']}", headers=key).status == 200
+
+
 def test_the_store_is_bounded_and_forgets_reasoning_with_its_response():
     store = ResponseStore(max_responses=2, max_bytes=10_000)
 
@@ -373,12 +476,16 @@ def test_the_store_is_bounded_and_forgets_reasoning_with_its_response():
         return {"id": f"resp_{n}", "output": [{"id": f"rs_{n}", "type": "reasoning",
                                                "content": [{"type": "reasoning_text", "text": text}]}]}
 
+    hi = {"id": "msg_1", "type": "message", "role": "user", "content": "hi"}
     for n in range(3):
-        store.put(response(n), [{"role": "user", "content": "hi"}])
+        store.put(response(n), [{"role": "user", "content": "hi"}], [hi])
     assert len(store) == 2 and store.get("resp_0") is None and store.get("resp_2") is not None
     assert store.reasoning("rs_0") is None and store.reasoning("rs_1") == "r"
-    store.put(response(3, "x" * 20_000), [])   # larger than the whole store: not kept
+    assert store.get("resp_2").input_items == [hi]
+    store.put(response(3, "x" * 20_000), [], [])   # larger than the whole store: not kept
     assert len(store) == 0 and store.reasoning("rs_3") is None
+    store.put(response(4), [], [{**hi, "content": "x" * 20_000}])   # its input items count too
+    assert len(store) == 0
     assert store.delete("resp_1") is False
 
 

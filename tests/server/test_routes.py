@@ -55,8 +55,12 @@ def test_each_request_logs_one_line(engine):
 
 
 def test_one_route_table_answers_dispatch_labels_and_error_shapes():
-    assert find_route("/v1/responses/resp_1").label == endpoint_label("/v1/responses/resp_1") \
-        == "/v1/responses/{id}"
+    assert endpoint_label("/v1/responses/resp_1") == "/v1/responses/{id}"
+    assert find_route("/v1/responses/resp_1").match("/v1/responses/resp_1") == "resp_1"
+    # An id is one path segment: what follows it is another endpoint, or none.
+    assert endpoint_label("/v1/responses/resp_1/input_items") == "/v1/responses/{id}/input_items"
+    assert find_route("/v1/responses/resp_1/other") is None and find_route("/v1/responses/") is None
+    assert find_route("/v1/responses/cancel").path == "/v1/responses/{id}"
     assert endpoint_label("/v1/models/any") == "/v1/models/{model}"
     assert endpoint_label("/v1/chat/completions") == "/v1/chat/completions"
     assert find_route("/v1/nothing") is None and endpoint_label("/v1/nothing") == "other"
