@@ -37,27 +37,37 @@ def _not_ping(block: str) -> bool:
     return _data(block) and block_data(block).get("type") != "ping"
 
 
+# "Token" below: a block carrying a piece of the reply, or its end. A random-weight model
+# may spend its few tokens on markup that shows nothing (a stray header, say); the reply's
+# end then marks when generation was done, which is all the silence before it needs.
+
 def _chat_token(block: str) -> bool:
     data = block_data(block)
-    delta = data["choices"][0]["delta"] if data and data.get("choices") else {}
-    return bool(delta.get("content") or delta.get("reasoning_content"))
+    choice = data["choices"][0] if data and data.get("choices") else {}
+    delta = choice.get("delta", {})
+    return bool(delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls")
+                or choice.get("finish_reason"))
 
 
 def _completion_token(block: str) -> bool:
     data = block_data(block)
-    return bool(data and data.get("choices") and data["choices"][0]["text"])
+    choice = data["choices"][0] if data and data.get("choices") else {}
+    return bool(choice.get("text") or choice.get("finish_reason"))
 
 
 def _responses_token(block: str) -> bool:
     data = block_data(block) or {}
-    return data.get("type") in ("response.output_text.delta", "response.reasoning_text.delta") \
-        and bool(data["delta"])
+    kind = data.get("type")
+    return (kind in ("response.output_text.delta", "response.reasoning_text.delta",
+                     "response.function_call_arguments.delta") and bool(data["delta"])) \
+        or kind in ("response.completed", "response.incomplete")
 
 
 def _messages_token(block: str) -> bool:
     data = block_data(block) or {}
     delta = data.get("delta", {}) if data.get("type") == "content_block_delta" else {}
-    return bool(delta.get("text") or delta.get("thinking") or delta.get("partial_json"))
+    return bool(delta.get("text") or delta.get("thinking") or delta.get("partial_json")) \
+        or data.get("type") == "message_delta"
 
 
 def _user(text: str) -> list[dict]:
