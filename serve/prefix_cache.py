@@ -105,6 +105,9 @@ def _entry_key(anchor: bytes, tail: bytes) -> bytes:
     return _digest(anchor, b"T" + tail)  # the marker keeps keys apart from anchors
 
 
+CLOSE_WAIT = 10.0   # seconds close() waits for a snapshot being written: a save takes far less
+
+
 class PrefixCache:
     """A disk-bounded, entry-bounded LRU of engine states. Thread-safe; processes share it."""
 
@@ -125,6 +128,9 @@ class PrefixCache:
         self.directory = os.path.join(self.root, self.namespace)
         _private_dir(self.directory)
         self._lock = threading.Lock()           # the in-memory index
+        self._writes = 0                        # store() calls writing into the work directory
+        self._closed = False                    # close() began: no new writes
+        self._quiet = threading.Condition(self._lock)   # notified when _writes drops
         self._dir_mutex = threading.Lock()      # flock does not exclude this process's own threads
         self._dir_lock = os.open(os.path.join(self.root, "lock"),
                                  os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -202,10 +208,23 @@ class PrefixCache:
         key = _entry_key(anchor, raw[whole * BLOCK * 4:])
         with self._lock:
             known = self._entries.get(key)
+            if known is None:
+                if self._closed:
+                    return None   # shutting down: the work directory is going away
+                self._writes += 1
         if known is not None:
             snap = Snapshot(key.hex(), tokens, os.path.join(known.dir, "state"), known.size)
             self._touch(known, snap)
             return snap
+        try:
+            return self._write(key, anchor, tokens, save)
+        finally:
+            with self._lock:
+                self._writes -= 1
+                self._quiet.notify_all()
+
+    def _write(self, key: bytes, anchor: bytes, tokens: tuple, save: Callable[[str], None]
+               ) -> Optional[Snapshot]:
         scratch = tempfile.mkdtemp(dir=self._work)
         try:
             state = os.path.join(scratch, "state")
@@ -243,8 +262,17 @@ class PrefixCache:
             self._forget(entry)
 
     def close(self) -> None:
-        """Let go of this process's share: entries stay for the next start."""
-        shutil.rmtree(self._work, ignore_errors=True)
+        """Let go of this process's share: entries stay for the next start.
+
+        A snapshot being written (a prefill stopped by shutdown saves where it got) is
+        waited for, up to CLOSE_WAIT seconds, so that its scratch files do not outlive the
+        work directory; whatever a stuck disk still holds then is reclaimed by the next
+        start."""
+        with self._lock:
+            self._closed = True
+            self._quiet.wait_for(lambda: self._writes == 0, timeout=CLOSE_WAIT)
+        with self._dir_mutex:   # no eviction of this process's is moving an entry into it
+            shutil.rmtree(self._work, ignore_errors=True)
         for fd in (self._owner, self._dir_lock):
             try:
                 os.close(fd)

@@ -7,6 +7,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import threading
 import tracemalloc
 
 import pytest
@@ -287,6 +288,36 @@ def child(tmp_path, me: int, count: int, hang: bool = False, entries: int = 1000
     code = CHILD.format(root=str(ROOT), hang=hang, capacity=capacity, directory=str(tmp_path),
                         entries=entries, count=count, me=me)
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+
+
+def test_close_waits_for_a_snapshot_being_written_and_then_refuses_new_ones(tmp_path):
+    """Shutdown closes the cache while a stopped prefill may be saving where it got: the
+    save ends first, so that nothing of this process is left in the directory."""
+    c = PrefixCache(1 << 20, parent_dir=str(tmp_path))
+    saving, release = threading.Event(), threading.Event()
+
+    def slow_save(path: str) -> None:
+        saving.set()
+        assert release.wait(30)
+        writer(10)(path)
+
+    stored: list = []
+    worker = threading.Thread(target=lambda: stored.append(c.store([1, 2, 3], slow_save)))
+    worker.start()
+    assert saving.wait(30)
+    closer = threading.Thread(target=c.close)
+    closer.start()
+    closer.join(0.3)
+    assert closer.is_alive()          # waiting for the save in flight
+    release.set()
+    worker.join(30)
+    closer.join(30)
+    assert not closer.is_alive() and stored[0] is not None
+    assert c.store([4, 5, 6], writer(10)) is None   # closed: nothing new is written
+    assert not [name for name in os.listdir(tmp_path) if name.startswith("work-")]
+    reopened = PrefixCache(1 << 20, parent_dir=str(tmp_path))
+    assert reopened.lookup([1, 2, 3, 4]).n_tokens == 3 and reopened.reclaimed == 0
+    reopened.close()
 
 
 def test_two_processes_write_concurrently(tmp_path):
