@@ -64,15 +64,18 @@ class Costs:
 
     def spacing(self) -> Optional[int]:
         """The positions of prefill a progress snapshot waits for, as measured now."""
-        if self.token_seconds is None or self.save_seconds is None or self.token_seconds <= 0:
-            return None
-        return max(1, round(PROGRESS_FACTOR * self.save_seconds / self.token_seconds))
+        return self._positions(PROGRESS_FACTOR * (self.save_seconds or 0.0))
 
     def break_even(self) -> Optional[int]:
         """The positions of prefill that cost a save and a load, as measured now."""
+        return self._positions((self.save_seconds or 0.0) + (self.load_seconds or 0.0))
+
+    def _positions(self, seconds: float) -> Optional[int]:
+        """The positions of prefill that cost `seconds`; None until a save and a prefill
+        have been measured."""
         if self.token_seconds is None or self.save_seconds is None or self.token_seconds <= 0:
             return None
-        return max(1, round((self.save_seconds + (self.load_seconds or 0.0)) / self.token_seconds))
+        return max(1, round(seconds / self.token_seconds))
 
 
 def _average(old: Optional[float], new: float) -> float:
@@ -140,17 +143,16 @@ class SnapshotPolicy:
     def worth(self, kind: str, unsaved: int, first: bool = False) -> bool:
         """Whether a snapshot of `kind` pays, `unsaved` positions after the last snapshot of
         the same prefix; `first`: no snapshot of it exists yet."""
-        costs = self._costs
         if unsaved <= 0:
             return False
         if kind == "progress" and self.spacing is not None:
             return True      # the caller placed it at a multiple of the spacing
-        if (kind == "checkpoint" and first) or costs.save_seconds is None \
-                or costs.token_seconds is None:
+        if kind == "checkpoint" and first:
             return True
-        if kind == "progress":
-            return unsaved * costs.token_seconds > PROGRESS_FACTOR * costs.save_seconds
-        return unsaved * costs.token_seconds > costs.save_seconds + (costs.load_seconds or 0.0)
+        # The same figures the banner and /metrics show; None: nothing measured yet, save.
+        costs = self._costs
+        threshold = costs.spacing() if kind == "progress" else costs.break_even()
+        return threshold is None or unsaved >= threshold
 
     def count(self, kind: str, saved: bool) -> None:
         """A snapshot of `kind` considered: written, or not (not worth it, or it failed)."""
