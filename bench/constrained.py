@@ -35,10 +35,10 @@ from pathlib import Path
 from common import ROOT, machine  # noqa: I001 (puts the repository on sys.path)
 
 from serve import grammar  # noqa: E402
-from serve.api import parse_chat_request  # noqa: E402
-from serve.format_choice import resolve_chat_format  # noqa: E402
-from serve.decode import Decoder  # noqa: E402
-from serve.engine import Engine, EngineConfig, GenParams, load_library  # noqa: E402
+from serve.core.api import parse_chat_request  # noqa: E402
+from serve.formats.choice import resolve_chat_format  # noqa: E402
+from serve.engine.decode import Decoder  # noqa: E402
+from serve.engine.binding import Engine, EngineConfig, GenParams, load_library  # noqa: E402
 
 K3_VOCAB = 163_840
 TOOLS = [{"type": "function", "function": {

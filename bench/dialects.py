@@ -15,11 +15,12 @@ import time
 from typing import Callable
 
 from common import ROOT, container_args, machine
-from serve import anthropic, responses
-from serve.response_store import ResponseStore
-from serve.api import ChatRequest
-from serve.engine import Engine, EngineConfig, load_library
-from serve.xtml import build_chat_segments
+from serve.dialects import anthropic
+from serve.dialects import responses
+from serve.dialects.response_store import ResponseStore
+from serve.core.api import ChatRequest
+from serve.engine.binding import Engine, EngineConfig, load_library
+from serve.formats.xtml.render import build_chat_segments
 
 sys.path.insert(0, str(ROOT / "tests"))
 from agents import (claude_code_first_message, claude_code_request, codex_first_input,  # noqa: E402

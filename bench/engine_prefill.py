@@ -33,8 +33,8 @@ from pathlib import Path
 from common import DEMO, PREVIOUS_ENGINE, ROOT, build_engine_at, machine
 
 from serve import anthropic  # noqa: E402
-from serve.engine import Engine, EngineConfig, load_library  # noqa: E402
-from serve.xtml import build_chat_segments  # noqa: E402
+from serve.engine.binding import Engine, EngineConfig, load_library  # noqa: E402
+from serve.formats.xtml.render import build_chat_segments  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "tests"))
 from agents import claude_code_first_message, claude_code_request  # noqa: E402

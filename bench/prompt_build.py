@@ -13,8 +13,8 @@ import statistics
 import time
 
 from common import container_args, machine
-from serve.engine import Engine, EngineConfig, load_library
-from serve.xtml import build_chat_segments
+from serve.engine.binding import Engine, EngineConfig, load_library
+from serve.formats.xtml.render import build_chat_segments
 
 
 def agent_tools(n: int) -> list[dict]:

@@ -16,12 +16,12 @@ import collections
 import tempfile
 
 from common import DEMO, Quiet
-from serve.api import parse_chat_request
-from serve.engine import Engine, EngineConfig, load_library
-from serve.format_choice import resolve_chat_format
-from serve.prefix_cache import PrefixCache
-from serve.reply_memory import ReplyMemory
-from serve.service import Service, ServiceOptions
+from serve.core.api import parse_chat_request
+from serve.engine.binding import Engine, EngineConfig, load_library
+from serve.formats.choice import resolve_chat_format
+from serve.snapshots.cache import PrefixCache
+from serve.snapshots.reply_memory import ReplyMemory
+from serve.service.facade import Service, ServiceOptions
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
 

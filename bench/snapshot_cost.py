@@ -5,7 +5,7 @@
 
 For each length: the time to prefill it, to save its state (median of runs)
 and to load it back, the file's size, the save expressed as prefill tokens,
-and what serve's snapshot policy (serve/snapshot_policy.py) would choose from
+and what serve's snapshot policy (serve/snapshots/policy.py) would choose from
 these costs: the prefill between two progress snapshots, and the least a
 checkpoint must spare. --delay-ms runs the engine at a slower clock
 (WASTE_DELAY_MS; K3's is 2128: use short lengths).
@@ -20,7 +20,7 @@ import time
 
 from common import DEMO, Engine, EngineConfig, load_library, machine
 
-from serve.snapshot_policy import Costs
+from serve.snapshots.policy import Costs
 
 TEXT = "The harbour master kept a ledger of every ship that passed the breakwater. "
 

@@ -32,9 +32,9 @@ import jsonschema
 from common import ROOT, Quiet, machine
 
 from serve import api  # noqa: E402
-from serve.engine import Engine, EngineConfig, GenParams, load_library  # noqa: E402
-from serve.format_choice import resolve_chat_format  # noqa: E402
-from serve.service import Service, ServiceOptions  # noqa: E402
+from serve.engine.binding import Engine, EngineConfig, GenParams, load_library  # noqa: E402
+from serve.formats.choice import resolve_chat_format  # noqa: E402
+from serve.service.facade import Service, ServiceOptions  # noqa: E402
 
 CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}},
         "required": ["city"]}

@@ -93,14 +93,14 @@ def smollm2(smollm2_gguf, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def lib(lib_path):
     """The library under test, loaded through the binding."""
-    from serve.engine import load_library
+    from serve.engine.binding import load_library
     return load_library(str(lib_path))
 
 
 @pytest.fixture(scope="module")
 def k3_engine(lib, k3_container):
     """An open engine on the k3 container, shared by one test module."""
-    from serve.engine import Engine, EngineConfig
+    from serve.engine.binding import Engine, EngineConfig
     with Engine(lib, k3_container, EngineConfig()) as opened:
         yield opened
 
@@ -108,7 +108,7 @@ def k3_engine(lib, k3_container):
 @pytest.fixture
 def snapshot_cache(tmp_path):
     """A prefix cache of 256 MB in the test's own directory, closed afterwards."""
-    from serve.prefix_cache import PrefixCache
+    from serve.snapshots.cache import PrefixCache
     cache = PrefixCache(256 << 20, parent_dir=str(tmp_path))
     yield cache
     cache.close()

@@ -1,4 +1,4 @@
-"""A scripted engine: `serve.engine.Engine`'s interface with replies chosen by the test.
+"""A scripted engine: `serve.engine.binding.Engine`'s interface with replies chosen by the test.
 
 The tokenizer is deliberately simple but keeps the property the server relies
 on: ordinary text never produces a special id, markup text does. Replies are
@@ -22,13 +22,13 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from serve.format_choice import resolve_chat_format
-from serve.engine import (Engine, EngineConfig, GenParams, GenResult, MemPlan, ModelInfo, Stats,
+from serve.formats.choice import resolve_chat_format
+from serve.engine.binding import (Engine, EngineConfig, GenParams, GenResult, MemPlan, ModelInfo, Stats,
                           TokenInfo, WasteError, load_library)
-from serve.http import Server
-from serve.prefix_cache import PrefixCache
-from serve.service import Service, ServiceOptions
-from serve.snapshot_policy import Costs, SnapshotPolicy
+from serve.http.server import Server
+from serve.snapshots.cache import PrefixCache
+from serve.service.facade import Service, ServiceOptions
+from serve.snapshots.policy import Costs, SnapshotPolicy
 
 K3_SPECIALS = ["[BOS]", "[EOS]", "<|end_of_msg|>", "<|open|>", "<|close|>", "<|sep|>",
                "<|media_begin|>", "<|media_content|>", "<|media_pad|>", "<|media_end|>",

@@ -11,8 +11,9 @@ from agents import (CLAUDE_CODE_HEADERS, claude_code_billing, claude_code_first_
 from scripted import (ScriptedEngine, call, data_url, raw_exchange, real_server_with_cache,
                       real_service, scripted_service, serving, status_of, tiny_png, wait_idle, xtml_answer,
                       xtml_tool_call)
-from serve import seal, xtml
-from serve.reply_memory import ReplyMemory
+from serve.dialects import seal
+from serve.formats.xtml import render as xtml
+from serve.snapshots.reply_memory import ReplyMemory
 
 MESSAGES = "/v1/messages"
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
@@ -312,7 +313,7 @@ def test_requests_differing_only_in_the_billing_header_share_their_whole_prefix(
 def billing_header_is_no_prompt(client: anthropic.Anthropic, port: int) -> None:
     system = [{"type": "text", "text": "You review code."}]
     messages = [{"role": "user", "content": "Is this loop right? for i in range(10): pass"}]
-    # Long enough that the state after the reply is worth a snapshot (serve/settle.py).
+    # Long enough that the state after the reply is worth a snapshot (serve/service/settle.py).
     first = client.messages.create(model="m", max_tokens=40, messages=messages, temperature=0,
                                    system=[claude_code_billing("a81f0")] + system)
     wait_idle(port)   # the reply's state is settled for the next turn

@@ -7,8 +7,8 @@ import pytest
 
 from scripted import (KIMI_LINEAR_SPECIALS, ScriptedEngine, ScriptedLibrary, assert_error, call,
                       engine, scripted_service, server, serving, xtml_answer)
-from serve.format_choice import NoChatFormat
-from serve.service import Service, ServiceOptions
+from serve.formats.choice import NoChatFormat
+from serve.service.facade import Service, ServiceOptions
 from test_tool_calls import TOOLS
 
 USER = [{"role": "user", "content": "hi"}]

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from scripted import call, real_service, serving
-from serve.prefix_cache import PrefixCache
-from serve.reply_memory import ReplyMemory
+from serve.snapshots.cache import PrefixCache
+from serve.snapshots.reply_memory import ReplyMemory
 
 CHAT = "/v1/chat/completions"
 WEATHER = {"type": "object", "properties": {

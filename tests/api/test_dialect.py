@@ -1,10 +1,10 @@
-"""serve/dialect.py on its own: what the Anthropic and Responses translations share."""
+"""serve/dialects/shared.py on its own: what the Anthropic and Responses translations share."""
 from __future__ import annotations
 
 import pytest
 
-from serve.api import ApiError, invalid
-from serve.dialect import Blocks, Conversation, Parts, chat_request, renamed, string_field, tool_call
+from serve.core.api import ApiError, invalid
+from serve.dialects.shared import Blocks, Conversation, Parts, chat_request, renamed, string_field, tool_call
 
 
 def test_an_error_names_the_field_as_the_client_did_or_its_nearest_named_parent():

@@ -11,8 +11,9 @@ import pytest
 from agents import CODEX_HEADERS, codex_first_input, codex_request
 from scripted import (ScriptedEngine, assert_error, call, data_url, real_server_with_cache,
                       scripted_service, serving, tiny_png, xtml_answer, xtml_tool_call)
-from serve import seal, xtml
-from serve.response_store import ResponseStore
+from serve.dialects import seal
+from serve.formats.xtml import render as xtml
+from serve.dialects.response_store import ResponseStore
 
 RESPONSES = "/v1/responses"
 TOOLS = [{"type": "function", "name": "get_weather", "description": "Current weather for a city",

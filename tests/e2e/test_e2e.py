@@ -10,7 +10,7 @@ from typing import Optional
 
 import pytest
 
-from serve import xtml
+from serve.formats.xtml import render as xtml
 from served import cli_server, run_cli
 from scripted import (assert_error, call, data_url, image_message, raw_exchange, real_service,
                       serving, status_of, tiny_png)

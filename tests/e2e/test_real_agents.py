@@ -28,8 +28,8 @@ from typing import Any, Iterator, Optional
 import pytest
 
 from scripted import real_service, serving
-from serve.prefix_cache import PrefixCache
-from serve.reply_memory import ReplyMemory
+from serve.snapshots.cache import PrefixCache
+from serve.snapshots.reply_memory import ReplyMemory
 
 pytestmark = pytest.mark.slow
 

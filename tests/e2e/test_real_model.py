@@ -14,8 +14,8 @@ from browser import browser, page_on
 from conftest import ROOT
 from gguf_reference import Reference
 from scripted import call, real_service, serving
-from serve.engine import Engine, EngineConfig
-from serve.prefix_cache import PrefixCache
+from serve.engine.binding import Engine, EngineConfig
+from serve.snapshots.cache import PrefixCache
 from tokenizer_reference import hf_tokenizer, random_texts
 from tools.gguf import GGUF
 

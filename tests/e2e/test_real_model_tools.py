@@ -16,8 +16,8 @@ from pydantic_ai.models.openai import OpenAIChatModel, OpenAIResponsesModel
 from pydantic_ai.providers.openai import OpenAIProvider
 
 from scripted import real_service, serving
-from serve.prefix_cache import PrefixCache
-from serve.reply_memory import ReplyMemory
+from serve.snapshots.cache import PrefixCache
+from serve.snapshots.reply_memory import ReplyMemory
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}},
            "required": ["city"]}

@@ -931,7 +931,7 @@ def test_vision_weights_must_match_exactly(imglib, tower_copy, k3_vision_contain
 @pytest.fixture(scope="module")
 def waste_lib():
     from conftest import library_path
-    from serve.engine import Library
+    from serve.engine.binding import Library
     path = library_path()
     if not path.exists():
         pytest.skip(f"{path} is not built yet")
@@ -942,7 +942,7 @@ def waste_lib():
 
 
 def test_waste_image_dimensions(waste_lib, write):
-    from serve.engine import WasteError
+    from serve.engine.binding import WasteError
     rng = random.Random(4)
     assert waste_lib.image_dimensions(write(encode_png(random_pixels(rng, 6, 2, 3, 256)))) == (6, 2)
     assert waste_lib.image_dimensions(write(webp_vp8x(300, 20))) == (300, 20)
@@ -953,7 +953,7 @@ def test_waste_image_dimensions(waste_lib, write):
 
 
 def test_waste_image_add(waste_lib, k3_vision_container, k3_container, write):
-    from serve.engine import Engine, EngineConfig, WasteError
+    from serve.engine.binding import Engine, EngineConfig, WasteError
     cfg = json.loads((k3_vision_container / "vision.json").read_text())
     rng = random.Random(6)
     with Engine(waste_lib, k3_vision_container, EngineConfig(vision=True)) as engine:

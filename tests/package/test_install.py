@@ -56,7 +56,7 @@ def test_nothing_but_the_package_is_installed_and_the_page_comes_with_it(install
     names = {line.split("==")[0].lower() for line in listed.stdout.split()}
     assert names - {"pip", "setuptools"} == {"serve"}
     page = run(installed / "bin" / "python", "-c",
-               "from serve.page import chat_page; print(len(chat_page()[0]))", cwd=installed)
+               "from serve.http.page import chat_page; print(len(chat_page()[0]))", cwd=installed)
     assert page.returncode == 0 and int(page.stdout) > 1000, page.stderr
 
 

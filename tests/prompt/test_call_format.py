@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from serve.engine import Engine, EngineConfig
-from serve.format_choice import resolve_chat_format
-from serve.template_tools import DECLARATION, EXAMPLE_CALL, RESULT_HEADER, TemplateReplyParser, call_text
-from serve.xtml import PromptError, Segment
+from serve.engine.binding import Engine, EngineConfig
+from serve.formats.choice import resolve_chat_format
+from serve.formats.template.tools import DECLARATION, EXAMPLE_CALL, RESULT_HEADER, TemplateReplyParser, call_text
+from serve.formats.xtml.render import PromptError, Segment
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather",
                                             "parameters": {"type": "object", "properties": {

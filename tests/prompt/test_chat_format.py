@@ -6,15 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from serve import xtml
-from serve.chat_format import ChatFormatError
-from serve.format_choice import NoChatFormat, resolve_chat_format
-from serve.template_format import TemplateFormat
-from serve.template_tools import TemplateReplyParser
-from serve.xtml_format import XtmlFormat
-from serve.engine import Engine, EngineConfig
-from serve.xtml_reply import Delta, ReplyParser
-from serve.xtml import Segment
+from serve.formats.xtml import render as xtml
+from serve.formats.base import ChatFormatError
+from serve.formats.choice import NoChatFormat, resolve_chat_format
+from serve.formats.template.format import TemplateFormat
+from serve.formats.template.tools import TemplateReplyParser
+from serve.formats.xtml.format import XtmlFormat
+from serve.engine.binding import Engine, EngineConfig
+from serve.formats.xtml.reply import Delta, ReplyParser
+from serve.formats.xtml.render import Segment
 
 KIMI_CHAT = {
     "system": ["<|im_system|>system<|im_middle|>", "<|im_end|>"],

@@ -1,12 +1,12 @@
-"""serve/checkpoints.py on its own: where a prompt is worth a snapshot."""
+"""serve/snapshots/checkpoints.py on its own: where a prompt is worth a snapshot."""
 from __future__ import annotations
 
 from scripted import ScriptedEngine
-from serve.checkpoints import preamble_ends, spaced
+from serve.snapshots.checkpoints import preamble_ends, spaced
 
 SPACING = 4096
-from serve.format_choice import resolve_chat_format
-from serve.template_format import TemplateFormat
+from serve.formats.choice import resolve_chat_format
+from serve.formats.template.format import TemplateFormat
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
 SYSTEM = [{"role": "system", "content": "Be brief."}, {"role": "developer", "content": "Be kind."}]

@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scripted import ScriptedEngine
-from serve import xtml
-from serve.history_ids import overlay, tokenize_history
-from serve.reply_memory import ReplyMemory
-from serve.xtml import Segment
+from serve.formats.xtml import render as xtml
+from serve.snapshots.history_ids import overlay, tokenize_history
+from serve.snapshots.reply_memory import ReplyMemory
+from serve.formats.xtml.render import Segment
 
 ENGINE = ScriptedEngine()
 SPECIALS = frozenset(ENGINE.specials.values())

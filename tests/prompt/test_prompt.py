@@ -1,14 +1,14 @@
-"""serve/prompt.py without sockets: checking a chat request and building its prompt."""
+"""serve/service/prompt.py without sockets: checking a chat request and building its prompt."""
 from __future__ import annotations
 
 import pytest
 
 from scripted import IMAGE_POSITIONS, ScriptedEngine, ScriptedLibrary, data_url, image_message, tiny_png
-from serve.api import ApiError, parse_chat_request
-from serve.format_choice import NoChatFormat, resolve_chat_format
-from serve.images import StagedImages
-from serve.prompt import PromptBuilder, check_fits
-from serve.reply_memory import ReplyMemory
+from serve.core.api import ApiError, parse_chat_request
+from serve.formats.choice import NoChatFormat, resolve_chat_format
+from serve.service.images import StagedImages
+from serve.service.prompt import PromptBuilder, check_fits
+from serve.snapshots.reply_memory import ReplyMemory
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
 SYSTEM = {"role": "system", "content": "Be brief."}

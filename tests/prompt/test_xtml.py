@@ -1,4 +1,4 @@
-"""serve/xtml.py: the release vectors segment for segment, properties, errors."""
+"""serve/formats/xtml/render.py: the release vectors segment for segment, properties, errors."""
 from __future__ import annotations
 
 import copy
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from conftest import ROOT
-from serve.xtml import (IMAGE_PLACEHOLDER, MARKUP_TOKENS, PromptError, Segment,
+from serve.formats.xtml.render import (IMAGE_PLACEHOLDER, MARKUP_TOKENS, PromptError, Segment,
                         build_chat_segments, escape_attr, image_prompt, render_text, unescape_attr)
 
 FIXTURE = ROOT / "tests" / "fixtures" / "xtml_vectors.json"

@@ -7,9 +7,9 @@ import math
 import pytest
 
 from scripted import assert_error, call, real_service, serving
-from serve.api import parse_chat_request
-from serve.decode import token_text
-from serve.engine import Engine, EngineConfig
+from serve.core.api import parse_chat_request
+from serve.engine.decode import token_text
+from serve.engine.binding import Engine, EngineConfig
 
 CHAT = "/v1/chat/completions"
 USER = [{"role": "user", "content": "Why is the sky blue?"}]

@@ -5,7 +5,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from scripted import call, engine, scripted_service, serving, xtml_answer
-from serve.stops import StopFilter
+from serve.core.stops import StopFilter
 
 USER = [{"role": "user", "content": "hi"}]
 CHAT = "/v1/chat/completions"

@@ -11,9 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scripted import assert_error, call, real_service, serving
-from serve import grammar, xtml
-from serve.api import parse_chat_request
-from serve.engine import Engine, EngineConfig
+from serve.formats import grammar
+from serve.formats.xtml import render as xtml
+from serve.core.api import parse_chat_request
+from serve.engine.binding import Engine, EngineConfig
 
 CHAT = "/v1/chat/completions"
 USER = [{"role": "user", "content": "Tell me about the lighthouse."}]

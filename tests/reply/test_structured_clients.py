@@ -12,7 +12,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from scripted import assert_error, call, real_service, serving
-from serve.grammar import ENABLE_HINT
+from serve.formats.grammar import ENABLE_HINT
 from served import cli_server
 
 CHAT = "/v1/chat/completions"

@@ -1,4 +1,4 @@
-"""serve/xtml_reply.py: reading K3 replies back, token-wise and as text, whole or malformed."""
+"""serve/formats/xtml/reply.py: reading K3 replies back, token-wise and as text, whole or malformed."""
 from __future__ import annotations
 
 import itertools
@@ -8,9 +8,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from serve.xtml_reply import (CLOSE, END_OF_MSG, MAX_HEADER_CHARS, OPEN, SEP, Delta, Markers, Reply, ReplyParser,
+from serve.formats.xtml.reply import (CLOSE, END_OF_MSG, MAX_HEADER_CHARS, OPEN, SEP, Delta, Markers, Reply, ReplyParser,
                            default_call_id)
-from serve.xtml import build_chat_segments
+from serve.formats.xtml.render import build_chat_segments
 
 MARKERS = Markers(open=1, sep=2, close=3, end_of_msg=4)
 MARKER_ID = {OPEN: 1, SEP: 2, CLOSE: 3, END_OF_MSG: 4}

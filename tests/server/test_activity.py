@@ -9,8 +9,8 @@ import threading
 
 from scripted import (ScriptedEngine, call, held_engine, scrape, scripted_service, serving, wait_idle,
                       xtml_answer)
-from serve.prefix_cache import PrefixCache
-from serve.reply_memory import ReplyMemory
+from serve.snapshots.cache import PrefixCache
+from serve.snapshots.reply_memory import ReplyMemory
 
 CHAT = "/v1/chat/completions"
 USER = [{"role": "user", "content": "Tides?"}]

@@ -11,9 +11,9 @@ import pytest
 
 from scripted import (ScriptedEngine, assert_error, call, real_service, scripted_service,
                       serving, xtml_answer)
-from serve.engine import Engine, EngineConfig, load_library
-from serve.service import Service, ServiceOptions
-from serve.format_choice import resolve_chat_format
+from serve.engine.binding import Engine, EngineConfig, load_library
+from serve.service.facade import Service, ServiceOptions
+from serve.formats.choice import resolve_chat_format
 
 CHAT, MESSAGES, RESPONSES = "/v1/chat/completions", "/v1/messages", "/v1/responses"
 COUNT = MESSAGES + "/count_tokens"
@@ -302,7 +302,7 @@ def test_an_error_inside_a_stream_is_the_dialects_event_and_frees_its_writer(pat
 def test_a_stream_whose_failure_cannot_be_told_still_ends_whole(monkeypatch):
     # Describing the failure fails too (as an unencodable echo once did): the stream ends
     # without a second HTTP response in it, the writer thread ends, and the operator is told.
-    from serve import responses
+    from serve.dialects import responses
 
     def cannot(self, error):
         raise UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed")

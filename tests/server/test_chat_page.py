@@ -18,9 +18,9 @@ import pytest
 from browser import WAIT_MS, browser, page_on
 from scripted import (ScriptedEngine, call, real_service, scripted_service, serving, tiny_png,
                       xtml_answer, xtml_tool_call)
-from serve.engine import WasteError
-from serve.page import inline_block
-from serve.prefix_cache import PrefixCache
+from serve.engine.binding import WasteError
+from serve.http.page import inline_block
+from serve.snapshots.cache import PrefixCache
 
 
 class Gate:

@@ -13,7 +13,7 @@ from agents import claude_code_first_message, claude_code_request
 from conftest import make_container
 from scripted import assert_error, call
 from served import cli_server
-from serve.context import CAP, STATE_SHARE, choose_context
+from serve.app.context import CAP, STATE_SHARE, choose_context
 
 
 def test_a_model_that_takes_more_than_the_cap_gets_the_cap(lib, k3_container):

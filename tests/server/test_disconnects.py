@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from scripted import assert_error, call, engine, scripted_service, server, serving, xtml_answer
-from serve.engine import WasteError
+from serve.engine.binding import WasteError
 
 USER = [{"role": "user", "content": "hi"}]
 CHAT = "/v1/chat/completions"

@@ -1,4 +1,4 @@
-"""serve/engine_queue.py on its own: the line for the engine, and idle turns that yield to it."""
+"""serve/engine/queue.py on its own: the line for the engine, and idle turns that yield to it."""
 from __future__ import annotations
 
 import threading
@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from serve.api import ApiError
-from serve.engine_queue import ClientGone, EngineQueue
+from serve.core.api import ApiError
+from serve.engine.queue import ClientGone, EngineQueue
 
 WAIT = 30   # seconds: generous, for a busy machine; nothing here should take more than a moment
 

@@ -15,8 +15,8 @@ import pytest
 
 from scripted import (ScriptedEngine, assert_error, call, post_open, raw_exchange, read_all,
                       read_until, scripted_service, serving, sse_data, status_of, xtml_answer)
-from serve.http import Server
-from serve.json_body import MAX_JSON_CONTAINERS, MAX_JSON_ITEMS
+from serve.http.server import Server
+from serve.http.json_body import MAX_JSON_CONTAINERS, MAX_JSON_ITEMS
 
 CHAT = "/v1/chat/completions"
 USER = [{"role": "user", "content": "hi"}]

@@ -7,9 +7,9 @@ import pytest
 
 from scripted import (ScriptedEngine, assert_error, call, held_engine, real_service, samples, scrape,
                       scripted_service, serving, xtml_answer)
-from serve.activity import Activity
-from serve.metrics import Metrics
-from serve.prefix_cache import PrefixCache
+from serve.core.activity import Activity
+from serve.app.metrics import Metrics
+from serve.snapshots.cache import PrefixCache
 
 CHAT = "/v1/chat/completions"
 USER = [{"role": "user", "content": "hi"}]

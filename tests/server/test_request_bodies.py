@@ -10,7 +10,7 @@ import pytest
 
 from scripted import (ScriptedEngine, assert_error, call, engine, raw_exchange, scripted_service,
                       server, serving, status_of)
-from serve.json_body import MAX_BODY_BYTES
+from serve.http.json_body import MAX_BODY_BYTES
 
 USER = [{"role": "user", "content": "hi"}]
 CHAT = "/v1/chat/completions"

@@ -15,8 +15,8 @@ import threading
 import pytest
 
 from scripted import call, post_open, real_service, scrape, serving, wait_idle
-from serve.prefix_cache import PrefixCache
-from serve.snapshot_policy import SnapshotPolicy
+from serve.snapshots.cache import PrefixCache
+from serve.snapshots.policy import SnapshotPolicy
 
 CHAT = "/v1/chat/completions"
 DELAY_MS = "5"    # per evaluated token: a 64-position chunk lasts about a third of a second

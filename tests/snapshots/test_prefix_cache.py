@@ -13,8 +13,8 @@ import tracemalloc
 import pytest
 
 from conftest import ROOT
-from serve import prefix_cache
-from serve.prefix_cache import BLOCK, PrefixCache, PrefixCacheError
+from serve.snapshots import cache as prefix_cache
+from serve.snapshots.cache import BLOCK, PrefixCache, PrefixCacheError
 
 
 def writer(size: int):
@@ -265,7 +265,7 @@ def test_an_unusable_directory_is_refused(tmp_path):
 CHILD = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {root!r})
-    from serve.prefix_cache import PrefixCache
+    from serve.snapshots.cache import PrefixCache
 
     def save(path):
         with open(path, "wb") as f:

@@ -14,9 +14,9 @@ import pytest
 
 from scripted import (ScriptedEngine, call, data_url, real_service, scripted_service, serving,
                       tiny_png, wait_idle, xtml_answer)
-from serve import xtml
-from serve.engine import WasteError
-from serve.prefix_cache import PrefixCache
+from serve.formats.xtml import render as xtml
+from serve.engine.binding import WasteError
+from serve.snapshots.cache import PrefixCache
 
 CHAT = "/v1/chat/completions"
 ANSWER_ONLY = {"temperature": 0, "seed": 3, "max_tokens": 8, "reasoning_effort": "none"}

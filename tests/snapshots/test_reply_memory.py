@@ -15,10 +15,10 @@ import pytest
 
 from scripted import (ScriptedEngine, call, data_url, real_service, scripted_service, serving, tiny_png,
                       xtml_answer)
-from serve import xtml
-from serve.engine import UnencodableText, WasteError
-from serve.prefix_cache import PrefixCache
-from serve.reply_memory import ReplyMemory
+from serve.formats.xtml import render as xtml
+from serve.engine.binding import UnencodableText, WasteError
+from serve.snapshots.cache import PrefixCache
+from serve.snapshots.reply_memory import ReplyMemory
 
 CHAT = "/v1/chat/completions"
 GREEDY = {"temperature": 0, "seed": 5, "max_tokens": 24}

@@ -1,0 +1,206 @@
+"""The server's Prometheus metrics, and their text exposition (format 0.0.4) for GET /metrics.
+
+Counters and histograms are updated where their event happens: the HTTP
+layer counts requests, the service counts each reply's tokens and timings
+and each prefix-cache lookup.  What only exists as current state (the queue,
+the prefix cache's size, the engine's expert counters) is read when scraped,
+through the callables given at construction.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+import threading
+from typing import Callable, Optional, Sequence
+
+from serve.core.activity import Activity
+from serve.engine.binding import Stats
+from serve.snapshots.cache import PrefixCache
+from serve.snapshots.policy import KINDS, SnapshotPolicy
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# From a fast local model (tens of ms) to an expert-streaming one (minutes).
+TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+# From under a token per second (K3 off an SSD) to the demo model's thousands.
+RATE_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000)
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def _labels(pairs: Sequence[tuple[str, str]]) -> str:
+    if not pairs:
+        return ""
+    escaped = (value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+               for _, value in pairs)
+    return "{" + ",".join(f'{name}="{value}"' for (name, _), value in zip(pairs, escaped)) + "}"
+
+
+def _family(name: str, kind: str, help_text: str, samples: list[tuple[str, Sequence, float]]) -> str:
+    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+    lines += [f"{name}{suffix}{_labels(labels)} {_number(value)}" for suffix, labels, value in samples]
+    return "\n".join(lines) + "\n"
+
+
+class _Histogram:
+    def __init__(self, bounds: Sequence[float]):
+        self.bounds = tuple(bounds) + (math.inf,)
+        self.counts = [0] * len(self.bounds)   # per bucket, not cumulative
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1  # the first bound >= value
+        self.total += value
+
+    def samples(self) -> list[tuple[str, Sequence, float]]:
+        out, running = [], 0
+        for bound, count in zip(self.bounds, self.counts):
+            running += count
+            le = "+Inf" if bound == math.inf else repr(float(bound))  # as Prometheus' own clients write it
+            out.append(("_bucket", [("le", le)], running))
+        return out + [("_sum", [], self.total), ("_count", [], running)]
+
+
+class Metrics:
+    """Every metric of one server. Thread-safe: request threads update it while it is scraped."""
+
+    def __init__(self, engine_stats: Stats, activity: Callable[[], Activity],
+                 prefix_cache: Optional[PrefixCache] = None,
+                 policy: Optional[SnapshotPolicy] = None,
+                 evaluated: Callable[[], int] = lambda: 0):
+        self._activity = activity
+        self._cache = prefix_cache                 # None when it is off
+        self._policy = policy
+        self._evaluated = evaluated                # positions the engine evaluated, so far
+        self._lock = threading.Lock()
+        self._requests: dict[tuple[str, str], int] = {}
+        self._tokens = {"prompt": 0, "cached": 0, "completion": 0}
+        self._prefix = {"hits": 0, "misses": 0}
+        self._ttft = _Histogram(TTFT_BUCKETS)
+        self._rate = _Histogram(RATE_BUCKETS)
+        # The engine's counters as of its last finished request: a waste_ctx must not be
+        # called while another thread generates on it, and a generation can take minutes.
+        self._engine = engine_stats
+
+    # -- updates --------------------------------------------------------------------------
+
+    def request(self, endpoint: str, status: int) -> None:
+        with self._lock:
+            key = (endpoint, str(status))
+            self._requests[key] = self._requests.get(key, 0) + 1
+
+    def reply(self, prompt: int, cached: int, completion: int, ttft: Optional[float],
+              rate: Optional[float]) -> None:
+        """One finished (or cancelled) generation; ttft and rate are None when not measured."""
+        with self._lock:
+            self._tokens["prompt"] += prompt
+            self._tokens["cached"] += cached
+            self._tokens["completion"] += completion
+            if ttft is not None:
+                self._ttft.observe(ttft)
+            if rate is not None:
+                self._rate.observe(rate)
+
+    def prefix_lookup(self, hit: bool) -> None:
+        with self._lock:
+            self._prefix["hits" if hit else "misses"] += 1
+
+    def engine_stats(self, stats: Stats) -> None:
+        """The engine's cumulative counters, read by the thread that holds the engine."""
+        with self._lock:
+            self._engine = stats
+
+    # -- exposition -----------------------------------------------------------------------
+
+    def render(self) -> bytes:
+        now = self._activity()
+        cache = self._cache
+        with self._lock:
+            requests = sorted(self._requests.items())
+            tokens, prefix, engine = dict(self._tokens), dict(self._prefix), self._engine
+            ttft, rate = self._ttft.samples(), self._rate.samples()
+        parts = [
+            _family("serve_requests_total", "counter", "HTTP requests answered, by endpoint and "
+                    "status (499: the client left before its answer)",
+                    [("", [("endpoint", e), ("status", s)], n) for (e, s), n in requests]),
+        ]
+        for kind, what in (("prompt", "Prompt tokens of finished generations"),
+                           ("cached", "Prompt tokens restored from a prefix snapshot, not prefilled"),
+                           ("completion", "Tokens generated")):
+            parts.append(_family(f"serve_{kind}_tokens_total", "counter", what, [("", [], tokens[kind])]))
+        parts += [
+            _family("serve_time_to_first_token_seconds", "histogram",
+                    "From the start of prefill (after any queue wait) to the first generated token",
+                    ttft),
+            _family("serve_decode_tokens_per_second", "histogram",
+                    "Decode rate of each generation of two tokens or more", rate),
+            _family("serve_queue_length", "gauge", "Requests waiting for the engine",
+                    [("", [], now.queue)]),
+            _family("serve_busy", "gauge", "1 while a request holds the engine",
+                    [("", [], int(now.busy))]),
+            _family("serve_idle", "gauge", "1 when nothing runs or waits, idle-time work included",
+                    [("", [], int(now.idle))]),
+        ]
+        parts.append(_family("serve_engine_evaluated_tokens_total", "counter",
+                             "Positions the engine evaluated: prompts prefilled, tokens generated, "
+                             "idle-time work (positions restored from snapshots are not)",
+                             [("", [], self._evaluated())]))
+        for name, what, value in (
+                ("expert_hits", "Expert lookups served from the expert cache", engine.experts_hit),
+                ("expert_misses", "Expert lookups read from disk", engine.experts_missed),
+                ("bytes_read", "Bytes of expert weights read from disk", engine.bytes_read)):
+            parts.append(_family(f"serve_engine_{name}_total", "counter",
+                                 f"{what} (waste_get_stats, as of the last finished request)",
+                                 [("", [], value)]))
+        if cache is not None:
+            parts += [
+                _family("serve_prefix_cache_entries", "gauge", "Prefix snapshots held",
+                        [("", [], len(cache))]),
+                _family("serve_prefix_cache_bytes", "gauge", "Disk bytes held by prefix snapshots",
+                        [("", [], cache.used_bytes)]),
+                _family("serve_prefix_cache_hits_total", "counter",
+                        "Prompts that restored a prefix snapshot", [("", [], prefix["hits"])]),
+                _family("serve_prefix_cache_misses_total", "counter",
+                        "Prompts prefilled without a snapshot", [("", [], prefix["misses"])]),
+                _family("serve_prefix_cache_restored_tokens_total", "counter",
+                        "Positions restored from persistent prefix snapshots (requests, "
+                        "--warm and idle-time work) instead of prefilled",
+                        [("", [], cache.stats()["restored_tokens"])]),
+            ]
+            if self._policy is not None:
+                parts += self._policy_families(self._policy)
+        return "".join(parts).encode()
+
+    @staticmethod
+    def _policy_families(policy: SnapshotPolicy) -> list[str]:
+        """The snapshot policy's measured costs and what they imply (docs/snapshots.md)."""
+        costs = policy.costs
+        spacing = policy.spacing or costs.spacing()
+        gauges = [
+            ("prefill_seconds_per_token", "Prefill cost of one position (moving average over chunks)",
+             costs.token_seconds),
+            ("snapshot_save_seconds", "Cost of saving one snapshot (moving average)", costs.save_seconds),
+            ("snapshot_load_seconds", "Cost of checking and restoring one snapshot (moving average)",
+             costs.load_seconds),
+            ("snapshot_bytes", "Size of one snapshot (moving average)", costs.snapshot_bytes),
+            ("snapshot_spacing_tokens", "Positions of prefill between progress snapshots: what ten "
+             "saves cost, or --prefix-cache-spacing", spacing),
+            ("snapshot_break_even_tokens", "Positions of prefill a save and a load cost: a "
+             "checkpoint that spares fewer is not saved (but a conversation's first)",
+             costs.break_even()),
+        ]
+        parts = [_family(f"serve_{name}", "gauge", what, [("", [], value)])
+                 for name, what, value in gauges if value is not None]
+        with policy.lock:
+            saved, skipped = dict(policy.saved), dict(policy.skipped)
+        parts += [
+            _family("serve_snapshots_total", "counter", "Snapshots saved, by why: checkpoint, progress, "
+                    "stopped (where a prefill stopped), reply (the state a reply leaves)",
+                    [("", [("kind", kind)], saved[kind]) for kind in KINDS]),
+            _family("serve_snapshots_skipped_total", "counter", "Snapshots considered and not saved "
+                    "(not worth their cost, or the save failed), by why",
+                    [("", [("kind", kind)], skipped[kind]) for kind in KINDS if kind != "progress"]),
+        ]
+        return parts

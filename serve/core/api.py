@@ -1,0 +1,433 @@
+"""The OpenAI wire format: request validation and response/error shapes.
+
+Validation checks the fields this server knows and ignores the rest, so
+clients that send extra sampling knobs keep working.
+"""
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+MAX_STOP_STRINGS = 4
+MAX_TOP_K = (1 << 31) - 1  # the engine's top_k is a C int; no vocabulary comes near it
+# Every reasoning effort a client may name -> the K3 release encoder's nearest level (low,
+# high, max), or None for thinking off. OpenAI's values (none, minimal, low, medium, high,
+# xhigh) and K3's own (max, and serve's `off`). `medium` lies halfway between low and high
+# on the scale K3's own effort text draws (low, medium, high, max) and is taken up to
+# high; xhigh is K3's max. Checked against the release's vectors in tests/prompt/test_effort.py.
+REASONING_EFFORTS: dict[str, Optional[str]] = {
+    "none": None, "minimal": None, "off": None,
+    "low": "low", "medium": "high", "high": "high", "xhigh": "max", "max": "max"}
+MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool")
+IMAGE_PARTS = ("image_url", "image")  # OpenAI's part, and the K3 release's own
+MAX_CHAT_TOP_LOGPROBS = 20
+MAX_COMPLETION_LOGPROBS = 5
+# The request fields each endpoint reads (or accepts knowingly: model, user, metadata). Any
+# other is named once in the log (serve/http/server.py): a client option sent in the wrong place,
+# such as litellm's literal `extra_body`, must not be dropped without a word.
+CHAT_FIELDS = frozenset((
+    "model", "messages", "tools", "tool_choice", "parallel_tool_calls", "response_format",
+    "temperature", "top_p", "top_k", "seed", "max_tokens", "max_completion_tokens", "stop",
+    "stream", "stream_options", "logprobs", "top_logprobs", "reasoning_effort", "n", "user",
+    "metadata"))
+COMPLETION_FIELDS = frozenset((
+    "model", "prompt", "temperature", "top_p", "top_k", "seed", "max_tokens", "stop", "stream",
+    "stream_options", "logprobs", "n", "user"))
+# Per role, the message fields besides content that reach the prompt as text.
+STRING_FIELDS = {"system": ("name",), "developer": ("name",), "user": ("name",),
+                 "assistant": ("name", "reasoning_content", "reasoning"),
+                 "tool": ("tool_call_id", "name", "tool")}
+
+
+class ApiError(Exception):
+    """A request that ends in an OpenAI-shaped error response."""
+
+    def __init__(self, status: int, message: str, param: Optional[str] = None,
+                 code: Optional[str] = None, kind: str = "invalid_request_error",
+                 headers: Optional[dict[str, str]] = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.kind = kind
+        self.headers = headers or {}  # extra response headers, e.g. Retry-After
+
+    def body(self) -> dict:
+        return error_body(self.message, self.kind, self.param, self.code)
+
+
+def error_body(message: str, kind: str = "invalid_request_error",
+               param: Optional[str] = None, code: Optional[str] = None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def invalid(param: str, message: str, code: str = "invalid_value") -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+# ---- requests ---------------------------------------------------------------
+
+@dataclass
+class Sampling:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: Optional[int] = None        # None: a fresh seed per request
+    max_tokens: Optional[int] = None  # None: the server's default
+    stop: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ChatRequest:
+    messages: list[dict]
+    sampling: Sampling
+    stream: bool = False
+    include_usage: bool = False
+    tools: Optional[list[dict]] = None
+    tool_choice: Any = None
+    response_format: Optional[dict] = None
+    thinking: Optional[bool] = None   # None: the server's default
+    thinking_effort: Optional[str] = None   # K3's level (REASONING_EFFORTS), when thinking
+    parallel_tool_calls: bool = True  # False: at most one call per reply
+    logprobs: Optional[int] = None    # None: off; else how many top_logprobs per token
+    request_id: str = ""              # the HTTP request's id, for log lines
+
+
+@dataclass
+class CompletionRequest:
+    prompt: str
+    sampling: Sampling
+    stream: bool = False
+    include_usage: bool = False
+    logprobs: Optional[int] = None    # None: off; else how many top_logprobs per token
+    request_id: str = ""
+
+
+def image_url(part: dict) -> Any:
+    """The URL of an image part: `image_url` and `image` each hold it as a string or as {"url": ...}."""
+    value = part.get(part.get("type"))
+    return value.get("url") if isinstance(value, dict) else value
+
+
+def unknown_fields(body: dict, known: frozenset[str]) -> list[str]:
+    """The body's top-level fields an endpoint does not read, for the log."""
+    return sorted(key for key in body if key not in known)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    # An int is always finite; asking math.isfinite would overflow on a huge one.
+    return _is_int(value) or (isinstance(value, float) and math.isfinite(value))
+
+
+def _parse_sampling(body: dict) -> Sampling:
+    s = Sampling()
+    if body.get("temperature") is not None:
+        t = body["temperature"]
+        if not _is_number(t) or not 0 <= t <= 2:
+            raise invalid("temperature", "temperature must be a number between 0 and 2")
+        s.temperature = float(t)
+    if body.get("top_p") is not None:
+        p = body["top_p"]
+        if not _is_number(p) or not 0 < p <= 1:
+            raise invalid("top_p", "top_p must be a number greater than 0 and at most 1")
+        s.top_p = float(p)
+    if body.get("top_k") is not None:
+        k = body["top_k"]
+        if not _is_int(k) or not 0 <= k <= MAX_TOP_K:
+            raise invalid("top_k", f"top_k must be an integer from 0 to {MAX_TOP_K}")
+        s.top_k = k
+    if body.get("seed") is not None:
+        seed = body["seed"]
+        if not _is_int(seed):
+            raise invalid("seed", "seed must be an integer")
+        s.seed = seed % (1 << 64)  # the engine's seed is a uint64
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = body.get(name)
+        if value is None:
+            continue
+        if not _is_int(value) or value < 1:
+            raise invalid(name, f"{name} must be an integer >= 1")
+        if s.max_tokens is None:
+            s.max_tokens = value
+    s.stop = _parse_stop(body.get("stop"))
+    if body.get("n") is not None and body["n"] != 1:
+        raise invalid("n", "only n=1 is supported")
+    return s
+
+
+def _parse_stop(stop: Any) -> list[str]:
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        stop = [stop]
+    if (not isinstance(stop, list) or len(stop) > MAX_STOP_STRINGS
+            or not all(isinstance(s, str) for s in stop)):
+        raise invalid("stop", f"stop must be a string or a list of up to {MAX_STOP_STRINGS} strings")
+    return [s for s in stop if s]
+
+
+def _parse_stream(body: dict) -> tuple[bool, bool]:
+    stream = body.get("stream")
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise invalid("stream", "stream must be a boolean")
+    options = body.get("stream_options")
+    include_usage = False
+    if options is not None:
+        if not isinstance(options, dict):
+            raise invalid("stream_options", "stream_options must be an object")
+        include_usage = options.get("include_usage", False)
+        if include_usage is None:
+            include_usage = False
+        if not isinstance(include_usage, bool):
+            raise invalid("stream_options.include_usage", "include_usage must be a boolean")
+    return stream, include_usage
+
+
+def parse_reasoning_effort(value: Any, param: str = "reasoning_effort"
+                           ) -> tuple[Optional[bool], Optional[str]]:
+    """Maps a reasoning effort to (thinking, K3's level) by REASONING_EFFORTS; (None, None)
+    when absent. `param` names the field in the dialect the value came from."""
+    if value is None:
+        return None, None
+    if not isinstance(value, str) or value not in REASONING_EFFORTS:
+        raise invalid(param, f"{param} must be one of {', '.join(REASONING_EFFORTS)}")
+    level = REASONING_EFFORTS[value]
+    return level is not None, level
+
+
+def parse_parallel(value: Any, param: str) -> bool:
+    """parallel_tool_calls (or its dialect's name): absent or null is true."""
+    if value is None:
+        return True
+    if not isinstance(value, bool):
+        raise invalid(param, f"{param} must be a boolean")
+    return value
+
+
+def _parse_content(content: Any, param: str, allow_null: bool) -> None:
+    if content is None:
+        if not allow_null:
+            raise invalid(param, f"{param} must be a string or a list of content parts")
+        return
+    if isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        raise invalid(param, f"{param} must be a string or a list of content parts")
+    for j, part in enumerate(content):
+        where = f"{param}[{j}]"
+        if not isinstance(part, dict):
+            raise invalid(where, "a content part must be an object")
+        kind = part.get("type")
+        if kind == "text":
+            if not isinstance(part.get("text"), str):
+                raise invalid(where, "a text part needs a string 'text'")
+        elif kind in IMAGE_PARTS:
+            if not isinstance(image_url(part), str):
+                raise invalid(where, f"an {kind} part needs {kind} (or {kind}.url) as a string")
+        else:
+            raise invalid(where, f"unsupported content part type {kind!r}")
+
+
+def _parse_tool_calls(calls: Any, param: str) -> None:
+    if not isinstance(calls, list):
+        raise invalid(param, "tool_calls must be a list")
+    for j, call in enumerate(calls):
+        where = f"{param}[{j}]"
+        if not isinstance(call, dict) or not isinstance(call.get("id", ""), str):
+            raise invalid(where, "a tool call must be an object with a string id")
+        if call.get("type", "function") != "function":
+            raise invalid(where, "tool call type must be 'function'")
+        fn = call.get("function")
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise invalid(where, "a tool call needs function.name")
+        if not isinstance(fn.get("arguments", ""), str):
+            raise invalid(where, "tool call function.arguments must be a JSON string")
+
+
+def _parse_messages(messages: Any) -> list[dict]:
+    if not isinstance(messages, list) or not messages:
+        raise invalid("messages", "messages must be a non-empty list")
+    normalized = []
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise invalid(where, "each message must be an object")
+        role = message.get("role")
+        if role not in MESSAGE_ROLES:
+            raise invalid(f"{where}.role", f"role must be one of {', '.join(MESSAGE_ROLES)}")
+        has_calls = role == "assistant" and message.get("tool_calls") is not None
+        if has_calls:
+            _parse_tool_calls(message["tool_calls"], f"{where}.tool_calls")
+        _parse_content(message.get("content"), f"{where}.content", allow_null=has_calls)
+        for key in STRING_FIELDS.get(role, ()):
+            if message.get(key) is not None and not isinstance(message[key], str):
+                raise invalid(f"{where}.{key}", f"{key} must be a string")
+        # developer is OpenAI's newer name for the system role.
+        normalized.append(dict(message, role="system") if role == "developer" else message)
+    return normalized
+
+
+def _parse_tools(tools: Any) -> Optional[list[dict]]:
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise invalid("tools", "tools must be a list")
+    for j, tool in enumerate(tools):
+        where = f"tools[{j}]"
+        if not isinstance(tool, dict) or tool.get("type", "function") != "function":
+            raise invalid(where, "each tool must be an object of type 'function'")
+        fn = tool.get("function")
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise invalid(f"{where}.function", "a tool needs function.name")
+        if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
+            raise invalid(f"{where}.function.parameters", "parameters must be a JSON Schema object")
+    return tools or None
+
+
+def _parse_tool_choice(choice: Any, tools: Optional[list[dict]]) -> Any:
+    if choice is None or choice in ("none", "auto", "required"):
+        return choice
+    if (isinstance(choice, dict) and choice.get("type") == "function"
+            and isinstance(choice.get("function"), dict)
+            and isinstance(choice["function"].get("name"), str)):
+        name = choice["function"]["name"]
+        if name not in {tool["function"]["name"] for tool in tools or ()}:
+            raise invalid("tool_choice", f"tool_choice names the function {name!r}, which is not in tools")
+        return choice
+    raise invalid("tool_choice", "tool_choice must be none, auto, required or a named function")
+
+
+def _parse_response_format(value: Any) -> Optional[dict]:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or value.get("type") not in ("text", "json_object", "json_schema"):
+        raise invalid("response_format", "response_format.type must be text, json_object or json_schema")
+    if value["type"] == "json_schema" and not isinstance(value.get("json_schema"), dict):
+        raise invalid("response_format.json_schema", "json_schema must be an object")
+    return None if value["type"] == "text" else value
+
+
+def _parse_chat_logprobs(body: dict) -> Optional[int]:
+    on, top = body.get("logprobs"), body.get("top_logprobs")
+    if on is not None and not isinstance(on, bool):
+        raise invalid("logprobs", "logprobs must be a boolean")
+    if top is not None and (not _is_int(top) or not 0 <= top <= MAX_CHAT_TOP_LOGPROBS):
+        raise invalid("top_logprobs",
+                      f"top_logprobs must be an integer from 0 to {MAX_CHAT_TOP_LOGPROBS}")
+    if top is not None and not on:
+        raise invalid("top_logprobs", "top_logprobs needs logprobs: true")
+    return (top or 0) if on else None
+
+
+def _parse_completion_logprobs(body: dict) -> Optional[int]:
+    value = body.get("logprobs")
+    if value is None:
+        return None
+    if not _is_int(value) or not 0 <= value <= MAX_COMPLETION_LOGPROBS:
+        raise invalid("logprobs", f"logprobs must be an integer from 0 to {MAX_COMPLETION_LOGPROBS}")
+    return value
+
+
+def parse_chat_request(body: dict) -> ChatRequest:
+    messages = _parse_messages(body.get("messages"))
+    sampling = _parse_sampling(body)
+    stream, include_usage = _parse_stream(body)
+    thinking, effort = parse_reasoning_effort(body.get("reasoning_effort"))
+    tools = _parse_tools(body.get("tools"))
+    return ChatRequest(messages=messages, sampling=sampling, stream=stream,
+                       include_usage=include_usage, tools=tools,
+                       tool_choice=_parse_tool_choice(body.get("tool_choice"), tools),
+                       parallel_tool_calls=parse_parallel(body.get("parallel_tool_calls"),
+                                                          "parallel_tool_calls"),
+                       response_format=_parse_response_format(body.get("response_format")),
+                       thinking=thinking, thinking_effort=effort,
+                       logprobs=_parse_chat_logprobs(body))
+
+
+def parse_completion_request(body: dict) -> CompletionRequest:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise invalid("prompt", "prompt must be a string or a list of one string")
+    sampling = _parse_sampling(body)
+    stream, include_usage = _parse_stream(body)
+    return CompletionRequest(prompt=prompt, sampling=sampling, stream=stream,
+                             include_usage=include_usage,
+                             logprobs=_parse_completion_logprobs(body))
+
+
+# ---- responses --------------------------------------------------------------
+
+@dataclass
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    waste: dict  # the engine numbers OpenAI's schema has no place for
+    cached_tokens: int = 0  # prompt positions restored from a prefix snapshot
+
+    def openai(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def chat_message(content: str, reasoning: str, tool_calls: list[dict]) -> dict:
+    message: dict[str, Any] = {"role": "assistant",
+                               "content": content if content or not tool_calls else None}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return message
+
+
+def chat_completion(rid: str, created: int, model: str, message: dict,
+                    finish_reason: str, usage: Usage, logprobs: Optional[dict] = None) -> dict:
+    return {"id": rid, "object": "chat.completion", "created": created, "model": model,
+            "choices": [{"index": 0, "message": message, "logprobs": logprobs,
+                         "finish_reason": finish_reason}],
+            "usage": usage.openai(), "waste": usage.waste}
+
+
+def chat_chunk(rid: str, created: int, model: str, delta: dict,
+               finish_reason: Optional[str] = None, logprobs: Optional[dict] = None) -> dict:
+    return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs,
+                         "finish_reason": finish_reason}]}
+
+
+def text_completion(rid: str, created: int, model: str, text: str,
+                    finish_reason: Optional[str], usage: Optional[Usage] = None,
+                    logprobs: Optional[dict] = None) -> dict:
+    body = {"id": rid, "object": "text_completion", "created": created, "model": model,
+            "choices": [{"index": 0, "text": text, "logprobs": logprobs,
+                         "finish_reason": finish_reason}]}
+    if usage is not None:
+        body["usage"] = usage.openai()
+        body["waste"] = usage.waste
+    return body
+
+
+def usage_chunk(rid: str, created: int, model: str, obj: str, usage: Usage) -> dict:
+    return {"id": rid, "object": obj, "created": created, "model": model, "choices": [],
+            "usage": usage.openai(), "waste": usage.waste}

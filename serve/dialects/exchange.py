@@ -1,0 +1,55 @@
+"""The Exchange protocol: one request in one wire format, from its body to its reply.
+
+Each wire format (OpenAI chat and completions in serve/dialects/openai.py, Anthropic
+Messages in serve/dialects/anthropic.py, OpenAI Responses in serve/dialects/responses.py) parses
+its body into the internal request when an exchange is made, and writes the
+service's reply back in its own shapes: one JSON body, or a stream of
+server-sent events. serve/http/sinks.py drives every exchange the same way.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+from serve.core.api import ApiError, ChatRequest, CompletionRequest
+from serve.service.replies import ChatReply, CompletionReply, ReplyStart
+
+Reply = ChatReply | CompletionReply
+
+
+class Exchange(Protocol):
+    request: ChatRequest | CompletionRequest   # the body, parsed
+    left_out: list[str]                        # tools the server cannot run, named for the log
+    ignored: list[str]                         # body fields the server does not read, for the log
+
+    def error(self, error: ApiError) -> ApiError:
+        """The error naming request fields as the client named them."""
+
+    # -- a stream, as bytes of server-sent events
+
+    def opening(self, start: ReplyStart) -> bytes:
+        """The stream's first events, once the prompt's size is known (or once a heartbeat is
+        due while the request still waits, whatever comes first); `start` says what is known."""
+
+    def delta(self, delta: dict) -> bytes:
+        """One delta of the service's output. Called streaming or not: a blocking reply's
+        body may be built from the deltas too."""
+
+    def heartbeat(self, start: ReplyStart) -> bytes:
+        """A sign of life in a form the format's clients count, sent after the opening when
+        the stream has been silent for a while (from the stream's writer thread, under the
+        sink's lock)."""
+
+    def closing(self, reply: Reply) -> bytes:
+        """The stream's last events, after the reply is done."""
+
+    def failed(self, error: ApiError) -> bytes:
+        """The stream's last events after an error inside it."""
+
+    # -- a blocking reply
+
+    def body(self, reply: Reply) -> dict:
+        """The whole reply as one JSON body."""
+
+    def keep(self, reply: Reply) -> None:
+        """The reply is done and about to reach the client: keep what outlives the request
+        (a stored response), before the client can refer to it."""

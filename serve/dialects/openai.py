@@ -1,0 +1,105 @@
+"""OpenAI's chat completions and completions (`POST /v1/chat/completions`, `/v1/completions`).
+
+The body is the internal request as it is (serve/core/api.py validates it); the
+reply is a chat.completion or text_completion, or their chunks on a stream
+that ends with `data: [DONE]`.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from serve.core import api
+from serve.core.api import ApiError, ChatRequest, CompletionRequest
+from serve.service.logprobs import chat_logprobs, completion_logprobs, text_length
+from serve.service.replies import ChatReply, CompletionReply, ReplyStart
+from serve.http.sse import SSE_DONE, sse_comment, sse_encoder, sse_event
+
+
+class _OpenAIStream:
+    """What chat and completions streams share: plain `data:` events, [DONE] at the end."""
+    request: ChatRequest | CompletionRequest
+    left_out: list[str] = []
+
+    def __init__(self, chunk: Callable[[object], dict]):
+        self._encode = sse_encoder(chunk)  # the varying part -> the SSE event of its chunk
+
+    def error(self, error: ApiError) -> ApiError:
+        return error   # the request's fields are OpenAI's own
+
+    def heartbeat(self, start: ReplyStart) -> bytes:
+        # The openai clients skip comments; the bytes reset their read timeouts, and proxies'.
+        return sse_comment("keepalive")
+
+    def failed(self, error: ApiError) -> bytes:
+        return sse_event(error.body()) + SSE_DONE
+
+    def keep(self, reply: object) -> None:
+        pass
+
+    def _close(self, final: dict, usage: dict) -> bytes:
+        events = [final, usage] if self.request.include_usage else [final]
+        return b"".join(sse_event(event) for event in events) + SSE_DONE
+
+
+class ChatExchange(_OpenAIStream):
+    def __init__(self, body: dict, model: str):
+        self.request = api.parse_chat_request(body)
+        self.ignored = api.unknown_fields(body, api.CHAT_FIELDS)
+        self._id, self._created, self._model = api.new_id("chatcmpl"), api.now(), model
+        super().__init__(lambda delta: api.chat_chunk(self._id, self._created, self._model, delta))
+
+    def opening(self, start: ReplyStart) -> bytes:
+        return self.delta({"role": "assistant", "content": ""})
+
+    def delta(self, delta: dict) -> bytes:
+        if not self.request.stream:
+            return b""   # the blocking body is the reply's message
+        if "logprobs" in delta:  # serve/service/logprobs.py: the entries go beside the delta, not in it
+            delta = dict(delta)
+            entries = delta.pop("logprobs")
+            return sse_event(api.chat_chunk(self._id, self._created, self._model, delta,
+                                            logprobs=chat_logprobs(entries)))
+        return self._encode(delta)
+
+    def closing(self, reply: ChatReply) -> bytes:
+        return self._close(api.chat_chunk(self._id, self._created, self._model, {}, reply.finish_reason),
+                           api.usage_chunk(self._id, self._created, self._model,
+                                           "chat.completion.chunk", reply.usage))
+
+    def body(self, reply: ChatReply) -> dict:
+        return api.chat_completion(self._id, self._created, self._model, reply.message,
+                                   reply.finish_reason, reply.usage, reply.logprobs)
+
+
+class CompletionExchange(_OpenAIStream):
+    def __init__(self, body: dict, model: str):
+        self.request = api.parse_completion_request(body)
+        self.ignored = api.unknown_fields(body, api.COMPLETION_FIELDS)
+        self._id, self._created, self._model = api.new_id("cmpl"), api.now(), model
+        self._offset = 0   # text_offset continues from chunk to chunk
+        super().__init__(lambda text: api.text_completion(self._id, self._created, self._model,
+                                                          text, None))
+
+    def opening(self, start: ReplyStart) -> bytes:
+        return b""
+
+    def delta(self, delta: dict) -> bytes:
+        if not self.request.stream:
+            return b""
+        if "logprobs" not in delta:
+            return self._encode(delta["text"])
+        entries = delta["logprobs"]
+        logprobs = completion_logprobs(entries, self._offset)
+        self._offset += sum(text_length(e) for e in entries)
+        return sse_event(api.text_completion(self._id, self._created, self._model, delta["text"],
+                                             None, logprobs=logprobs))
+
+    def closing(self, reply: CompletionReply) -> bytes:
+        return self._close(api.text_completion(self._id, self._created, self._model, "",
+                                               reply.finish_reason),
+                           api.usage_chunk(self._id, self._created, self._model, "text_completion",
+                                           reply.usage))
+
+    def body(self, reply: CompletionReply) -> dict:
+        return api.text_completion(self._id, self._created, self._model, reply.text,
+                                   reply.finish_reason, reply.usage, reply.logprobs)

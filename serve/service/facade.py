@@ -1,0 +1,292 @@
+"""Runs one request on the engine, with no HTTP in sight: the stages, called once each in order.
+
+Chat: check (before waiting) -> wait in line for the engine -> build the prompt
+(serve/service/prompt.py) -> run it (serve/service/generation.py), the reply read by the chat
+format's parser (serve/service/reply_reader.py) -> remember the reply and settle the
+next turn's state in idle time (serve/service/settle.py). Completions skip the chat
+format. Every request starts from an empty conversation and holds the engine
+from prompt building to the last token, so requests cannot see or disturb each
+other's state or image queue. A request whose client leaves mid-prefill keeps
+the engine only as idle-time work: its prefill goes on for the client's retry,
+and yields at its next chunk to any request that waits.
+"""
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator, Optional
+
+from serve.core import api
+
+from serve.formats import grammar
+from serve.core.activity import Activity
+from serve.core.api import ChatRequest, CompletionRequest, invalid
+from serve.formats.base import ChatFormat
+from serve.engine.api import EngineApi, ImageProbe
+from serve.engine.queue import EngineQueue, Turn, shutting_down
+from serve.service.generation import Generation
+from serve.service.images import StagedImages, image_parts
+from serve.service.logprobs import chat_logprobs, completion_logprobs
+from serve.app.metrics import Metrics
+from serve.engine.prefill import DEFAULT_CHUNK, Prefill, PrefillCancelled, start_empty
+from serve.snapshots.cache import PrefixCache
+from serve.service.prompt import ChatCheck, Prompt, PromptBuilder, check_fits, too_long
+from serve.service.replies import ChatReply, CompletionReply, ReplySink
+from serve.snapshots.reply_memory import ReplyMemory
+from serve.service.reply_reader import ChatReader, TextReader
+from serve.dialects.response_store import ResponseStore
+from serve.service.settle import Settler
+from serve.snapshots.policy import SnapshotPolicy
+
+
+class _Watched:
+    """The sink as a running request sees it: also gone once the server is shutting down.
+
+    Every generation loop already stops when its sink is gone, so this is how
+    shutdown reaches all of them, at their next token or prefill chunk.
+    """
+
+    def __init__(self, sink: ReplySink, stopping: threading.Event):
+        self._sink = sink
+        self._stopping = stopping
+        self.cut = False  # gone() said yes because of shutdown
+        self.held: Optional[Turn] = None   # the hold on the engine, once the request has it
+
+    def accepted(self, thinking: bool) -> None:
+        self._sink.accepted(thinking)
+
+    def start(self) -> None:
+        self._sink.start()
+
+    def prefilling(self, prompt_tokens: int, cached_tokens: int) -> None:
+        self._sink.prefilling(prompt_tokens, cached_tokens)
+
+    def progress(self, done: int, total: int) -> None:
+        self._sink.progress(done, total)
+
+    def emit(self, delta: dict) -> None:
+        self._sink.emit(delta)
+
+    def queued(self, ahead: int) -> None:
+        self._sink.queued(ahead)
+
+    def gone(self) -> bool:
+        if self._stopping.is_set():
+            self.cut = True
+            return True
+        return self._sink.gone()
+
+
+@dataclass
+class ServiceOptions:
+    model_id: str
+    max_tokens: int = 4096
+    thinking: bool = True          # the default when a request does not say
+    vision: bool = False
+    allow_local_images: Optional[str] = None    # a directory clients may name image files in
+    prefix_cache: Optional[PrefixCache] = None   # None: prefill every request from scratch
+    prefill_chunk: int = DEFAULT_CHUNK
+    snapshot_policy: Optional[SnapshotPolicy] = None  # None: by measured cost, no overrides
+    finish_abandoned: bool = True  # a prefill whose client left goes on, for its retry
+    log: Optional[Callable[[str], None]] = None  # prefill progress of long prompts
+    reply_memory: Optional[ReplyMemory] = None   # None: history is always re-tokenized
+    keep_reasoning: bool = False   # render remembered reasoning into replies a client returns without it
+    eval_logits: bool = True       # False: the engine's waste_eval gives no logits to decode with
+    max_queue: int = 32            # requests that may wait for the engine; more get a 503
+
+
+class Service:
+    def __init__(self, engine: EngineApi, library: ImageProbe, chat_format: ChatFormat,
+                 options: ServiceOptions):
+        self.engine = engine
+        self.chat_format = chat_format
+        self.options = options
+        self.created = api.now()
+        self.warming: Optional[dict] = None   # while --warm runs: what /health reports
+        self.responses = ResponseStore()      # for the Responses API's previous_response_id
+        self.queue = EngineQueue(options.max_queue)
+        self._stopping = threading.Event()
+        self.policy = options.snapshot_policy or SnapshotPolicy(log=options.log)
+        self.metrics = Metrics(engine.stats(), self.activity, options.prefix_cache, self.policy,
+                               lambda: engine.evaluated)
+        self.prompts = PromptBuilder(engine, library, chat_format, vision=options.vision,
+                                     reply_memory=options.reply_memory,
+                                     keep_reasoning=options.keep_reasoning,
+                                     snapshots=options.prefix_cache is not None,
+                                     default_thinking=options.thinking)
+        self.generation = Generation(engine, self.metrics, max_tokens=options.max_tokens,
+                                     prefix_cache=options.prefix_cache, policy=self.policy,
+                                     prefill_chunk=options.prefill_chunk,
+                                     eval_logits=options.eval_logits, log=options.log)
+        self.settler = Settler(engine, self.queue, options.prefix_cache, self.policy,
+                               options.reply_memory, self.prompts.reply)
+
+    def activity(self) -> Activity:
+        # Deferred work first: a settle job is counted until its thread has let the engine go.
+        deferred = self.settler.deferred or self.queue.idle_work
+        return Activity(self.queue.busy, len(self.queue), deferred, self.warming is not None)
+
+    def model(self) -> dict:
+        info = self.engine.info
+        return {"id": self.options.model_id, "object": "model", "created": self.created,
+                "owned_by": "serve",
+                "waste": {"arch": info.arch, "n_layers": info.n_layers, "n_experts": info.n_experts,
+                          "top_k": info.top_k, "hidden": info.hidden, "ctx": info.ctx_max,
+                          "params_total": info.params_total, "params_active": info.params_active,
+                          "quant": info.quant_summary,
+                          "chat_format": self.chat_format.name or "none",
+                          "vision": self.options.vision}}
+
+    # -- requests -------------------------------------------------------------
+
+    def chat(self, req: ChatRequest, sink: ReplySink) -> ChatReply:
+        check = self.prompts.check(req)
+        # Built before the engine is held: a schema the grammar cannot enforce is a 400
+        # before any stream opens, and a large one compiles while others use the engine.
+        constraint = self._constraint(req, check.thinking)
+        sink.accepted(check.thinking)
+        with self._turn(sink) as sink, StagedImages(self.options.allow_local_images) as staged:
+            prompt = self.prompts.chat(req, check, staged)
+            reader = ChatReader(self.chat_format.new_parser(check.thinking), req.sampling.stop,
+                                self.chat_format.stop_tokens,
+                                None if req.parallel_tool_calls else 1)
+            outcome = self.generation.run(
+                prompt, req.sampling, sink, reader, stop_tokens=self.chat_format.stop_tokens,
+                logprobs=req.logprobs, constraint=constraint, label=req.request_id,
+                stop=self._prefill_stop(sink, req.request_id))
+            message = reader.message()
+            outcome.usage.waste["reasoning"] = check.reasoning
+            if not outcome.client_gone:
+                self.settler.after_reply(prompt, outcome, message)
+        return ChatReply(message, outcome.finish_reason, outcome.usage, outcome.client_gone,
+                         None if outcome.logprobs is None else chat_logprobs(outcome.logprobs),
+                         reader.stop_sequence)
+
+    def count_chat(self, req: ChatRequest, sink: ReplySink) -> int:
+        """The positions a chat request's prompt would take, without generating anything.
+
+        It waits in line like any request (tokenizing needs the engine)."""
+        check = self.prompts.check(req)
+        with self._turn(sink), StagedImages(self.options.allow_local_images) as staged:
+            prompt = self.prompts.chat(req, check, staged)
+            self.engine.image_clear()
+            return len(prompt.ids)
+
+    def complete(self, req: CompletionRequest, sink: ReplySink) -> CompletionReply:
+        check_fits(self.engine, len(req.prompt), "prompt")
+        with self._turn(sink) as sink:
+            prompt = Prompt(self.prompts.text(req.prompt))
+            reader = TextReader(req.sampling.stop, self.engine.specials.values())
+            outcome = self.generation.run(prompt, req.sampling, sink, reader,
+                                          logprobs=req.logprobs, label=req.request_id,
+                                          stop=self._prefill_stop(sink, req.request_id))
+        return CompletionReply(reader.text, outcome.finish_reason, outcome.usage, outcome.client_gone,
+                               None if outcome.logprobs is None else completion_logprobs(outcome.logprobs))
+
+    def _constraint(self, req: ChatRequest, thinking: bool) -> Optional[str]:
+        """The compiled grammar the reply must follow, when the request asks for structure."""
+        fmt = self.chat_format
+        off = self.generation.decoding_off(grammar.missing())
+        if not grammar.check_available(req, fmt.prompts_response_format, fmt.prompts_tools, off):
+            return None
+        return grammar.compile_grammar(fmt.grammar(req, thinking))
+
+    @contextmanager
+    def _turn(self, sink: ReplySink) -> Iterator[_Watched]:
+        """Wait in line for the engine and hold it, empty; a run cut by shutdown ends in its 503."""
+        watched = _Watched(sink, self._stopping)
+        with self.queue.turn(watched) as watched.held:
+            self.settler.drop()
+            start_empty(self.engine)
+            yield watched
+        if watched.cut:
+            raise shutting_down()
+
+    def _prefill_stop(self, watched: _Watched, label: str) -> Callable[[], bool]:
+        """Asked between prefill chunks: stop now? Not just because the client left: the
+        prefill then goes on for the client's retry (unless finish_abandoned is off), as
+        idle-time work that yields to the first request that waits."""
+        abandoned = False
+
+        def stop() -> bool:
+            nonlocal abandoned
+            if not abandoned:
+                if not watched.gone():
+                    return False
+                if watched.cut or not self.options.finish_abandoned \
+                        or self.options.prefix_cache is None:   # nothing to keep it in
+                    return True
+                abandoned = True
+                watched.held.to_idle()
+                if self.options.log is not None:
+                    self.options.log(f"{label} client left mid-prefill: finishing the prompt "
+                                     "for a retry while no one waits")
+            return watched.held.requested()
+        return stop
+
+    # -- idle time ------------------------------------------------------------
+
+    def warm(self, req: ChatRequest, progress: Callable[[int, int], None],
+             halted: Callable[[], bool]) -> tuple[int, int]:
+        """Prefill and checkpoint a request's conversation as chat() would, and answer
+        nothing, in idle time: a request that starts waiting takes the engine at the next
+        chunk (the warm snapshots what it has), and the warm resumes from there once the
+        engine is idle again. Returns (positions the conversation holds, positions already
+        cached when it began); raises PrefillCancelled when halted (shutdown) first."""
+        cache = self.options.prefix_cache
+        if cache is None or self.chat_format.refusal is not None:
+            raise invalid("messages", "warming needs the prefix cache and a chat format")
+        if image_parts(req.messages):
+            raise invalid("messages", "a conversation with images is not warmed")
+        thinking = self.prompts.thinking(req)
+        check = ChatCheck(thinking, [], self.prompts.reasoning(req, thinking))
+        before: Optional[int] = None
+
+        def stopping() -> bool:
+            return halted() or self._stopping.is_set()
+
+        while True:
+            with self.queue.idle_turn(patient=True) as yield_now:
+                if yield_now is None or stopping():
+                    raise PrefillCancelled()
+                start_empty(self.engine)
+                try:
+                    with StagedImages(self.options.allow_local_images) as no_images:
+                        prompt = self.prompts.chat(req, check, no_images)
+                    ids, held = prompt.ids, len(prompt.history)
+                    if len(ids) > self.engine.info.ctx_max:
+                        raise too_long(len(ids), self.engine.info.ctx_max, "messages")
+                    run = Prefill(self.engine, ids, cache=cache, policy=self.policy,
+                                  chunk=self.options.prefill_chunk, progress=progress,
+                                  stop=lambda: yield_now() or stopping())
+                    cached = run.restore(held)
+                    before = cached if before is None else before
+                    run.run(held, prompt.snapshot_at)
+                    return held, before
+                except PrefillCancelled:
+                    if stopping():
+                        raise
+                finally:
+                    self.engine.reset()
+            # A request took the engine: wait until it is idle again, and resume.
+
+    def settle(self) -> None:
+        """Build the state a reply left for idle time (tests call it to wait for it)."""
+        self.settler.settle()
+
+    # -- shutdown -------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Refuse new and queued work; what runs stops at its next token or prefill chunk
+        (idle-time work too: the closed line tells it to yield)."""
+        self._stopping.set()
+        self.queue.close()
+
+    def wait_idle(self, timeout: Optional[float] = None) -> bool:
+        """After stop(): True once nothing uses the engine (it may then be closed)."""
+        return self.queue.wait_idle(timeout)
+
+    def close(self) -> None:
+        """No more idle-time work: returns once none is running, before the engine closes."""
+        self.settler.close()

@@ -1,0 +1,259 @@
+"""One run of the engine for a request: prefill the prompt, generate, and account for it.
+
+The engine state must be empty on entry. Prefill restores the longest snapshot
+and evaluates the rest in chunks the sink can watch and a vanished client can
+interrupt; generation goes through waste_generate, or through serve's own
+decoder (serve/engine/decode.py) when a grammar or logprobs need the logits.
+"""
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+from serve.engine import decode
+
+from serve.formats import grammar
+from serve.core.api import Sampling, Usage, invalid
+from serve.engine.binding import GenParams, GenResult, Stats, TokenInfo
+from serve.engine.api import EngineApi
+from serve.service.logprobs import LogprobTrail
+from serve.app.metrics import Metrics
+from serve.engine.prefill import DEFAULT_CHUNK, Prefill, PrefillCancelled
+from serve.snapshots.cache import PrefixCache
+from serve.service.prompt import Prompt, too_long
+from serve.service.replies import ReplySink
+from serve.service.reply_reader import ReplyReader
+from serve.snapshots.policy import SnapshotPolicy
+
+
+@dataclass
+class Outcome:
+    """How a run ended, and what it generated."""
+    finish_reason: str
+    usage: Usage
+    client_gone: bool
+    tokens: list[int]                      # every generated id
+    unevaluated: int                       # of those, how many the state lacks (serve's decoder: the last)
+    result: GenResult
+    logprobs: Optional[list[dict]] = None  # the answer's logprob entries, when asked for
+    saved: int = 0                         # prompt positions the longest snapshot of it holds
+    context_full: bool = False             # the context's end cut the reply
+
+
+@dataclass
+class _Clock:
+    """What the token callback learns while generation runs."""
+    started_at: float = 0.0         # when prefill began, after any wait for the engine
+    first_token_at: float = 0.0
+    last_token_at: float = 0.0
+    tokens: list[int] = field(default_factory=list)
+    client_gone: bool = False
+    cached_tokens: int = 0          # prompt positions restored from a snapshot
+    saved: int = 0                  # prompt positions the longest snapshot of it holds
+
+
+class Generation:
+    def __init__(self, engine: EngineApi, metrics: Metrics, *, max_tokens: int,
+                 prefix_cache: Optional[PrefixCache], policy: SnapshotPolicy,
+                 prefill_chunk: int = DEFAULT_CHUNK, eval_logits: bool = True,
+                 log: Optional[Callable[[str], None]] = None):
+        self.engine = engine
+        self.metrics = metrics
+        self.max_tokens = max_tokens          # when a request sets none
+        self.prefix_cache = prefix_cache
+        self.prefill_chunk = prefill_chunk
+        self.policy = policy                  # where snapshots pay, from measured costs
+        self.eval_logits = eval_logits        # False: waste_eval gives no logits to decode with
+        self.log = log
+        self._vocabularies: dict[tuple, Any] = {}   # llguidance's view of the vocabulary, built once
+
+    def run(self, prompt: Prompt, sampling: Sampling, sink: ReplySink, reader: ReplyReader, *,
+            stop_tokens: Sequence[int] = (), logprobs: Optional[int] = None,
+            constraint: Optional[str] = None, label: str = "",
+            stop: Optional[Callable[[], bool]] = None) -> Outcome:
+        """Prefill, generate until the reader says the reply is done, and account for it.
+
+        `constraint`: a compiled grammar the reply must follow; `label` names the
+        request in log lines; `stop`: asked between prefill chunks whether to stop
+        (by default, whether the client left). A prefill that runs to its end for a
+        client that left is snapshotted there, and nothing is generated."""
+        decoder, trail = self._decoder(sampling, logprobs, sink, reader.text_key, constraint,
+                                       stop_tokens)
+        sink = trail or sink
+        room = self.engine.info.ctx_max - len(prompt.ids)
+        if room < 1:
+            raise too_long(len(prompt.ids), self.engine.info.ctx_max, "messages")
+        params = GenParams(temperature=sampling.temperature, top_p=sampling.top_p,
+                           top_k=sampling.top_k,
+                           seed=secrets.randbits(64) if sampling.seed is None else sampling.seed,
+                           max_tokens=min(sampling.max_tokens or self.max_tokens, room),
+                           stop_tokens=tuple(stop_tokens))
+        clock = _Clock()
+
+        def on_token(info: TokenInfo, piece: bytes) -> bool:
+            now = time.monotonic()
+            clock.first_token_at = clock.first_token_at or now
+            clock.last_token_at = now
+            clock.tokens.append(info.token)
+            if sink.gone():
+                clock.client_gone = True
+                return True
+            try:
+                return reader.feed(info.token, piece, sink.emit)
+            except OSError:  # the client went away while we were writing to it
+                clock.client_gone = True
+                return True
+
+        before = self.engine.stats()
+        sink.start()
+        clock.started_at = time.monotonic()
+        report = decode.Report(constrained=False).waste()
+        unevaluated = 0
+        try:
+            rest = self._prefill(prompt, clock, sink, label, stop or sink.gone)
+        except PrefillCancelled:
+            clock.client_gone = True
+            result = GenResult(n_tokens=0, cancelled=True, context_full=False, detail=None)
+        else:
+            # The one branch: serve decodes itself when a grammar or logprobs need the logits.
+            result = (decoder or self.engine).generate(rest, params, on_token)
+            if decoder is not None:
+                report = decoder.report.waste()
+                unevaluated = 1 if clock.tokens else 0
+        ms = (time.monotonic() - clock.started_at) * 1000.0
+        after = self.engine.stats()
+        self.metrics.engine_stats(after)
+        if not reader.stopped and not clock.client_gone:
+            reader.finish(sink.emit)
+        finish = _finish_reason(reader, clock.tokens, params, result)
+        # The context's end cut the reply: the engine says so, or max_tokens was lowered to
+        # the room left and the reply used all of it.
+        full = result.context_full or (finish == "length" and params.max_tokens == room
+                                       and len(clock.tokens) >= room)
+        return Outcome(finish, self._usage(len(prompt.ids), clock, full, ms,
+                                           _stats_delta(before, after), report),
+                       clock.client_gone, clock.tokens, unevaluated, result,
+                       trail.entries if trail is not None else None, clock.saved, full)
+
+    # -- decoding in serve (structure, logprobs) --------------------------------------
+
+    def decoding_off(self, missing: Optional[str]) -> Optional[str]:
+        """Why serve cannot decode by itself, or None."""
+        return missing if self.eval_logits else "this engine's waste_eval gives no logits"
+
+    def _decoder(self, sampling: Sampling, top_logprobs: Optional[int], sink: ReplySink,
+                 text_key: str, constraint: Optional[str], stop_tokens: Sequence[int]
+                 ) -> tuple[Optional[decode.Decoder], Optional[LogprobTrail]]:
+        """Serve's own decoder, and the sink that carries logprobs when they are asked for;
+        no decoder (waste_generate) when nothing needs the logits."""
+        off = self.decoding_off(decode.missing())
+        if top_logprobs is not None and off is not None:
+            raise invalid("logprobs", f"logprobs are off here ({off}); to enable: {grammar.ENABLE_HINT}",
+                          code="logprobs_unavailable")
+        if constraint is None and top_logprobs is None:
+            return None, None
+        trail = None if top_logprobs is None else LogprobTrail(
+            sink, frozenset(self.engine.specials.values()), text_key)
+        matcher = None if constraint is None else self._matcher(constraint, tuple(stop_tokens))
+        return decode.Decoder(self.engine, temperature=sampling.temperature, top_k=sampling.top_k,
+                              top_p=sampling.top_p, grammar=matcher, top_logprobs=top_logprobs,
+                              listener=trail), trail
+
+    def _matcher(self, compiled: str, eos: tuple[int, ...]) -> Callable[[int], Any]:
+        """A matcher factory (vocabulary size -> matcher) for a compiled grammar."""
+        def matcher(n_vocab: int) -> Any:
+            key = (n_vocab, eos)
+            if key not in self._vocabularies:
+                self._vocabularies[key] = grammar.Vocabulary(self.engine, n_vocab, eos)
+            return self._vocabularies[key].matcher(compiled)
+        return matcher
+
+    # -- prefill --------------------------------------------------------------------------
+
+    def _prefill(self, prompt: Prompt, clock: _Clock, sink: ReplySink, label: str,
+                 stop: Callable[[], bool]) -> list[int]:
+        """Restore and evaluate all but the tail of the prompt; returns the tail for generate."""
+        log, chunk, cache = self.log, self.prefill_chunk, self.prefix_cache
+
+        def progress(done: int, total: int) -> None:
+            if total <= chunk:
+                return  # one chunk is over before anyone could be waiting on it
+            sink.progress(done, total)
+            if log is not None:
+                log(f"{label} prefill {done}/{total}")
+
+        def run_prefill(tokens: list[int], upto: int) -> None:
+            run = Prefill(self.engine, tokens, cache=cache, policy=self.policy, chunk=chunk,
+                          progress=progress, stop=stop)
+            clock.cached_tokens = run.restore(upto)
+            sink.prefilling(len(prompt.ids), clock.cached_tokens)
+            if cache is not None:
+                self.metrics.prefix_lookup(clock.cached_tokens > 0)
+            clock.saved = run.run(upto, prompt.snapshot_at).saved
+            if sink.gone():
+                # Evaluated for a client that left (or to the end, for its retry): kept for
+                # whoever sends the same prompt next, and nothing is generated.
+                run.snapshot("stopped")
+                raise PrefillCancelled()
+
+        try:
+            if not prompt.image_paths:
+                run_prefill(prompt.ids, len(prompt.ids) - 1)
+                return prompt.ids[-1:]
+            # An engine may consume its whole image queue on the next eval (the ABI
+            # allows it), so the text before the first image is prefilled with the
+            # queue empty, and the images are queued again right before generate.
+            # When there is nothing to restore or to chunk, one generate does it all.
+            upto = prompt.image_start
+            if upto <= chunk and (cache is None or cache.lookup(prompt.text_ids, limit=upto) is None):
+                sink.prefilling(len(prompt.ids), 0)
+                return prompt.ids
+            self.engine.image_clear()
+            run_prefill(prompt.text_ids, upto)
+            for path in prompt.image_paths:
+                self.engine.image_add(path)
+            return self.engine.image_expand(prompt.text_ids[upto:])
+        except BaseException:
+            self.engine.reset()  # a half-evaluated prompt must not survive into the next request
+            raise
+
+    # -- accounting -----------------------------------------------------------------------
+
+    def _usage(self, prompt_tokens: int, clock: _Clock, context_full: bool, ms: float,
+               s: Stats, decoding: dict) -> Usage:
+        n = len(clock.tokens)
+        decode_s = clock.last_token_at - clock.first_token_at
+        tps = (n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0
+        self.metrics.reply(prompt_tokens, clock.cached_tokens, n,
+                           clock.first_token_at - clock.started_at if n else None,
+                           tps if tps else None)
+        looked_up = s.experts_hit + s.experts_missed
+        return Usage(prompt_tokens, n, cached_tokens=clock.cached_tokens, waste={
+            "prompt_tokens": prompt_tokens, "completion_tokens": n,
+            "cached_tokens": clock.cached_tokens,
+            "experts_hit": s.experts_hit, "experts_missed": s.experts_missed,
+            "expert_hit_rate": s.experts_hit / looked_up if looked_up else 0.0,
+            "bytes_read": s.bytes_read, "direct_io": s.direct_io, "ms": round(ms, 3),
+            "tokens_per_second": round(tps, 3), "context_full": context_full,
+            **decoding})
+
+
+def _finish_reason(reader: ReplyReader, tokens: list[int], params: GenParams, result: GenResult) -> str:
+    """`length` when the reply was cut (max_tokens, a full context, a cancel); else `stop`,
+    or `tool_calls` when it called tools."""
+    natural = reader.ended or (tokens and tokens[-1] in params.stop_tokens) or not (
+        result.context_full or len(tokens) >= params.max_tokens or result.cancelled)
+    if not natural:
+        return "length"
+    return "tool_calls" if reader.has_tool_calls else "stop"
+
+
+def _stats_delta(before: Stats, after: Stats) -> Stats:
+    return Stats(tokens_generated=after.tokens_generated - before.tokens_generated,
+                 experts_hit=after.experts_hit - before.experts_hit,
+                 experts_missed=after.experts_missed - before.experts_missed,
+                 bytes_read=after.bytes_read - before.bytes_read,
+                 sec_total=after.sec_total - before.sec_total,
+                 sec_io=after.sec_io - before.sec_io, direct_io=after.direct_io)

@@ -1,0 +1,264 @@
+"""Check a chat request against the chat format, and build its prompt: the ids to prefill.
+
+messages -> one rendering of the conversation (remembered replies recalled from
+it) -> token ids, remembered replies laid over as the model produced them ->
+images expanded. The conversation and the generation prompt are tokenized
+apart (as segments always are), so the end of the conversation, which the next
+turn's prompt repeats, is a known position worth a snapshot; so are the ends
+of the parts other conversations share (serve/snapshots/checkpoints.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+from serve.core.api import ApiError, ChatRequest, invalid
+from serve.formats.base import ChatFormat, ChatFormatError, Rendering
+from serve.snapshots.checkpoints import preamble_ends
+from serve.engine.binding import UnencodableText, WasteError
+from serve.engine.api import EngineApi, ImageProbe
+from serve.snapshots.history_ids import tokenize_history
+from serve.service.images import StagedImages, image_parts
+from serve.snapshots.reply_memory import ReplyMemory
+from serve.formats.xtml.render import IMAGE_PLACEHOLDER, PromptError, Segment, image_prompt
+
+
+@dataclass
+class Prompt:
+    """A tokenized prompt and what prefilling it, and remembering its reply, need to know."""
+    ids: list[int]                        # what the engine will hold, images expanded
+    snapshot_at: Sequence[int] = ()       # positions worth a prefix snapshot
+    text_ids: list[int] = field(default_factory=list)  # with images: the ids before expansion
+    image_start: int = 0                  # with images: where the first placeholder is in text_ids
+    image_paths: Sequence[str] = ()       # with images: the files, to queue again after prefill
+    generation: Sequence[int] = ()        # the generation prompt's ids, which open the reply's message
+    conversation: Sequence[Segment] = ()  # the rendered segments before the generation prompt
+    thinking: bool = False                # the reply opens in the think channel
+
+    @property
+    def history(self) -> list[int]:
+        """The conversation's ids: the prompt before the generation prompt."""
+        return self.ids[:len(self.ids) - len(self.generation)]
+
+
+@dataclass(frozen=True)
+class ChatCheck:
+    """What a chat request needs of the format, known before it waits for the engine."""
+    thinking: bool
+    images: list[tuple[str, str]]   # (param, url) of each image part
+    reasoning: str = "off"          # what the reply's waste.reasoning says (PromptBuilder.reasoning)
+
+
+def too_long(tokens: int, ctx: int, param: str, at_least: bool = False) -> ApiError:
+    """The 400 of a prompt the context cannot hold: both numbers, and the flag that sets one."""
+    return ApiError(400, f"the prompt is {'at least ' if at_least else ''}{tokens} tokens; the "
+                         f"context holds {ctx} including at least one generated token (a server "
+                         "started with a larger --ctx takes more)",
+                    param=param, code="context_length_exceeded")
+
+
+def check_fits(engine: EngineApi, chars: int, param: str) -> None:
+    """Refuse text that cannot fit before tokenizing it (which costs memory in proportion).
+
+    No token is longer than the vocabulary's longest, and `chars` characters
+    are at least as many UTF-8 bytes, so they make at least chars / longest tokens.
+    """
+    longest, ctx = engine.longest_token, engine.info.ctx_max
+    least = -(-chars // longest) if longest else 0
+    if least > ctx - 1:
+        raise too_long(least, ctx, param, at_least=True)
+
+
+def least_chars(value: object) -> int:
+    """Characters in the strings (keys too) of a JSON value: what its JSON text holds at least."""
+    total, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, dict):
+            total += sum(len(key) for key in item if isinstance(key, str))
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return total
+
+
+def least_rendered_chars(messages: Sequence[object], images: int) -> int:
+    """Characters every format's rendering of `messages` holds at least, for refusing a
+    prompt that cannot fit before rendering it: each message's text is in it verbatim, but
+    for the image placeholders that may stand for the request's `images`."""
+    chars = 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            chars += len(content)
+        elif isinstance(content, list):
+            chars += sum(len(part["text"]) for part in content
+                         if isinstance(part, dict) and part.get("type") == "text"
+                         and isinstance(part.get("text"), str))
+    return max(0, chars - images * len(IMAGE_PLACEHOLDER))
+
+
+class PromptBuilder:
+    def __init__(self, engine: EngineApi, images: ImageProbe, chat_format: ChatFormat, *,
+                 vision: bool, reply_memory: Optional[ReplyMemory], keep_reasoning: bool,
+                 snapshots: bool, default_thinking: bool):
+        self.engine = engine
+        self.images = images
+        self.chat_format = chat_format
+        self.vision = vision
+        self.reply_memory = reply_memory
+        self.keep_reasoning = keep_reasoning
+        self.snapshots = snapshots                 # a prefix cache will store snapshots
+        self.default_thinking = default_thinking   # when a request does not say
+
+    # -- before the engine ------------------------------------------------------------
+
+    def check(self, req: ChatRequest) -> ChatCheck:
+        """What the chat format must be able to express; a 400 naming what it cannot."""
+        fmt = self.chat_format
+        if fmt.refusal is not None:
+            raise ApiError(400, f"this model has no usable chat format ({fmt.refusal}); "
+                                "/v1/completions still works", param="messages",
+                           code="unsupported_chat_format")
+        thinking = self.thinking(req)
+        if req.tools and req.tool_choice != "none" and not fmt.supports_tools:
+            raise invalid("tools", f"the {fmt.name} chat format cannot declare tools "
+                                   f"({fmt.description})")
+        images = image_parts(req.messages)
+        if images:
+            param = images[0][0]
+            if not self.vision:
+                raise invalid(param, "images need the vision tower: start the server with --vision")
+            if not fmt.supports_images:
+                raise invalid(param, f"the {fmt.name} chat format cannot carry images")
+        # Before the engine is held: text that cannot fit is refused unrendered.
+        tools = least_chars(req.tools or ())
+        check_fits(self.engine, tools, "tools")
+        check_fits(self.engine, tools + least_rendered_chars(req.messages, len(images)), "messages")
+        return ChatCheck(thinking, images, self.reasoning(req, thinking))
+
+    def thinking(self, req: ChatRequest) -> bool:
+        """Whether the reply opens in the think channel. A format without one accepts any
+        effort, and the reply says it went unused (`reasoning`)."""
+        if not self.chat_format.supports_reasoning:
+            return False
+        return self.default_thinking if req.thinking is None else req.thinking
+
+    def reasoning(self, req: ChatRequest, thinking: bool) -> str:
+        """The reply's reasoning, as waste.reasoning reports it: "unsupported" (the format
+        has no reasoning channel), "off", the effort level the prompt names, or "on"."""
+        if not self.chat_format.supports_reasoning:
+            return "unsupported"
+        if not thinking:
+            return "off"
+        return req.thinking_effort or "on"
+
+    # -- holding the engine -----------------------------------------------------------
+
+    def chat(self, req: ChatRequest, check: ChatCheck, staged: StagedImages) -> Prompt:
+        """Render once and tokenize; the images are queued on the engine."""
+        paths = [staged.stage(url, param) for param, url in check.images]
+        prompts = [image_prompt(*staged.measure(self.images.image_dimensions, path, param))
+                   for path, (param, _) in zip(paths, check.images)]
+        messages, conversation, replies = self._recall(req, check.thinking, prompts)
+        check_fits(self.engine, conversation.chars(), "messages")
+        cuts = self._preamble_cuts(req, messages, conversation)
+        try:
+            history, positions = tokenize_history(self.engine, conversation.segments, replies, cuts)
+        except UnencodableText as e:
+            raise invalid("messages", f"a message cannot be tokenized: {e}") from None
+        generation = self.engine.tokenize_segments(self.chat_format.generation_prompt(check.thinking))
+        ids = history + generation
+        for path, (param, _) in zip(paths, check.images):
+            try:
+                self.engine.image_add(path)  # validates the image, and counts its positions
+            except WasteError as e:
+                self.engine.image_clear()
+                raise invalid(param, f"image could not be encoded: {e}") from None
+        snapshot_at = [*sorted(positions[cut] for cut in cuts if cut in positions), len(history)]
+        if not paths:
+            return Prompt(ids, snapshot_at, generation=generation,
+                          conversation=conversation.segments, thinking=check.thinking)
+        return Prompt(self.engine.image_expand(ids), snapshot_at, text_ids=ids,
+                      image_start=ids.index(self.chat_format.media_pad), image_paths=paths,
+                      generation=generation, conversation=conversation.segments,
+                      thinking=check.thinking)
+
+    def text(self, prompt: str) -> list[int]:
+        """A completion's prompt; the engine knows whether its container has a BOS to add."""
+        try:
+            ids = self.engine.tokenize(prompt, markup=False, add_bos=True)
+        except UnencodableText as e:
+            raise invalid("prompt", f"the prompt cannot be tokenized: {e}") from None
+        if not ids:
+            raise invalid("prompt", "prompt is empty")
+        return ids
+
+    def reply(self, message: dict, thinking: bool) -> list[Segment]:
+        """One assistant message's own segments as history renders them (what reply memory
+        keys on); [] when it cannot be rendered on its own (the whole conversation's
+        rendering then reports what is wrong with it)."""
+        try:
+            return self.chat_format.render([message], thinking=thinking,
+                                           add_generation_prompt=False).message(0)
+        except (ChatFormatError, ValueError, RecursionError):
+            return []
+
+    # -- the parts --------------------------------------------------------------------
+
+    def _render(self, req: ChatRequest, messages: list, thinking: bool,
+                prompts: list[str]) -> Rendering:
+        try:
+            return self.chat_format.render(
+                messages, tools=req.tools, tool_choice=req.tool_choice,
+                response_format=req.response_format, thinking=thinking,
+                thinking_effort=req.thinking_effort if thinking else None, image_prompts=prompts,
+                add_generation_prompt=False)
+        except ChatFormatError as e:
+            raise invalid(e.field or "messages", str(e), code="unsupported_by_chat_format") from None
+        except PromptError as e:
+            raise invalid(e.field, str(e)) from None
+        except ValueError as e:
+            raise invalid("messages", str(e)) from None
+        except RecursionError:  # e.g. tool-call arguments nested deeper than json.loads goes
+            raise invalid("messages", "a message is nested too deeply to render") from None
+
+    def _recall(self, req: ChatRequest, thinking: bool, prompts: list[str]
+                ) -> tuple[list, Rendering, list[tuple[list[Segment], Sequence[int]]]]:
+        """The messages, their rendering, and for each assistant message that renders as a
+        remembered reply, (its rendering, the reply's ids). With --keep-reasoning, reasoning
+        remembered for a reply the client returned without it is put back (and the
+        conversation rendered again with it)."""
+        messages = list(req.messages)
+        conversation = self._render(req, messages, thinking, prompts)
+        memory = self.reply_memory
+        if memory is None or not len(memory):
+            return messages, conversation, []
+        replies, restored = [], False
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict) or message.get("role") != "assistant":
+                continue
+            rendered = conversation.message(i)
+            entry = memory.recall(rendered) if rendered else None
+            if entry is None and rendered and self.keep_reasoning:
+                entry = memory.recall_without_reasoning(
+                    rendered, lambda: self._render(req, messages[:i], thinking, prompts).segments)
+                if entry is not None:
+                    message = {k: v for k, v in message.items() if k != "reasoning"}
+                    message["reasoning_content"] = entry.reasoning
+                    messages[i], rendered, restored = message, self.reply(message, thinking), True
+            if entry is not None:
+                replies.append((rendered, entry.ids))
+        if restored:
+            conversation = self._render(req, messages, thinking, prompts)
+        return messages, conversation, replies
+
+    def _preamble_cuts(self, req: ChatRequest, messages: list, conversation: Rendering) -> list[int]:
+        """Segment counts where the tool declarations, the leading system messages and the
+        messages before the trailing notes end (none without a prefix cache)."""
+        if not self.snapshots:
+            return []
+        notes = req.tool_choice not in (None, "auto") or req.response_format is not None
+        return preamble_ends(conversation, messages, notes)

@@ -1,0 +1,68 @@
+"""What a request produces and where its output goes, between the service and the wire formats.
+
+The service runs a request and hands its output, piece by piece, to a
+`ReplySink`; when it is over it returns a `ChatReply` or `CompletionReply`.
+The wire formats (serve/dialects/openai.py, serve/dialects/anthropic.py, serve/dialects/responses.py)
+read these and nothing else of the service.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Protocol
+
+from serve.core.api import Usage
+
+
+@dataclass(frozen=True)
+class ReplyStart:
+    """What a reply's first events can say before any of it is generated."""
+    thinking: bool = False                # it opens in the think channel
+    prompt_tokens: Optional[int] = None   # None while the prompt is not built (waiting in line)
+    cached_tokens: int = 0                # of those, restored from a snapshot, as known before prefill
+
+
+class ReplySink(Protocol):
+    """Where a running request sends its output (a socket, or nothing for blocking replies)."""
+
+    def accepted(self, thinking: bool) -> None:
+        """The request passed its checks and will wait for the engine; `thinking`: its reply
+        opens in the think channel."""
+
+    def start(self) -> None:
+        """The request was accepted and generation begins; errors after this are mid-reply."""
+
+    def prefilling(self, prompt_tokens: int, cached_tokens: int) -> None:
+        """Prefill begins: the prompt holds `prompt_tokens` positions, `cached_tokens` of them
+        restored from a snapshot. Called once, before the first chunk is evaluated."""
+
+    def progress(self, done: int, total: int) -> None:
+        """Prefill has evaluated `done` of `total` prompt positions."""
+
+    def emit(self, delta: dict) -> None:
+        """One piece of output: a chat delta, or {"text": ...} for completions."""
+
+    def gone(self) -> bool:
+        """True once the client has disconnected: generation stops at the next token."""
+
+    def queued(self, ahead: int) -> None:
+        """The request waits for the engine behind `ahead` others (the running one included);
+        called again when that number changes."""
+
+
+@dataclass
+class ChatReply:
+    message: dict
+    finish_reason: str
+    usage: Usage
+    client_gone: bool
+    logprobs: Optional[dict] = None   # choices[].logprobs, when asked for
+    stop_sequence: str = ""   # the stop string that ended the reply, if one did
+
+
+@dataclass
+class CompletionReply:
+    text: str
+    finish_reason: str
+    usage: Usage
+    client_gone: bool
+    logprobs: Optional[dict] = None
