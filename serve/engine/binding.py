@@ -291,7 +291,7 @@ def _text(raw: Optional[bytes]) -> Optional[str]:
     return None if raw is None else raw.decode("utf-8", "replace")
 
 
-def _c_text(text: str) -> bytes:
+def c_text(text: str) -> bytes:
     """UTF-8 for a `const char *`; a NUL would silently cut the string short."""
     try:
         data = text.encode("utf-8")
@@ -524,7 +524,7 @@ class Engine:
         c.ram_budget_bytes = _c_int(cfg.budget, _u64, "budget")
         c.ctx_tokens = _c_int(cfg.ctx, _u32, "ctx")
         c.n_threads = _c_int(cfg.threads, _int, "threads")
-        c.cpu_list = _c_text(cfg.cpus) if cfg.cpus is not None else None
+        c.cpu_list = c_text(cfg.cpus) if cfg.cpus is not None else None
         c.cache_policy = CACHE_POLICIES[cfg.cache_policy]
         c.use_direct_io = int(cfg.direct_io)
         c.vision = int(cfg.vision)
@@ -561,7 +561,7 @@ class Engine:
 
     def tokenize(self, text: str, *, markup: bool = False, add_bos: bool = False) -> list[int]:
         """Text -> ids. markup=True recognises special tokens: only for text we wrote."""
-        data = _c_text(text)
+        data = c_text(text)
         func = self._dll.waste_tokenize_markup if markup else self._dll.waste_tokenize
         call = "waste_tokenize_markup" if markup else "waste_tokenize"
         # A token is at least one byte, so this first guess almost always fits.

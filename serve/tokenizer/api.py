@@ -1,0 +1,30 @@
+"""What serve needs of a tokenizer: text to ids, with and without markup.
+
+Two things meet it: the off-engine tokenizer (serve/tokenizer/encoder.py), a
+pure function of the container's files that any thread may call, and the
+engine's own (waste_tokenize, waste_tokenize_markup) reached between engine
+calls (serve/tokenizer/errand.py) when the off-engine one is not equal to it.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Protocol
+
+from serve.formats.xtml.render import Segment
+
+
+class Tokenizer(Protocol):
+    def tokenize(self, text: str) -> list[int]:
+        """Text as content: special tokens' texts are ordinary text (waste_tokenize)."""
+
+    def tokenize_markup(self, text: str) -> list[int]:
+        """Text serve wrote: special tokens' texts are their ids (waste_tokenize_markup)."""
+
+
+def tokenize_segments(tokenizer: Tokenizer, segments: Iterable[Segment]) -> list[int]:
+    """Each segment on its own, by the entry point its `markup` picks: never concatenated
+    (content would be read as markup) nor merged (BPE is not associative)."""
+    ids: list[int] = []
+    for segment in segments:
+        ids.extend(tokenizer.tokenize_markup(segment.text) if segment.markup
+                   else tokenizer.tokenize(segment.text))
+    return ids
