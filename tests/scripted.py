@@ -27,6 +27,8 @@ from serve.engine.binding import (Engine, EngineConfig, GenParams, GenResult, Me
                           TokenInfo, WasteError, load_library)
 from serve.http.server import Server
 from serve.snapshots.cache import PrefixCache
+from serve.tokenizer.choice import choose as choose_tokenizer
+from serve.formats.xtml.render import Segment
 from serve.service.facade import Service, ServiceOptions
 from serve.snapshots.policy import Costs, SnapshotPolicy
 
@@ -301,12 +303,34 @@ class SlowEnginePolicy(SnapshotPolicy):
         pass
 
 
+class ScriptedTokenizer:
+    """The scripted engine's tokenizer as serve's own (callable before the queue), recording
+    each segment of text it is handed in the engine's `segments`."""
+
+    def __init__(self, engine: ScriptedEngine):
+        self.engine = engine
+        self.specials = engine.specials
+
+    def tokenize(self, text: str) -> list[int]:
+        self.engine.segments.append(Segment(text, False))
+        return self.engine.tokenize(text)
+
+    def tokenize_markup(self, text: str) -> list[int]:
+        self.engine.segments.append(Segment(text, True))
+        return self.engine.tokenize(text, markup=True)
+
+    def detokenize(self, ids: Sequence[int]) -> bytes:
+        return self.engine.detokenize(ids)
+
+
 def scripted_service(engine: Optional[ScriptedEngine] = None, library: Optional[ScriptedLibrary] = None,
                      model_dir: str = "/nonexistent", **options: Any) -> Service:
     engine = engine or ScriptedEngine()
     options.setdefault("model_id", "scripted")
     options.setdefault("snapshot_policy", SlowEnginePolicy())
     options.setdefault("eval_logits", False)   # a script has no logits: waste_generate plays it
+    options.setdefault("tokenizer", ScriptedTokenizer(engine))
+    options.setdefault("bos", [engine.specials["[BOS]"]])
     return Service(engine, library or ScriptedLibrary(), resolve_chat_format(engine, model_dir),
                    ServiceOptions(**options))
 
@@ -323,6 +347,9 @@ def real_service(lib_path, container, *, vision: bool = False, ctx: int = 0,
     try:
         options.setdefault("model_id", "real")
         options.setdefault("snapshot_policy", SlowEnginePolicy())
+        if "tokenizer" not in options:   # as the server chooses it at start
+            chosen = choose_tokenizer(engine, container)
+            options.update(tokenizer=chosen.tokenizer, bos=chosen.bos)
         if prefix_cache_for is not None:
             options["prefix_cache"] = prefix_cache_for(lib, engine)
         service = Service(engine, lib, resolve_chat_format(engine, container),

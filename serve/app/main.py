@@ -28,6 +28,7 @@ from serve.http.sse import DEFAULT_HEARTBEAT
 from serve.service.facade import Service, ServiceOptions
 from serve.snapshots.policy import SnapshotPolicy
 from serve.app.warm import WarmError, Warmer, warm_requests
+from serve.tokenizer.choice import Choice, choose as choose_tokenizer
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 DRAIN_SECONDS = 10.0  # at shutdown, for cut replies to reach their clients
@@ -142,6 +143,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                         "start-up; requests are served meanwhile (repeatable)")
     p.add_argument("--no-prefix-cache", action="store_true",
                    help="prefill every request from scratch")
+    p.add_argument("--engine-tokenizer", action="store_true",
+                   help="tokenize on the engine (between its calls) even where serve's own "
+                        "tokenizer is equal to it")
     p.add_argument("--keep-reasoning", action="store_true",
                    help="give a returned reply whose reasoning the client dropped the reasoning "
                         "this server remembers for it")
@@ -188,7 +192,7 @@ def describe_cache(cache: Optional[PrefixCache]) -> str:
 
 
 def banner(lib: Library, engine: Engine, fmt: ChatFormat, args: argparse.Namespace, url: str,
-           service: Service, context: ContextChoice) -> str:
+           service: Service, context: ContextChoice, tokens: Choice) -> str:
     info, mem = engine.info, engine.memory_used()
     chat = fmt.description
     lines = [
@@ -201,6 +205,7 @@ def banner(lib: Library, engine: Engine, fmt: ChatFormat, args: argparse.Namespa
         f"state {gib(mem.state_bytes)}, floor {gib(mem.floor_bytes)})"
         + (f", vision tower {gib(mem.vision_bytes)}" if args.vision else ""),
         f"chat     {chat}",
+        f"tokens   {tokens.note}",
         ("thinking unavailable (this chat format has no reasoning channel)"
          if not fmt.supports_reasoning else
          f"thinking {'off' if args.no_thinking else 'on'} by default (reasoning_effort overrides)"),
@@ -304,6 +309,7 @@ def serve(lib: Library, engine: Engine, args: argparse.Namespace, warm: list,
     except (PrefixCacheError, OSError) as e:
         return fail(f"prefix cache: {e}")
     try:
+        tokens = choose_tokenizer(engine, args.model, enabled=not args.engine_tokenizer)
         options = ServiceOptions(model_id=args.model_id or default_model_id(args.model),
                                  max_tokens=args.max_tokens, thinking=not args.no_thinking,
                                  vision=args.vision, allow_local_images=args.allow_local_images,
@@ -312,15 +318,16 @@ def serve(lib: Library, engine: Engine, args: argparse.Namespace, warm: list,
                                                                 args.prefix_cache_spacing, log),
                                  finish_abandoned=not args.no_finish_abandoned,
                                  log=log, reply_memory=ReplyMemory(),
-                                 keep_reasoning=args.keep_reasoning, max_queue=args.max_queue)
-        return run_server(lib, engine, fmt, options, args, log, warm, context)
+                                 keep_reasoning=args.keep_reasoning, max_queue=args.max_queue,
+                                 tokenizer=tokens.tokenizer, bos=tokens.bos)
+        return run_server(lib, engine, fmt, options, args, log, warm, context, tokens)
     finally:
         if cache is not None:
             cache.close()
 
 
 def run_server(lib: Library, engine: Engine, fmt: ChatFormat, options: ServiceOptions, args: argparse.Namespace,
-               log, warm: list, context: ContextChoice) -> int:
+               log, warm: list, context: ContextChoice, tokens: Choice) -> int:
     service = Service(engine, lib, fmt, options)
     try:
         server = Server((args.host, args.port), service, api_key=args.api_key or None, log=log,
@@ -349,7 +356,8 @@ def run_server(lib: Library, engine: Engine, fmt: ChatFormat, options: ServiceOp
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     host = f"[{args.host}]" if ":" in args.host else args.host
-    print(banner(lib, engine, fmt, args, f"http://{host}:{server.port}/v1", service, context),
+    print(banner(lib, engine, fmt, args, f"http://{host}:{server.port}/v1", service, context,
+                 tokens),
           flush=True)
     if fmt.refusal is not None:
         print("note     /v1/chat/completions is unavailable; /v1/completions works", flush=True)

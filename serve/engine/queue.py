@@ -13,15 +13,23 @@ it or waits for it, and it is told to yield as soon as a request arrives, which
 it does at its next chunk. A request whose client left mid-prefill becomes such
 work where it stands (Turn.to_idle): its prefill goes on for the client's retry
 while nobody waits, and yields like any idle-time work.
+
+A short engine call for a thread that does not hold the engine (tokenizing a
+request before it joins the line, when serve's own tokenizer is not the
+engine's) is an errand: it runs at once when the engine is free, else the
+holder runs it between its engine calls (at its next prefill chunk), so it
+never waits behind a whole prefill.
 """
 from __future__ import annotations
 
 import threading
 from collections import deque
 from contextlib import contextmanager
-from typing import Callable, Iterator, Optional, Protocol
+from typing import Callable, Iterator, Optional, Protocol, TypeVar
 
 from serve.core.api import ApiError
+
+T = TypeVar("T")
 
 RETRY_AFTER_SECONDS = 5
 POLL_SECONDS = 0.25  # how often a waiting request asks whether its client is still there
@@ -45,6 +53,22 @@ def overloaded(message: str) -> ApiError:
 def shutting_down() -> ApiError:
     return ApiError(503, "the server is shutting down", code="server_shutting_down",
                     kind="server_error")
+
+
+class _Errand:
+    """One short engine call, and how it ended."""
+
+    def __init__(self, work: Callable[[], object]):
+        self.work = work
+        self.done = False
+        self.result: object = None
+        self.error: Optional[BaseException] = None
+
+    def run(self) -> None:
+        try:
+            self.result = self.work()
+        except BaseException as e:  # noqa: BLE001 - handed to the thread that asked
+            self.error = e
 
 
 class Turn:
@@ -78,6 +102,8 @@ class EngineQueue:
         self._busy = False    # a request holds the engine
         self._idle = False    # idle-time work holds it
         self._closed = False
+        self._errands: deque[_Errand] = deque()
+        self._errand_running = False   # an errand has the free engine to itself
 
     def __len__(self) -> int:
         """Requests waiting (not counting the one that holds the engine)."""
@@ -153,7 +179,7 @@ class EngineQueue:
         one included; 0 while idle-time work finishes its chunk). Under _cond."""
         if self._closed:
             raise shutting_down()
-        if not (self._busy or self._idle) and self._line[0] is ticket:
+        if not (self._busy or self._idle or self._errand_running) and self._line[0] is ticket:
             self._line.popleft()
             self._busy = True
             return None
@@ -170,7 +196,8 @@ class EngineQueue:
         is then not done. Patient work waits for the line to empty instead.
         """
         def free() -> bool:
-            return not (self._busy or self._idle or (patient and self._line))
+            return not (self._busy or self._idle or self._errand_running
+                        or (patient and self._line))
 
         with self._cond:
             self._cond.wait_for(lambda: self._closed or (self._line and not patient) or free())
@@ -180,8 +207,12 @@ class EngineQueue:
         if not granted:
             yield None
             return
+        def yield_now() -> bool:
+            self.run_errands()   # asked between chunks: a moment the engine is free
+            return self._requested()
+
         try:
-            yield self._requested
+            yield yield_now
         finally:
             with self._cond:
                 self._idle = False
@@ -189,6 +220,50 @@ class EngineQueue:
 
     def _requested(self) -> bool:
         return bool(self._line) or self._closed
+
+    # -- errands --------------------------------------------------------------
+
+    def errand(self, work: Callable[[], T]) -> T:
+        """Run `work`, a short engine call, for a thread that does not hold the engine: at
+        once when the engine is free, else between the holder's engine calls (run_errands).
+        Raises what `work` raises, or the shutdown 503."""
+        errand = _Errand(work)
+        with self._cond:
+            self._errands.append(errand)
+            self._cond.notify_all()
+            while not errand.done:
+                if errand in self._errands and (self._closed or not (
+                        self._busy or self._idle or self._errand_running)):
+                    self._errands.remove(errand)
+                    if self._closed:
+                        raise shutting_down()
+                    self._errand_running = True
+                    break
+                self._cond.wait(POLL_SECONDS)
+        if not errand.done:
+            try:
+                errand.run()
+            finally:
+                with self._cond:
+                    self._errand_running = False
+                    self._cond.notify_all()
+        if errand.error is not None:
+            raise errand.error
+        return errand.result  # type: ignore[return-value]
+
+    def run_errands(self) -> None:
+        """Called by the engine's holder between its engine calls: run the errands waiting."""
+        with self._cond:
+            if not self._errands:
+                return
+            pending = list(self._errands)
+            self._errands.clear()
+        for errand in pending:
+            errand.run()
+        with self._cond:
+            for errand in pending:
+                errand.done = True
+            self._cond.notify_all()
 
     def close(self) -> None:
         """Admit no one again: waiting requests and later arrivals get the shutdown 503."""
@@ -200,4 +275,5 @@ class EngineQueue:
         """Wait until neither a request nor idle-time work holds the engine (after close(),
         it is then free for good). True when it is."""
         with self._cond:
-            return self._cond.wait_for(lambda: not (self._busy or self._idle), timeout)
+            return self._cond.wait_for(
+                lambda: not (self._busy or self._idle or self._errand_running), timeout)

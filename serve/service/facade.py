@@ -1,7 +1,8 @@
 """Runs one request on the engine, with no HTTP in sight: the stages, called once each in order.
 
-Chat: check (before waiting) -> wait in line for the engine -> build the prompt
-(serve/service/prompt.py) -> run it (serve/service/generation.py), the reply read by the chat
+Chat: check and build the prompt (serve/service/prompt.py), before waiting, so
+that a request that will be refused is refused at once however busy the
+engine is -> wait in line for the engine -> encode its images -> run it (serve/service/generation.py), the reply read by the chat
 format's parser (serve/service/reply_reader.py) -> remember the reply and settle the
 next turn's state in idle time (serve/service/settle.py). Completions skip the chat
 format. Every request starts from an empty conversation and holds the engine
@@ -15,7 +16,7 @@ from __future__ import annotations
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional, Sequence
 
 from serve.core import api
 
@@ -31,13 +32,16 @@ from serve.service.logprobs import chat_logprobs, completion_logprobs
 from serve.app.metrics import Metrics
 from serve.engine.prefill import DEFAULT_CHUNK, Prefill, PrefillCancelled, start_empty
 from serve.snapshots.cache import PrefixCache
-from serve.service.prompt import ChatCheck, Prompt, PromptBuilder, check_fits, too_long
+from serve.service.prompt import ChatCheck, Prompt, PromptBuilder, check_fits
 from serve.service.replies import ChatReply, CompletionReply, ReplySink
 from serve.snapshots.reply_memory import ReplyMemory
 from serve.service.reply_reader import ChatReader, TextReader
 from serve.dialects.response_store import ResponseStore
 from serve.service.settle import Settler
 from serve.snapshots.policy import SnapshotPolicy
+from serve.tokenizer.api import Tokenizer
+from serve.tokenizer.choice import engine_bos
+from serve.tokenizer.engine_side import EngineTokenizer
 
 
 class _Watched:
@@ -94,6 +98,9 @@ class ServiceOptions:
     keep_reasoning: bool = False   # render remembered reasoning into replies a client returns without it
     eval_logits: bool = True       # False: the engine's waste_eval gives no logits to decode with
     max_queue: int = 32            # requests that may wait for the engine; more get a 503
+    tokenizer: Optional[Tokenizer] = None   # serve's own, equal to the engine's (tokenizer/choice.py);
+                                            # None: the engine's, between its calls
+    bos: Optional[Sequence[int]] = None     # add_bos's ids (choice.py); None: asked of the engine
 
 
 class Service:
@@ -110,7 +117,13 @@ class Service:
         self.policy = options.snapshot_policy or SnapshotPolicy(log=options.log)
         self.metrics = Metrics(engine.stats(), self.activity, options.prefix_cache, self.policy,
                                lambda: engine.evaluated)
-        self.prompts = PromptBuilder(engine, library, chat_format, vision=options.vision,
+        # Before the queue: serve's own tokenizer, or the engine's as an errand between its
+        # calls; holding the engine: serve's own, or the engine's at once.
+        early = options.tokenizer or EngineTokenizer(engine, self.queue.errand)
+        held = options.tokenizer or EngineTokenizer(engine)
+        bos = options.bos if options.bos is not None else engine_bos(engine)
+        self.prompts = PromptBuilder(engine, library, chat_format, tokenizer=early, bos=bos,
+                                     vision=options.vision,
                                      reply_memory=options.reply_memory,
                                      keep_reasoning=options.keep_reasoning,
                                      snapshots=options.prefix_cache is not None,
@@ -119,7 +132,7 @@ class Service:
                                      prefix_cache=options.prefix_cache, policy=self.policy,
                                      prefill_chunk=options.prefill_chunk,
                                      eval_logits=options.eval_logits, log=options.log)
-        self.settler = Settler(engine, self.queue, options.prefix_cache, self.policy,
+        self.settler = Settler(engine, held, self.queue, options.prefix_cache, self.policy,
                                options.reply_memory, self.prompts.reply)
 
     def activity(self) -> Activity:
@@ -145,38 +158,43 @@ class Service:
         # Built before the engine is held: a schema the grammar cannot enforce is a 400
         # before any stream opens, and a large one compiles while others use the engine.
         constraint = self._constraint(req, check.thinking)
-        sink.accepted(check.thinking)
-        with self._turn(sink) as sink, StagedImages(self.options.allow_local_images) as staged:
-            prompt = self.prompts.chat(req, check, staged)
-            reader = ChatReader(self.chat_format.new_parser(check.thinking), req.sampling.stop,
-                                self.chat_format.stop_tokens,
-                                None if req.parallel_tool_calls else 1)
-            outcome = self.generation.run(
-                prompt, req.sampling, sink, reader, stop_tokens=self.chat_format.stop_tokens,
-                logprobs=req.logprobs, constraint=constraint, label=req.request_id,
-                stop=self._prefill_stop(sink, req.request_id))
-            message = reader.message()
-            outcome.usage.waste["reasoning"] = check.reasoning
-            if not outcome.client_gone:
-                self.settler.after_reply(prompt, outcome, message)
+        with StagedImages(self.options.allow_local_images) as staged:
+            early = self.prompts.chat(req, check, staged)
+            sink.accepted(check.thinking)
+            with self._turn(sink) as sink:
+                prompt = self.prompts.with_images(early)
+                reader = ChatReader(self.chat_format.new_parser(check.thinking), req.sampling.stop,
+                                    self.chat_format.stop_tokens,
+                                    None if req.parallel_tool_calls else 1)
+                outcome = self.generation.run(
+                    prompt, req.sampling, sink, reader, stop_tokens=self.chat_format.stop_tokens,
+                    logprobs=req.logprobs, constraint=constraint, label=req.request_id,
+                    stop=self._prefill_stop(sink, req.request_id))
+                message = reader.message()
+                outcome.usage.waste["reasoning"] = check.reasoning
+                if not outcome.client_gone:
+                    self.settler.after_reply(prompt, outcome, message)
         return ChatReply(message, outcome.finish_reason, outcome.usage, outcome.client_gone,
                          None if outcome.logprobs is None else chat_logprobs(outcome.logprobs),
                          reader.stop_sequence)
 
     def count_chat(self, req: ChatRequest, sink: ReplySink) -> int:
-        """The positions a chat request's prompt would take, without generating anything.
-
-        It waits in line like any request (tokenizing needs the engine)."""
+        """The positions a chat request's prompt would take, without generating anything:
+        without the engine, unless images need it to count their positions."""
         check = self.prompts.check(req)
-        with self._turn(sink), StagedImages(self.options.allow_local_images) as staged:
+        with StagedImages(self.options.allow_local_images) as staged:
             prompt = self.prompts.chat(req, check, staged)
-            self.engine.image_clear()
-            return len(prompt.ids)
+            if not prompt.image_paths:
+                return len(prompt.ids)
+            with self._turn(sink):
+                expanded = self.prompts.with_images(prompt)
+                self.engine.image_clear()
+                return len(expanded.ids)
 
     def complete(self, req: CompletionRequest, sink: ReplySink) -> CompletionReply:
         check_fits(self.engine, len(req.prompt), "prompt")
+        prompt = Prompt(self.prompts.text(req.prompt))
         with self._turn(sink) as sink:
-            prompt = Prompt(self.prompts.text(req.prompt))
             reader = TextReader(req.sampling.stop, self.engine.specials.values())
             outcome = self.generation.run(prompt, req.sampling, sink, reader,
                                           logprobs=req.logprobs, label=req.request_id,
@@ -211,6 +229,7 @@ class Service:
 
         def stop() -> bool:
             nonlocal abandoned
+            self.queue.run_errands()   # between chunks: tokenizing waits no longer than one
             if not abandoned:
                 if not watched.gone():
                     return False
@@ -246,17 +265,15 @@ class Service:
         def stopping() -> bool:
             return halted() or self._stopping.is_set()
 
+        with StagedImages(self.options.allow_local_images) as no_images:
+            prompt = self.prompts.chat(req, check, no_images)
+        ids, held = prompt.ids, len(prompt.history)
         while True:
             with self.queue.idle_turn(patient=True) as yield_now:
                 if yield_now is None or stopping():
                     raise PrefillCancelled()
                 start_empty(self.engine)
                 try:
-                    with StagedImages(self.options.allow_local_images) as no_images:
-                        prompt = self.prompts.chat(req, check, no_images)
-                    ids, held = prompt.ids, len(prompt.history)
-                    if len(ids) > self.engine.info.ctx_max:
-                        raise too_long(len(ids), self.engine.info.ctx_max, "messages")
                     run = Prefill(self.engine, ids, cache=cache, policy=self.policy,
                                   chunk=self.options.prefill_chunk, progress=progress,
                                   stop=lambda: yield_now() or stopping())
@@ -290,3 +307,4 @@ class Service:
     def close(self) -> None:
         """No more idle-time work: returns once none is running, before the engine closes."""
         self.settler.close()
+

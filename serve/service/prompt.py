@@ -2,14 +2,17 @@
 
 messages -> one rendering of the conversation (remembered replies recalled from
 it) -> token ids, remembered replies laid over as the model produced them ->
-images expanded. The conversation and the generation prompt are tokenized
-apart (as segments always are), so the end of the conversation, which the next
+images expanded. Everything but the images' encoding is done before the
+request waits for the engine (the tokenizer is serve's own, or the engine's
+reached between its calls): a prompt that cannot be built or cannot fit is
+refused at once, however busy the engine. The conversation and the generation
+prompt are tokenized apart (as segments always are), so the end of the conversation, which the next
 turn's prompt repeats, is a known position worth a snapshot; so are the ends
 of the parts other conversations share (serve/snapshots/checkpoints.py).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional, Sequence
 
 from serve.core.api import ApiError, ChatRequest, invalid
@@ -18,6 +21,7 @@ from serve.snapshots.checkpoints import preamble_ends
 from serve.engine.binding import UnencodableText, WasteError
 from serve.engine.api import EngineApi, ImageProbe
 from serve.snapshots.history_ids import tokenize_history
+from serve.tokenizer.api import Tokenizer, tokenize_segments
 from serve.service.images import StagedImages, image_parts
 from serve.snapshots.reply_memory import ReplyMemory
 from serve.formats.xtml.render import IMAGE_PLACEHOLDER, PromptError, Segment, image_prompt
@@ -31,6 +35,7 @@ class Prompt:
     text_ids: list[int] = field(default_factory=list)  # with images: the ids before expansion
     image_start: int = 0                  # with images: where the first placeholder is in text_ids
     image_paths: Sequence[str] = ()       # with images: the files, to queue again after prefill
+    image_params: Sequence[str] = ()      # with images: the request field each came from
     generation: Sequence[int] = ()        # the generation prompt's ids, which open the reply's message
     conversation: Sequence[Segment] = ()  # the rendered segments before the generation prompt
     thinking: bool = False                # the reply opens in the think channel
@@ -55,6 +60,12 @@ def too_long(tokens: int, ctx: int, param: str, at_least: bool = False) -> ApiEr
                          f"context holds {ctx} including at least one generated token (a server "
                          "started with a larger --ctx takes more)",
                     param=param, code="context_length_exceeded")
+
+
+def check_room(tokens: int, ctx: int, param: str) -> None:
+    """Refuse a prompt that leaves no position for a generated token."""
+    if tokens > ctx - 1:
+        raise too_long(tokens, ctx, param)
 
 
 def check_fits(engine: EngineApi, chars: int, param: str) -> None:
@@ -102,9 +113,12 @@ def least_rendered_chars(messages: Sequence[object], images: int) -> int:
 
 class PromptBuilder:
     def __init__(self, engine: EngineApi, images: ImageProbe, chat_format: ChatFormat, *,
-                 vision: bool, reply_memory: Optional[ReplyMemory], keep_reasoning: bool,
+                 tokenizer: Tokenizer, bos: Sequence[int], vision: bool,
+                 reply_memory: Optional[ReplyMemory], keep_reasoning: bool,
                  snapshots: bool, default_thinking: bool):
         self.engine = engine
+        self.tokenizer = tokenizer       # callable before the engine is held
+        self.bos = list(bos)             # what a completion's prompt starts with
         self.images = images
         self.chat_format = chat_format
         self.vision = vision
@@ -155,10 +169,9 @@ class PromptBuilder:
             return "off"
         return req.thinking_effort or "on"
 
-    # -- holding the engine -----------------------------------------------------------
-
     def chat(self, req: ChatRequest, check: ChatCheck, staged: StagedImages) -> Prompt:
-        """Render once and tokenize; the images are queued on the engine."""
+        """Render once and tokenize, before the engine is held; images are measured here
+        and encoded on the engine (with_images)."""
         paths = [staged.stage(url, param) for param, url in check.images]
         prompts = [image_prompt(*staged.measure(self.images.image_dimensions, path, param))
                    for path, (param, _) in zip(paths, check.images)]
@@ -166,35 +179,49 @@ class PromptBuilder:
         check_fits(self.engine, conversation.chars(), "messages")
         cuts = self._preamble_cuts(req, messages, conversation)
         try:
-            history, positions = tokenize_history(self.engine, conversation.segments, replies, cuts)
+            history, positions = tokenize_history(self.tokenizer, conversation.segments, replies,
+                                                  cuts)
         except UnencodableText as e:
             raise invalid("messages", f"a message cannot be tokenized: {e}") from None
-        generation = self.engine.tokenize_segments(self.chat_format.generation_prompt(check.thinking))
+        generation = tokenize_segments(self.tokenizer,
+                                       self.chat_format.generation_prompt(check.thinking))
         ids = history + generation
-        for path, (param, _) in zip(paths, check.images):
+        # Each image's placeholder is one position here and more once expanded.
+        check_room(len(ids), self.engine.info.ctx_max, "messages")
+        snapshot_at = [*sorted(positions[cut] for cut in cuts if cut in positions), len(history)]
+        if not paths:
+            return Prompt(ids, snapshot_at, generation=generation,
+                          conversation=conversation.segments, thinking=check.thinking)
+        return Prompt(ids, snapshot_at, text_ids=ids,
+                      image_start=ids.index(self.chat_format.media_pad), image_paths=paths,
+                      image_params=[param for param, _ in check.images], generation=generation,
+                      conversation=conversation.segments, thinking=check.thinking)
+
+    def text(self, prompt: str) -> list[int]:
+        """A completion's prompt, after the BOS the container has (waste_tokenize's add_bos)."""
+        try:
+            ids = self.bos + self.tokenizer.tokenize(prompt)
+        except UnencodableText as e:
+            raise invalid("prompt", f"the prompt cannot be tokenized: {e}") from None
+        if not ids:
+            raise invalid("prompt", "prompt is empty")
+        check_room(len(ids), self.engine.info.ctx_max, "prompt")
+        return ids
+
+    # -- holding the engine -----------------------------------------------------------
+
+    def with_images(self, prompt: Prompt) -> Prompt:
+        """The prompt with its images encoded and queued on the engine, their placeholders
+        expanded to the positions each takes."""
+        if not prompt.image_paths:
+            return prompt
+        for path, param in zip(prompt.image_paths, prompt.image_params):
             try:
                 self.engine.image_add(path)  # validates the image, and counts its positions
             except WasteError as e:
                 self.engine.image_clear()
                 raise invalid(param, f"image could not be encoded: {e}") from None
-        snapshot_at = [*sorted(positions[cut] for cut in cuts if cut in positions), len(history)]
-        if not paths:
-            return Prompt(ids, snapshot_at, generation=generation,
-                          conversation=conversation.segments, thinking=check.thinking)
-        return Prompt(self.engine.image_expand(ids), snapshot_at, text_ids=ids,
-                      image_start=ids.index(self.chat_format.media_pad), image_paths=paths,
-                      generation=generation, conversation=conversation.segments,
-                      thinking=check.thinking)
-
-    def text(self, prompt: str) -> list[int]:
-        """A completion's prompt; the engine knows whether its container has a BOS to add."""
-        try:
-            ids = self.engine.tokenize(prompt, markup=False, add_bos=True)
-        except UnencodableText as e:
-            raise invalid("prompt", f"the prompt cannot be tokenized: {e}") from None
-        if not ids:
-            raise invalid("prompt", "prompt is empty")
-        return ids
+        return replace(prompt, ids=self.engine.image_expand(prompt.text_ids))
 
     def reply(self, message: dict, thinking: bool) -> list[Segment]:
         """One assistant message's own segments as history renders them (what reply memory

@@ -20,6 +20,7 @@ from serve.engine.api import EngineApi
 from serve.engine.queue import EngineQueue
 from serve.service.generation import Outcome
 from serve.snapshots.history_ids import overlay
+from serve.tokenizer.api import Tokenizer
 from serve.engine.prefill import Prefill, PrefillCancelled, start_empty, store
 from serve.snapshots.cache import PrefixCache
 from serve.service.prompt import Prompt
@@ -42,10 +43,11 @@ class SettleJob:
 
 
 class Settler:
-    def __init__(self, engine: EngineApi, queue: EngineQueue, cache: Optional[PrefixCache],
-                 policy: SnapshotPolicy, memory: Optional[ReplyMemory],
-                 render_reply: Callable[[dict, bool], list[Segment]]):
+    def __init__(self, engine: EngineApi, tokenizer: Tokenizer, queue: EngineQueue,
+                 cache: Optional[PrefixCache], policy: SnapshotPolicy,
+                 memory: Optional[ReplyMemory], render_reply: Callable[[dict, bool], list[Segment]]):
         self.engine = engine
+        self.tokenizer = tokenizer         # called while this holds the engine
         self.queue = queue
         self.cache = cache
         self.policy = policy
@@ -118,7 +120,7 @@ class Settler:
             if yield_now is None or job is None or self._closed or yield_now():
                 return
             try:
-                tokens = job.history + overlay(self.engine, job.rendered, job.ids)
+                tokens = job.history + overlay(self.tokenizer, job.rendered, job.ids)
                 if tokens[len(job.history):] == job.ids[:job.saved]:
                     return   # the snapshot after the reply is this state already
                 start_empty(self.engine)

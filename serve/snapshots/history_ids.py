@@ -19,8 +19,8 @@ from __future__ import annotations
 import codecs
 from typing import Sequence
 
-from serve.engine.api import EngineApi
 from serve.formats.xtml.render import Segment
+from serve.tokenizer.api import Tokenizer, tokenize_segments
 
 
 def find(segments: Sequence[Segment], run: Sequence[Segment], start: int) -> int:
@@ -32,10 +32,10 @@ def find(segments: Sequence[Segment], run: Sequence[Segment], start: int) -> int
     return -1
 
 
-def tokenize_history(engine: EngineApi, segments: Sequence[Segment],
+def tokenize_history(tokenizer: Tokenizer, segments: Sequence[Segment],
                      replies: Sequence[tuple[Sequence[Segment], Sequence[int]]],
                      cuts: Sequence[int] = ()) -> tuple[list[int], dict[int, int]]:
-    """engine.tokenize_segments(segments), except inside the remembered replies; and, for
+    """tokenize_segments(tokenizer, segments), except inside the remembered replies; and, for
     each segment count in `cuts`, how many ids the segments before it make.
 
     `replies` are (rendered message, remembered ids) in conversation order. A cut
@@ -52,10 +52,10 @@ def tokenize_history(engine: EngineApi, segments: Sequence[Segment],
         while pending and pending[0] <= upto:
             cut = pending.pop(0)
             if cut >= at:
-                ids.extend(engine.tokenize_segments(segments[at:cut]))
+                ids.extend(tokenize_segments(tokenizer, segments[at:cut]))
                 positions[cut] = len(ids)
                 at = cut
-        ids.extend(engine.tokenize_segments(segments[at:upto]))
+        ids.extend(tokenize_segments(tokenizer, segments[at:upto]))
         at = upto
 
     for rendered, remembered in replies:
@@ -63,20 +63,20 @@ def tokenize_history(engine: EngineApi, segments: Sequence[Segment],
         if start < 0:
             continue
         plain(start)
-        ids.extend(overlay(engine, rendered, remembered))
+        ids.extend(overlay(tokenizer, rendered, remembered))
         at = start + len(rendered)
     plain(len(segments))
     return ids, positions
 
 
-def overlay(engine: EngineApi, rendered: Sequence[Segment], remembered: Sequence[int]) -> list[int]:
+def overlay(tokenizer: Tokenizer, rendered: Sequence[Segment], remembered: Sequence[int]) -> list[int]:
     """The ids of one rendered message: remembered ones as far as they match, then tokenized."""
-    specials = frozenset(engine.specials.values())
+    specials = frozenset(tokenizer.specials.values())
     out: list[int] = []
     pos = i = 0
     while i < len(rendered) and pos < len(remembered):
         if rendered[i].markup:
-            want = engine.tokenize_segments([rendered[i]])
+            want = tokenize_segments(tokenizer, [rendered[i]])
             k = _common_prefix(want, remembered, pos)
             if k < len(want) and pos + k < len(remembered):
                 break                       # the reply wrote other structure here
@@ -91,17 +91,17 @@ def overlay(engine: EngineApi, rendered: Sequence[Segment], remembered: Sequence
         stop = pos
         while stop < len(remembered) and remembered[stop] not in specials:
             stop += 1
-        n, chars = _text_prefix(engine, remembered[pos:stop], text)
+        n, chars = _text_prefix(tokenizer, remembered[pos:stop], text)
         out += remembered[pos:pos + n]
         pos += n
         if chars < len(text):
-            out += _rest_of_run(engine, rendered[i:end], chars)
+            out += _rest_of_run(tokenizer, rendered[i:end], chars)
             i = end
             break
         i = end
         if pos < stop:
             break                           # the reply said more text than the message holds
-    return out + engine.tokenize_segments(rendered[i:])
+    return out + tokenize_segments(tokenizer, rendered[i:])
 
 
 def _common_prefix(want: Sequence[int], have: Sequence[int], pos: int) -> int:
@@ -111,13 +111,13 @@ def _common_prefix(want: Sequence[int], have: Sequence[int], pos: int) -> int:
     return k
 
 
-def _text_prefix(engine: EngineApi, ids: Sequence[int], text: str) -> tuple[int, int]:
+def _text_prefix(tokenizer: Tokenizer, ids: Sequence[int], text: str) -> tuple[int, int]:
     """(n, chars): the most leading `ids` whose decoded text is text[:chars], whole characters only."""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     best = (0, 0)
     chars = 0
     for n, token in enumerate(ids, start=1):
-        piece = decoder.decode(engine.detokenize([token]), final=n == len(ids))
+        piece = decoder.decode(tokenizer.detokenize([token]), final=n == len(ids))
         if text[chars:chars + len(piece)] != piece:
             break
         chars += len(piece)
@@ -126,7 +126,7 @@ def _text_prefix(engine: EngineApi, ids: Sequence[int], text: str) -> tuple[int,
     return best
 
 
-def _rest_of_run(engine: EngineApi, run: Sequence[Segment], chars: int) -> list[int]:
+def _rest_of_run(tokenizer: Tokenizer, run: Sequence[Segment], chars: int) -> list[int]:
     """Tokenize a text run from character `chars` on, keeping its segments apart."""
     rest: list[Segment] = []
     for segment in run:
@@ -135,4 +135,4 @@ def _rest_of_run(engine: EngineApi, run: Sequence[Segment], chars: int) -> list[
             continue
         rest.append(Segment(segment.text[chars:], False))
         chars = 0
-    return engine.tokenize_segments(rest)
+    return tokenize_segments(tokenizer, rest)

@@ -1,23 +1,29 @@
-"""What serve needs of a tokenizer: text to ids, with and without markup.
+"""What serve needs of a tokenizer: text to ids, with and without markup, and back.
 
 Two things meet it: the off-engine tokenizer (serve/tokenizer/encoder.py), a
 pure function of the container's files that any thread may call, and the
-engine's own (waste_tokenize, waste_tokenize_markup) reached between engine
-calls (serve/tokenizer/errand.py) when the off-engine one is not equal to it.
+engine's own (waste_tokenize, waste_tokenize_markup, waste_detokenize) through
+serve/tokenizer/engine_side.py: reached between engine calls when the
+off-engine one is not equal to it (serve/tokenizer/choice.py decides at start).
 """
 from __future__ import annotations
 
-from typing import Iterable, Protocol
+from typing import Iterable, Protocol, Sequence
 
 from serve.formats.xtml.render import Segment
 
 
 class Tokenizer(Protocol):
+    specials: dict[str, int]   # special token text -> id
+
     def tokenize(self, text: str) -> list[int]:
         """Text as content: special tokens' texts are ordinary text (waste_tokenize)."""
 
     def tokenize_markup(self, text: str) -> list[int]:
         """Text serve wrote: special tokens' texts are their ids (waste_tokenize_markup)."""
+
+    def detokenize(self, ids: Sequence[int]) -> bytes:
+        """Ids -> their bytes, specials as their text (waste_detokenize)."""
 
 
 def tokenize_segments(tokenizer: Tokenizer, segments: Iterable[Segment]) -> list[int]:

@@ -16,7 +16,7 @@ that pattern's rules), and it has no merge-list BPE.
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from serve.engine.binding import c_text
 from serve.tokenizer import split
@@ -29,6 +29,9 @@ MEMO_PIECES = 1 << 16
 class BpeTokenizer:
     def __init__(self, vocab: Vocabulary, use_tiktoken: bool = True):
         self.vocab = vocab
+        self.specials = vocab.specials
+        self._pieces = {i: piece for piece, i in vocab.ranks.items()}
+        self._pieces.update((i, text.encode("utf-8")) for text, i in vocab.specials.items())
         self._merger = Merger(vocab)
         self._pattern = split.pattern(vocab.pretokenizer)
         self._memo: dict[str, list[int]] = {}
@@ -59,6 +62,12 @@ class BpeTokenizer:
         if at < len(text):
             ids.extend(self._plain(text[at:]))
         return ids
+
+    def detokenize(self, ids: Sequence[int]) -> bytes:
+        try:
+            return b"".join(self._pieces[i] for i in ids)
+        except KeyError as e:
+            raise ValueError(f"no token has the id {e.args[0]}") from None
 
     def _python(self, text: str) -> list[int]:
         memo, ids = self._memo, []

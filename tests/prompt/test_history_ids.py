@@ -10,12 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scripted import ScriptedEngine
+from serve.tokenizer.engine_side import EngineTokenizer
 from serve.formats.xtml import render as xtml
 from serve.snapshots.history_ids import overlay, tokenize_history
 from serve.snapshots.reply_memory import ReplyMemory
 from serve.formats.xtml.render import Segment
 
 ENGINE = ScriptedEngine()
+TOKENIZER = EngineTokenizer(ENGINE)
 SPECIALS = frozenset(ENGINE.specials.values())
 OPENING = xtml.generation_prompt(True)
 
@@ -43,14 +45,14 @@ def assert_same_prompt(ids: list[int], segments: list[Segment]) -> None:
 
 def test_a_whole_reply_takes_the_ids_the_model_sampled():
     pieces = ["Let me", " think", *closing("The rise and fall")]
-    ids = overlay(ENGINE, rendered("The rise and fall", "Let me think"), reply_ids(*pieces))
+    ids = overlay(TOKENIZER, rendered("The rise and fall", "Let me think"), reply_ids(*pieces))
     assert ids == reply_ids(*pieces)
 
 
 def test_a_reply_cut_short_is_closed_by_tokenizing_the_rest():
     remembered = reply_ids("Let me", " thi")      # max_tokens, inside a word
     segments = rendered("", "Let me thi")
-    ids = overlay(ENGINE, segments, remembered)
+    ids = overlay(TOKENIZER, segments, remembered)
     assert ids[:len(remembered)] == remembered
     assert_same_prompt(ids, segments)
 
@@ -58,7 +60,7 @@ def test_a_reply_cut_short_is_closed_by_tokenizing_the_rest():
 def test_ids_stop_at_the_last_token_wholly_before_a_cut():
     remembered = reply_ids("Let me", " think", *closing("The rise and fall")[:6], "The rise", " and fall")
     segments = rendered("The rise and ", "Let me think")   # a stop string cut "fall"
-    ids = overlay(ENGINE, segments, remembered)
+    ids = overlay(TOKENIZER, segments, remembered)
     kept = remembered.index(ENGINE.piece_id(" and fall"))
     assert ids[:kept] == remembered[:kept] and ids[kept] != remembered[kept]
     assert_same_prompt(ids, segments)
@@ -68,7 +70,7 @@ def test_a_special_the_model_wrote_never_stands_where_the_message_has_text():
     # The client's text spells markup; the remembered reply had the real token there.
     segments = rendered("a<|close|>b", "")
     remembered = reply_ids(*closing()[:6], "a", "<|close|>", "b")
-    ids = overlay(ENGINE, segments, remembered)
+    ids = overlay(TOKENIZER, segments, remembered)
     assert_same_prompt(ids, segments)
     upto_a = len(reply_ids(*closing()[:6])) + 1
     assert ids[:upto_a] == remembered[:upto_a]   # the remembered ids serve up to the special
@@ -77,7 +79,7 @@ def test_a_special_the_model_wrote_never_stands_where_the_message_has_text():
 def test_text_the_model_wrote_never_stands_where_the_message_has_markup():
     segments = rendered("ok", "")
     remembered = reply_ids("<|close|", ">think", "<|sep|>")   # markup spelled as text pieces
-    ids = overlay(ENGINE, segments, remembered)
+    ids = overlay(TOKENIZER, segments, remembered)
     assert_same_prompt(ids, segments)
     assert ids == ENGINE.tokenize_segments(segments)
 
@@ -87,11 +89,11 @@ def test_history_overlays_each_remembered_reply_where_it_is_rendered():
     reply = {"role": "assistant", "content": "Yes", "reasoning_content": "Hm."}
     messages = [{"role": "user", "content": "Yes?"}, reply, {"role": "user", "content": "Sure?"}, reply]
     segments = xtml.build_chat_segments(messages, add_generation_prompt=False)
-    ids, _ = tokenize_history(ENGINE, segments, [(rendered("Yes", "Hm."), reply_ids(*pieces))] * 2)
+    ids, _ = tokenize_history(TOKENIZER, segments, [(rendered("Yes", "Hm."), reply_ids(*pieces))] * 2)
     assert ids.count(ENGINE.piece_id("Hm")) == 2
     assert_same_prompt(ids, segments)
     # A reply that is not in the conversation changes nothing.
-    assert tokenize_history(ENGINE, segments, [(rendered("No"), reply_ids("No"))])[0] == \
+    assert tokenize_history(TOKENIZER, segments, [(rendered("No"), reply_ids("No"))])[0] == \
         ENGINE.tokenize_segments(segments)
 
 
@@ -101,9 +103,9 @@ def test_history_tells_where_each_cut_between_messages_falls():
     messages = [{"role": "user", "content": "Yes?"}, reply, {"role": "user", "content": "Sure?"}]
     segments, ends = xtml.build_chat(messages, add_generation_prompt=False)
     inside = ends[1] + 2   # within the remembered reply: no position there
-    ids, positions = tokenize_history(ENGINE, segments, [(rendered("Yes", "Hm."), reply_ids(*pieces))],
+    ids, positions = tokenize_history(TOKENIZER, segments, [(rendered("Yes", "Hm."), reply_ids(*pieces))],
                                       cuts=[ends[0], ends[1], inside, ends[2], ends[3]])
-    assert ids == tokenize_history(ENGINE, segments, [(rendered("Yes", "Hm."), reply_ids(*pieces))])[0]
+    assert ids == tokenize_history(TOKENIZER, segments, [(rendered("Yes", "Hm."), reply_ids(*pieces))])[0]
     assert set(positions) == {ends[0], ends[1], ends[2], ends[3]}
     assert positions[ends[1]] == len(ENGINE.tokenize_segments(segments[:ends[1]]))
     # After the reply, positions count its remembered ids, not its text re-tokenized.
@@ -118,7 +120,7 @@ text = st.text(alphabet="ab <|>éx\u00e9\U0001f30a", max_size=12)
 @given(st.lists(st.one_of(text, st.sampled_from(sorted(ENGINE.specials))), max_size=12), text, text)
 def test_the_prompt_keeps_its_text_and_structure_whatever_was_remembered(pieces, content, reasoning):
     segments = rendered(content, reasoning)
-    assert_same_prompt(overlay(ENGINE, segments, reply_ids(*[p for p in pieces if p])), segments)
+    assert_same_prompt(overlay(TOKENIZER, segments, reply_ids(*[p for p in pieces if p])), segments)
 
 
 # ---- the memory ----------------------------------------------------------------

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from scripted import IMAGE_POSITIONS, ScriptedEngine, ScriptedLibrary, data_url, image_message, tiny_png
+from scripted import (IMAGE_POSITIONS, ScriptedEngine, ScriptedLibrary, ScriptedTokenizer, data_url,
+                      image_message, tiny_png)
 from serve.core.api import ApiError, parse_chat_request
 from serve.formats.choice import NoChatFormat, resolve_chat_format
 from serve.service.images import StagedImages
@@ -16,7 +17,8 @@ SYSTEM = {"role": "system", "content": "Be brief."}
 
 def builder(engine: ScriptedEngine, chat_format=None, **options) -> PromptBuilder:
     settings = dict(vision=False, reply_memory=None, keep_reasoning=False, snapshots=True,
-                    default_thinking=True)
+                    default_thinking=True, tokenizer=ScriptedTokenizer(engine),
+                    bos=[engine.specials["[BOS]"]])
     settings.update(options)
     return PromptBuilder(engine, ScriptedLibrary(),
                          chat_format or resolve_chat_format(engine, "/nonexistent"), **settings)
@@ -104,13 +106,15 @@ def test_thinking_follows_the_request_then_the_default():
     assert prompts.check(request([{"role": "user", "content": "Hi"}], reasoning_effort="high")).thinking
 
 
-def test_images_are_staged_queued_and_expanded():
+def test_images_are_staged_before_the_engine_then_queued_and_expanded():
     engine = ScriptedEngine()
     prompts = builder(engine, vision=True)
     req = request(image_message(data_url(tiny_png())))
     check = prompts.check(req)
     with StagedImages(None) as staged:
-        prompt = prompts.chat(req, check, staged)
+        early = prompts.chat(req, check, staged)
+        assert engine.queued == [] and early.ids == early.text_ids
+        prompt = prompts.with_images(early)
         assert engine.queued == list(prompt.image_paths) and len(prompt.image_paths) == 1
     pad = engine.specials["<|media_pad|>"]
     assert prompt.text_ids[prompt.image_start] == pad

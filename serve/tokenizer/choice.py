@@ -1,0 +1,72 @@
+"""At start: is the off-engine tokenizer equal to the engine's? It is used only if so.
+
+The probe is text of every kind a prompt holds (scripts, emoji, digits, runs of
+white space, code, contractions), tokenized as content and, with every special
+token's text between its parts, as markup; every id must be equal, and the
+ids must decode to the same bytes. Otherwise tokenizing goes to the engine,
+between its calls, and the banner says why.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from serve.engine.api import EngineApi
+from serve.tokenizer.encoder import BpeTokenizer
+from serve.tokenizer.vocabulary import VocabularyError, load
+
+PROBE = (
+    "Hello, world! It's 2026: we'll see 1234567 tokens (3.14159), ½ ² Ⅻ ١٢٣ ४२.",
+    "Привет, мир! Γειά σου κόσμε. שלום עולם. مرحبا بالعالم. नमस्ते दुनिया. สวัสดีชาวโลก.",
+    "你好，世界！日本語のテキスト、カタカナとひらがな。한국어 문장입니다. 𠀋𪚲",
+    "emoji 🙂🚀🌍 ❤️ 👨‍👩‍👧‍👦 🇫🇷 ✨ and combining: é e\u0301 n\u0303 Å",
+    "   leading spaces\t\ttabs\n\n\nnewlines\r\n crlf  \u00a0nbsp\u3000ideographic   \n  ",
+    "def f(x):\n    return {'a': [1, 22, 333, 4444]}  # comment\n\n\tif x != 0:\n\t\tpass\n",
+    "I'M HERE, YOU'RE THERE, THEY'VE GONE, she'd said; DON'T'S CAN'T 'll 've",
+    "x" * 300 + " " + "9" * 40 + " " + "-" * 80 + "\n" * 30,
+)
+
+
+@dataclass(frozen=True)
+class Choice:
+    tokenizer: Optional[BpeTokenizer]   # None: tokenize on the engine, between its calls
+    bos: tuple[int, ...]                # what add_bos puts before a completion's prompt
+    note: str                           # the banner's line
+
+
+def choose(engine: EngineApi, container: str | Path, enabled: bool = True) -> Choice:
+    bos = engine_bos(engine)
+    if not enabled:
+        return Choice(None, bos, "on the engine, between its calls (--engine-tokenizer)")
+    try:
+        tokenizer = BpeTokenizer(load(container))
+    except (VocabularyError, OSError) as e:
+        return Choice(None, bos, f"on the engine, between its calls: serve cannot read it ({e})")
+    differs = difference(tokenizer, engine)
+    if differs is not None:
+        return Choice(None, bos, f"on the engine, between its calls: serve's own differs ({differs})")
+    return Choice(tokenizer, bos, f"serve's own ({tokenizer.vocab.pretokenizer} pre-tokenizer, "
+                                  f"{tokenizer.backend}), equal to the engine's on the probe")
+
+
+def difference(tokenizer: BpeTokenizer, engine: EngineApi) -> Optional[str]:
+    """Where the two tokenizers first differ on the probe, or None."""
+    specials = sorted(engine.specials)
+    for i, text in enumerate(PROBE):
+        marked = text + "".join(f"{special} {text[:7]}" for special in specials)
+        for markup, sample in ((False, text), (False, marked), (True, marked)):
+            want = engine.tokenize(sample, markup=markup)
+            got = tokenizer.tokenize_markup(sample) if markup else tokenizer.tokenize(sample)
+            if got != want:
+                return f"probe {i + 1}{' as markup' if markup else ''}"
+            if tokenizer.detokenize(want) != engine.detokenize(want):
+                return f"probe {i + 1}, decoded"
+    return None
+
+
+def engine_bos(engine: EngineApi) -> tuple[int, ...]:
+    """The ids waste_tokenize's add_bos puts in front (none when the container has no BOS)."""
+    plain = engine.tokenize(PROBE[0])
+    with_bos = engine.tokenize(PROBE[0], add_bos=True)
+    return tuple(with_bos[:len(with_bos) - len(plain)])
