@@ -89,7 +89,9 @@ def _ranks(root: Path) -> dict[bytes, int]:
 def _specials(path: Path) -> dict[str, int]:
     entries = _json(path)
     try:
-        return {str(e["text"]): int(e["id"]) for e in entries}  # type: ignore[union-attr]
+        if not isinstance(entries, list):
+            raise TypeError("not a list")
+        return {str(e["text"]): int(e["id"]) for e in entries}
     except (TypeError, KeyError, ValueError):
         raise VocabularyError("specials.json is not a list of {\"id\", \"text\"}") from None
 

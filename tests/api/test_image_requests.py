@@ -103,8 +103,12 @@ def test_local_images_outside_the_directory_get_one_uniform_refusal(engine, tmp_
 
 def test_images_of_a_failed_request_never_reach_the_next(engine):
     # The ABI does not say that reset drops the image queue: an image queued by a
-    # request that then failed must not be consumed by the next request, of any kind.
-    small = ScriptedEngine([xtml_answer("ok")], ctx_max=60)
+    # request that then failed must not be consumed by the next request, of any kind. Its
+    # text fits (else it is refused before the engine); its image's positions do not.
+    body = {"messages": image_message(data_url(tiny_png())), "max_tokens": 1}
+    with serving(scripted_service(ScriptedEngine([xtml_answer("ok")]), vision=True)) as srv:
+        expanded = call(srv.port, "POST", CHAT, body).json()["usage"]["prompt_tokens"]
+    small = ScriptedEngine([xtml_answer("ok")], ctx_max=expanded - 1)
     with serving(scripted_service(small, vision=True)) as srv:
         assert_error(call(srv.port, "POST", CHAT, {"messages": image_message(data_url(tiny_png()))}),
                      400, code="context_length_exceeded")

@@ -1,0 +1,186 @@
+"""A request that will be refused is refused at once, however busy the engine.
+
+`python3 -m serve` on the reference engine at a scaled clock (WASTE_DELAY_MS):
+one streamed request prefills a prompt of ~3,600 tokens, some 35 s. While it
+runs, in every dialect, blocking and streamed: count_tokens, a prompt too long
+for the context, a NUL character, an image that does not decode, a tool result
+naming no call, and a schema the grammar refuses are each answered with their
+4xx as a real status line (never an error event inside a 200 stream), within a
+bound far below the prefill's length and before it ends; the log and /metrics
+count them as what they are.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import re
+import socket
+import threading
+import time
+
+import pytest
+
+from fuzz_bodies import COMPLETIONS, COUNT, MESSAGES, RESPONSES, CHAT, exchange
+from scripted import scrape
+from served import serve
+from slow_clock import prompt_text
+
+DELAY_MS = 10
+LONG_ITEMS = 215     # ~3,600 tokens in each dialect's rendering: ~36 s of prefill at DELAY_MS
+CTX = 4096
+TOO_LONG = prompt_text(400, "long")   # ~6,700 tokens; too few characters to refuse uncounted
+BOUND = 8.0          # s: an answer within it came while the prefill ran, for all its noise
+BAD_IMAGE = "data:image/png;base64," + base64.b64encode(b"this is not an image at all").decode()
+BAD_SCHEMA = {"type": "object", "properties": {"a": {"type": "string", "pattern": "((("}}}
+
+
+def user(content) -> list[dict]:
+    return [{"role": "user", "content": content}]
+
+
+def chat_case(case: str) -> dict:
+    if case == "too long":
+        return {"messages": user(TOO_LONG)}
+    if case == "nul":
+        return {"messages": user("a\u0000b")}
+    if case == "image":
+        return {"messages": user([{"type": "text", "text": "what?"},
+                                  {"type": "image_url", "image_url": {"url": BAD_IMAGE}}])}
+    if case == "tool result":
+        return {"messages": [*user("hi"), {"role": "tool", "tool_call_id": "nope", "content": "x"}]}
+    return {"messages": user("hi"), "response_format": {
+        "type": "json_schema", "json_schema": {"name": "s", "schema": BAD_SCHEMA}}}
+
+
+def responses_case(case: str) -> dict:
+    if case == "too long":
+        return {"input": TOO_LONG}
+    if case == "nul":
+        return {"input": "a\u0000b"}
+    if case == "image":
+        return {"input": [{"role": "user", "content": [
+            {"type": "input_text", "text": "what?"}, {"type": "input_image", "image_url": BAD_IMAGE}]}]}
+    if case == "tool result":
+        return {"input": [{"role": "user", "content": "hi"},
+                          {"type": "function_call_output", "call_id": "nope", "output": "x"}]}
+    return {"input": "hi", "text": {"format": {"type": "json_schema", "name": "s",
+                                               "schema": BAD_SCHEMA}}}
+
+
+def messages_case(case: str) -> dict:
+    if case == "too long":
+        return {"messages": user(TOO_LONG)}
+    if case == "nul":
+        return {"messages": user("a\u0000b")}
+    if case == "image":
+        return {"messages": user([{"type": "text", "text": "what?"}, {"type": "image", "source": {
+            "type": "base64", "media_type": "image/png",
+            "data": base64.b64encode(b"this is not an image at all").decode()}}])}
+    if case == "tool result":
+        return {"messages": user([{"type": "tool_result", "tool_use_id": "nope", "content": "x"}])}
+    return {"messages": user("hi"), "output_config": {"format": {"type": "json_schema",
+                                                                 "schema": BAD_SCHEMA}}}
+
+
+CASES = ["too long", "nul", "image", "tool result", "schema"]
+BODIES = {
+    CHAT: (chat_case, CASES),
+    COMPLETIONS: (lambda case: {"prompt": TOO_LONG if case == "too long" else "a\u0000b"},
+                  ["too long", "nul"]),
+    RESPONSES: (responses_case, CASES),
+    MESSAGES: (lambda case: {"model": "m", "max_tokens": 8, **messages_case(case)}, CASES),
+    COUNT: (lambda case: {"model": "m", **messages_case(case)}, ["too long", "nul", "image", "tool result"]),
+}
+PARAMS = [(path, case, stream) for path, (_, cases) in BODIES.items() for case in cases
+          for stream in ((False,) if path == COUNT else (False, True))]
+
+
+class LongPrefill:
+    """A streamed chat request whose prompt takes the engine for ~35 s, read on a thread."""
+
+    def __init__(self, port: int):
+        body = json.dumps({"messages": user(prompt_text(LONG_ITEMS, "busy")), "max_tokens": 2,
+                           "stream": True}).encode()
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=300)
+        self.sock.sendall(f"POST {CHAT} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                          "Connection: close\r\n"
+                          f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        self.raw = b""
+        self.holding = threading.Event()   # its stream opened: it holds the engine
+        self.ended = threading.Event()
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        try:
+            while chunk := self.sock.recv(65536):
+                self.raw += chunk
+                if self.raw.startswith(b"HTTP/1.1 200"):
+                    self.holding.set()
+                if b"[DONE]" in self.raw:
+                    break
+        except OSError:
+            pass
+        self.ended.set()
+
+    def close(self) -> None:
+        self.sock.close()
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def busy(k3_vision_container, lib_path, tmp_path_factory):
+    """(the server, its long prefill), the prefill holding the engine."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("WASTE_DELAY_MS", str(DELAY_MS))
+        with serve(k3_vision_container, lib_path, tmp_path_factory.mktemp("busy"), "--vision",
+                   "--ctx", str(CTX), "--no-prefix-cache", "--no-finish-abandoned") as srv:
+            assert any(line.startswith("tokens   serve's own") for line in srv.banner), srv.banner
+            long = LongPrefill(srv.port)
+            try:
+                assert long.holding.wait(60), long.raw
+                yield srv, long
+            finally:
+                long.close()
+
+
+def test_count_tokens_answers_while_a_prefill_runs(busy):
+    srv, long = busy
+    body = {"model": "m", "messages": user("hello there")}
+    sent = time.monotonic()
+    outcome = exchange(srv.port, COUNT, json.dumps(body).encode(), timeout=60)
+    took = time.monotonic() - sent
+    assert outcome.status == 200 and outcome.problem is None, outcome.raw
+    assert json.loads(outcome.raw.partition(b"\r\n\r\n")[2])["input_tokens"] > 0
+    assert took < BOUND and not long.ended.is_set()
+
+
+@pytest.mark.parametrize("path, case, stream", PARAMS)
+def test_a_refusal_is_a_4xx_status_line_at_once(busy, path, case, stream):
+    srv, long = busy
+    make, _ = BODIES[path]
+    body = {**make(case), **({"stream": True} if stream else {})}
+    sent = time.monotonic()
+    outcome = exchange(srv.port, path, json.dumps(body).encode(), timeout=60)
+    took = time.monotonic() - sent
+    assert outcome.status == 400 and outcome.problem is None, outcome.raw[:600]
+    head = outcome.raw.partition(b"\r\n\r\n")[0]
+    assert b"text/event-stream" not in head
+    if case == "too long":
+        error = json.loads(outcome.raw.partition(b"\r\n\r\n")[2])["error"]
+        assert "tokens" in error["message"]
+    assert took < BOUND, f"{took:.1f} s"
+    assert not long.ended.is_set(), "the long prefill ended first: no proof"
+
+
+def test_the_log_and_metrics_count_refusals_as_400s(busy):
+    srv, long = busy
+    exchange(srv.port, CHAT, json.dumps({**chat_case("nul"), "stream": True}).encode(), timeout=60)
+    deadline = time.monotonic() + 10
+    while not re.search(rf"POST {CHAT} 400 ", srv.log()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert re.search(rf"POST {CHAT} 400 ", srv.log()), srv.log()[-2000:]
+    counted = scrape(srv.port)
+    assert counted[("serve_requests_total", (("endpoint", CHAT), ("status", "400")))] >= 1
+    assert ("serve_requests_total", (("endpoint", CHAT), ("status", "200"))) not in counted
+    assert not long.ended.is_set()
