@@ -39,7 +39,7 @@ from serve.service.reply_reader import ChatReader, TextReader
 from serve.dialects.response_store import ResponseStore
 from serve.service.settle import Settler
 from serve.snapshots.policy import SnapshotPolicy
-from serve.tokenizer.api import Tokenizer
+from serve.tokenizer.api import Tokenizer, at_once
 from serve.tokenizer.choice import engine_bos
 from serve.tokenizer.engine_side import EngineTokenizer
 
@@ -117,13 +117,13 @@ class Service:
         self.policy = options.snapshot_policy or SnapshotPolicy(log=options.log)
         self.metrics = Metrics(engine.stats(), self.activity, options.prefix_cache, self.policy,
                                lambda: engine.evaluated)
-        # Before the queue: serve's own tokenizer, or the engine's as an errand between its
-        # calls; holding the engine: serve's own, or the engine's at once.
-        early = options.tokenizer or EngineTokenizer(engine, self.queue.errand)
-        held = options.tokenizer or EngineTokenizer(engine)
+        # Serve's own tokenizer, called by any thread; or the engine's, called as an errand
+        # between engine calls by a request not yet holding the engine.
+        tokenizer = options.tokenizer or EngineTokenizer(engine)
+        tokenizing = at_once if options.tokenizer else self.queue.errand
         bos = options.bos if options.bos is not None else engine_bos(engine)
-        self.prompts = PromptBuilder(engine, library, chat_format, tokenizer=early, bos=bos,
-                                     vision=options.vision,
+        self.prompts = PromptBuilder(engine, library, chat_format, tokenizer=tokenizer, bos=bos,
+                                     tokenizing=tokenizing, vision=options.vision,
                                      reply_memory=options.reply_memory,
                                      keep_reasoning=options.keep_reasoning,
                                      snapshots=options.prefix_cache is not None,
@@ -132,7 +132,7 @@ class Service:
                                      prefix_cache=options.prefix_cache, policy=self.policy,
                                      prefill_chunk=options.prefill_chunk,
                                      eval_logits=options.eval_logits, log=options.log)
-        self.settler = Settler(engine, held, self.queue, options.prefix_cache, self.policy,
+        self.settler = Settler(engine, tokenizer, self.queue, options.prefix_cache, self.policy,
                                options.reply_memory, self.prompts.reply)
 
     def activity(self) -> Activity:

@@ -21,7 +21,7 @@ from serve.snapshots.checkpoints import preamble_ends
 from serve.engine.binding import UnencodableText, WasteError
 from serve.engine.api import EngineApi, ImageProbe
 from serve.snapshots.history_ids import tokenize_history
-from serve.tokenizer.api import Tokenizer, tokenize_segments
+from serve.tokenizer.api import Runner, Tokenizer, at_once, tokenize_segments
 from serve.service.images import StagedImages, image_parts
 from serve.snapshots.reply_memory import ReplyMemory
 from serve.formats.xtml.render import IMAGE_PLACEHOLDER, PromptError, Segment, image_prompt
@@ -115,9 +115,10 @@ class PromptBuilder:
     def __init__(self, engine: EngineApi, images: ImageProbe, chat_format: ChatFormat, *,
                  tokenizer: Tokenizer, bos: Sequence[int], vision: bool,
                  reply_memory: Optional[ReplyMemory], keep_reasoning: bool,
-                 snapshots: bool, default_thinking: bool):
+                 snapshots: bool, default_thinking: bool, tokenizing: Runner = at_once):
         self.engine = engine
-        self.tokenizer = tokenizer       # callable before the engine is held
+        self.tokenizer = tokenizer       # called through `tokenizing`, before the engine is held
+        self.tokenizing = tokenizing     # runs a prompt's whole tokenizing (the engine's: as an errand)
         self.bos = list(bos)             # what a completion's prompt starts with
         self.images = images
         self.chat_format = chat_format
@@ -178,13 +179,16 @@ class PromptBuilder:
         messages, conversation, replies = self._recall(req, check.thinking, prompts)
         check_fits(self.engine, conversation.chars(), "messages")
         cuts = self._preamble_cuts(req, messages, conversation)
-        try:
+        opening = self.chat_format.generation_prompt(check.thinking)
+
+        def tokenize() -> tuple[list[int], dict[int, int], list[int]]:
             history, positions = tokenize_history(self.tokenizer, conversation.segments, replies,
                                                   cuts)
+            return history, positions, tokenize_segments(self.tokenizer, opening)
+        try:
+            history, positions, generation = self.tokenizing(tokenize)
         except UnencodableText as e:
             raise invalid("messages", f"a message cannot be tokenized: {e}") from None
-        generation = tokenize_segments(self.tokenizer,
-                                       self.chat_format.generation_prompt(check.thinking))
         ids = history + generation
         # Each image's placeholder is one position here and more once expanded.
         check_room(len(ids), self.engine.info.ctx_max, "messages")
@@ -200,7 +204,7 @@ class PromptBuilder:
     def text(self, prompt: str) -> list[int]:
         """A completion's prompt, after the BOS the container has (waste_tokenize's add_bos)."""
         try:
-            ids = self.bos + self.tokenizer.tokenize(prompt)
+            ids = self.bos + self.tokenizing(lambda: self.tokenizer.tokenize(prompt))
         except UnencodableText as e:
             raise invalid("prompt", f"the prompt cannot be tokenized: {e}") from None
         if not ids:

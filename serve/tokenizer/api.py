@@ -3,14 +3,18 @@
 Two things meet it: the off-engine tokenizer (serve/tokenizer/encoder.py), a
 pure function of the container's files that any thread may call, and the
 engine's own (waste_tokenize, waste_tokenize_markup, waste_detokenize) through
-serve/tokenizer/engine_side.py: reached between engine calls when the
-off-engine one is not equal to it (serve/tokenizer/choice.py decides at start).
+serve/tokenizer/engine_side.py, when the off-engine one is not equal to it
+(serve/tokenizer/choice.py decides at start). Before a request holds the engine,
+a Runner runs its whole tokenizing: at once, or as one errand of the engine
+queue, between engine calls.
 """
 from __future__ import annotations
 
-from typing import Iterable, Protocol, Sequence
+from typing import Callable, Iterable, Protocol, Sequence, TypeVar
 
 from serve.formats.xtml.render import Segment
+
+T = TypeVar("T")
 
 
 class Tokenizer(Protocol):
@@ -34,3 +38,11 @@ def tokenize_segments(tokenizer: Tokenizer, segments: Iterable[Segment]) -> list
         ids.extend(tokenizer.tokenize_markup(segment.text) if segment.markup
                    else tokenizer.tokenize(segment.text))
     return ids
+
+
+class Runner(Protocol):
+    def __call__(self, work: Callable[[], T]) -> T: ...
+
+
+def at_once(work: Callable[[], T]) -> T:
+    return work()

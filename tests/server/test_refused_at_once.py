@@ -184,3 +184,38 @@ def test_the_log_and_metrics_count_refusals_as_400s(busy):
     assert counted[("serve_requests_total", (("endpoint", CHAT), ("status", "400")))] >= 1
     assert ("serve_requests_total", (("endpoint", CHAT), ("status", "200"))) not in counted
     assert not long.ended.is_set()
+
+
+@pytest.fixture(scope="module")
+def busy_engine_tokenizer(k3_container, lib_path, tmp_path_factory):
+    """As `busy`, tokenizing on the engine (--engine-tokenizer): between its prefill chunks."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("WASTE_DELAY_MS", str(DELAY_MS))
+        with serve(k3_container, lib_path, tmp_path_factory.mktemp("busy-engine"), "--ctx", str(CTX),
+                   "--no-prefix-cache", "--no-finish-abandoned", "--engine-tokenizer",
+                   "--quiet") as srv:
+            assert any(line.startswith("tokens   on the engine") for line in srv.banner), srv.banner
+            long = LongPrefill(srv.port)
+            try:
+                assert long.holding.wait(60), long.raw
+                yield srv, long
+            finally:
+                long.close()
+
+
+CHUNK_S = 512 * DELAY_MS / 1000   # one prefill chunk: ~5 s
+
+
+@pytest.mark.parametrize("path, body, status", [
+    (COUNT, {"model": "m", "messages": user("hello there")}, 200),
+    (CHAT, {"messages": user(TOO_LONG), "stream": True}, 400),
+    (MESSAGES, {"model": "m", "max_tokens": 8, "messages": user("a\u0000b"), "stream": True}, 400)])
+def test_tokenizing_on_the_engine_waits_for_a_chunk_not_the_prefill(busy_engine_tokenizer, path,
+                                                                     body, status):
+    srv, long = busy_engine_tokenizer
+    sent = time.monotonic()
+    outcome = exchange(srv.port, path, json.dumps(body).encode(), timeout=120)
+    took = time.monotonic() - sent
+    assert outcome.status == status and outcome.problem is None, outcome.raw[:600]
+    assert took < 2 * CHUNK_S + BOUND, f"{took:.1f} s"
+    assert not long.ended.is_set(), "the long prefill ended first: no proof"
