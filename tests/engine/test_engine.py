@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from serve import engine as eng
+from serve.engine import binding as eng
 from serve.engine.binding import (Engine, EngineConfig, GenParams, LibraryNotFound, WasteError,
                           load_library)
 from serve.formats.xtml.render import Segment
