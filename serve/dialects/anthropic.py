@@ -32,7 +32,7 @@ from serve.core.api import ApiError, invalid, parse_reasoning_effort, unknown_fi
 from serve.dialects.shared import (Block, Blocks, Conversation, Parts, Translation, chat_request,
                       string_field, tool_call)
 from serve.service.replies import ChatReply, ReplyStart
-from serve.http.sse import sse_named
+from serve.dialects.sse import sse_named
 
 BUDGET_EFFORTS = ((8192, "low"), (24576, "high"))   # budget_tokens below the bound -> effort
 MIN_BUDGET = 1024   # Anthropic's own lower bound for budget_tokens
@@ -245,7 +245,8 @@ def _tools(tools: Any, left_out: list[str]) -> tuple[Optional[list[dict]], dict[
         return None, {}
     if not isinstance(tools, list):
         raise invalid("tools", "tools must be a list")
-    out, fields = [], {}
+    out: list[dict] = []
+    fields: dict[str, str] = {}
     for j, tool in enumerate(tools):
         at = f"tools[{j}]"
         if not isinstance(tool, dict):

@@ -29,14 +29,14 @@ from serve.engine.queue import EngineQueue, Turn, shutting_down
 from serve.service.generation import Generation
 from serve.service.images import StagedImages, image_parts
 from serve.service.logprobs import chat_logprobs, completion_logprobs
-from serve.app.metrics import Metrics
-from serve.engine.prefill import DEFAULT_CHUNK, Prefill, PrefillCancelled, start_empty
+from serve.service.metrics import Metrics
+from serve.service.prefill import DEFAULT_CHUNK, Prefill, PrefillCancelled, start_empty
 from serve.snapshots.cache import PrefixCache
 from serve.service.prompt import ChatCheck, Prompt, PromptBuilder, check_fits
 from serve.service.replies import ChatReply, CompletionReply, ReplySink
 from serve.snapshots.reply_memory import ReplyMemory
 from serve.service.reply_reader import ChatReader, TextReader
-from serve.dialects.response_store import ResponseStore
+from serve.service.response_store import ResponseStore
 from serve.service.settle import Settler
 from serve.snapshots.policy import SnapshotPolicy
 from serve.tokenizer.api import Tokenizer, at_once
@@ -237,11 +237,12 @@ class Service:
                         or self.options.prefix_cache is None:   # nothing to keep it in
                     return True
                 abandoned = True
+                assert watched.held is not None   # prefill runs inside the turn
                 watched.held.to_idle()
                 if self.options.log is not None:
                     self.options.log(f"{label} client left mid-prefill: finishing the prompt "
                                      "for a retry while no one waits")
-            return watched.held.requested()
+            return watched.held is not None and watched.held.requested()
         return stop
 
     # -- idle time ------------------------------------------------------------

@@ -21,7 +21,7 @@ from serve.engine.queue import EngineQueue
 from serve.service.generation import Outcome
 from serve.snapshots.history_ids import overlay
 from serve.tokenizer.api import Tokenizer
-from serve.engine.prefill import Prefill, PrefillCancelled, start_empty, store
+from serve.service.prefill import Prefill, PrefillCancelled, start_empty, store
 from serve.snapshots.cache import PrefixCache
 from serve.service.prompt import Prompt
 from serve.snapshots.reply_memory import ReplyMemory
@@ -95,6 +95,7 @@ class Settler:
         if not self.policy.worth("reply", len(tokens) - outcome.saved):
             self.policy.count("reply", False)
             return 0
+        assert self.cache is not None   # settle() asks only with a cache
         return held if store(self.engine, self.cache, self.policy, tokens, "reply") else 0
 
     def drop(self) -> None:
