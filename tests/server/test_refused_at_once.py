@@ -96,10 +96,10 @@ PARAMS = [(path, case, stream) for path, (_, cases) in BODIES.items() for case i
 
 
 class LongPrefill:
-    """A streamed chat request whose prompt takes the engine for ~35 s, read on a thread."""
+    """A streamed chat request whose prompt takes the engine a long time, read on a thread."""
 
-    def __init__(self, port: int):
-        body = json.dumps({"messages": user(prompt_text(LONG_ITEMS, "busy")), "max_tokens": 2,
+    def __init__(self, port: int, items: int = LONG_ITEMS):
+        body = json.dumps({"messages": user(prompt_text(items, "busy")), "max_tokens": 2,
                            "stream": True}).encode()
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=300)
         self.sock.sendall(f"POST {CHAT} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
