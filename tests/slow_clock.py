@@ -8,6 +8,9 @@ line; Claude Code's watchdog only by an event other than `ping`.
 """
 from __future__ import annotations
 
+import json
+import socket
+import threading
 from dataclasses import dataclass
 from typing import Callable
 
@@ -97,3 +100,36 @@ COUNTED_BY = {"chat": "any byte (openai clients)", "completions": "any byte (ope
 def prompt_text(items: int, salt: str = "") -> str:
     """Text of about 13 tokens per item on the reference containers; `salt` makes it differ."""
     return " ".join(f"{salt}item{i} costs {i * 7 % 100} pounds;" for i in range(items))
+
+
+class LongPrefill:
+    """A streamed chat request whose prompt takes the engine a long time, read on a thread."""
+
+    def __init__(self, port: int, items: int):
+        body = json.dumps({"messages": _user(prompt_text(items, "busy")), "max_tokens": 2,
+                           "stream": True}).encode()
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=300)
+        self.sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nConnection: close\r\n"
+                          b"Content-Type: application/json\r\n"
+                          + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        self.raw = b""
+        self.holding = threading.Event()   # its stream opened: it holds the engine
+        self.ended = threading.Event()
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        try:
+            while chunk := self.sock.recv(65536):
+                self.raw += chunk
+                if self.raw.startswith(b"HTTP/1.1 200"):
+                    self.holding.set()
+                if b"[DONE]" in self.raw:
+                    break
+        except OSError:
+            pass
+        self.ended.set()
+
+    def close(self) -> None:
+        self.sock.close()
+        self.thread.join(10)

@@ -20,8 +20,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 
 from fuzz_bodies import COUNT, ENDPOINTS, MESSAGES, RESPONSES, bodies, encode, exchange
 from served import serve
-from slow_clock import prompt_text
-from test_refused_at_once import LongPrefill
+from slow_clock import LongPrefill
 
 pytestmark = [pytest.mark.soak,
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")]
@@ -80,11 +79,12 @@ def test_no_refusal_waits_for_the_engine(servers, path, soak):
 
     answered_at_once()
     assert not long.ended.is_set(), "the long prefill ended first: no proof"
-    assert any(status == 503 for _, status in sent) and any(status < 500 for _, status in sent)
+    assert any(status in (200, 503) for _, status in sent) and any(400 <= status < 500
+                                                                    for _, status in sent)
     for data, status in sent:
         again = exchange(idle, path, data, timeout=120)
         assert again.problem is None, (again.problem, data[:1000], again.raw[-1000:])
-        if status == 503:   # passed every check while busy: not refused when idle either
+        if status in (200, 503):   # passed every check while busy: not refused when idle either
             assert again.status < 400 and not stream_error(path, again.raw), \
                 (data[:1000], again.raw[-1500:])
         else:

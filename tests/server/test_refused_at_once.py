@@ -14,8 +14,6 @@ from __future__ import annotations
 import base64
 import json
 import re
-import socket
-import threading
 import time
 
 import pytest
@@ -23,7 +21,7 @@ import pytest
 from fuzz_bodies import COMPLETIONS, COUNT, MESSAGES, RESPONSES, CHAT, exchange
 from scripted import scrape
 from served import serve
-from slow_clock import prompt_text
+from slow_clock import LongPrefill, prompt_text
 
 DELAY_MS = 10
 LONG_ITEMS = 215     # ~3,600 tokens in each dialect's rendering: ~36 s of prefill at DELAY_MS
@@ -95,39 +93,6 @@ PARAMS = [(path, case, stream) for path, (_, cases) in BODIES.items() for case i
           for stream in ((False,) if path == COUNT else (False, True))]
 
 
-class LongPrefill:
-    """A streamed chat request whose prompt takes the engine a long time, read on a thread."""
-
-    def __init__(self, port: int, items: int = LONG_ITEMS):
-        body = json.dumps({"messages": user(prompt_text(items, "busy")), "max_tokens": 2,
-                           "stream": True}).encode()
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=300)
-        self.sock.sendall(f"POST {CHAT} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
-                          "Connection: close\r\n"
-                          f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-        self.raw = b""
-        self.holding = threading.Event()   # its stream opened: it holds the engine
-        self.ended = threading.Event()
-        self.thread = threading.Thread(target=self._read, daemon=True)
-        self.thread.start()
-
-    def _read(self) -> None:
-        try:
-            while chunk := self.sock.recv(65536):
-                self.raw += chunk
-                if self.raw.startswith(b"HTTP/1.1 200"):
-                    self.holding.set()
-                if b"[DONE]" in self.raw:
-                    break
-        except OSError:
-            pass
-        self.ended.set()
-
-    def close(self) -> None:
-        self.sock.close()
-        self.thread.join(10)
-
-
 @pytest.fixture(scope="module")
 def busy(k3_vision_container, lib_path, tmp_path_factory):
     """(the server, its long prefill), the prefill holding the engine."""
@@ -136,7 +101,7 @@ def busy(k3_vision_container, lib_path, tmp_path_factory):
         with serve(k3_vision_container, lib_path, tmp_path_factory.mktemp("busy"), "--vision",
                    "--ctx", str(CTX), "--no-prefix-cache", "--no-finish-abandoned") as srv:
             assert any(line.startswith("tokens   serve's own") for line in srv.banner), srv.banner
-            long = LongPrefill(srv.port)
+            long = LongPrefill(srv.port, LONG_ITEMS)
             try:
                 assert long.holding.wait(60), long.raw
                 yield srv, long
@@ -195,7 +160,7 @@ def busy_engine_tokenizer(k3_container, lib_path, tmp_path_factory):
                    "--no-prefix-cache", "--no-finish-abandoned", "--engine-tokenizer",
                    "--quiet") as srv:
             assert any(line.startswith("tokens   on the engine") for line in srv.banner), srv.banner
-            long = LongPrefill(srv.port)
+            long = LongPrefill(srv.port, LONG_ITEMS)
             try:
                 assert long.holding.wait(60), long.raw
                 yield srv, long
