@@ -1,15 +1,16 @@
 """Runs one request on the engine, with no HTTP in sight: the stages, called once each in order.
 
-Chat: check and build the prompt (serve/service/prompt.py), before waiting, so
-that a request that will be refused is refused at once however busy the
-engine is -> wait in line for the engine -> encode its images -> run it (serve/service/generation.py), the reply read by the chat
-format's parser (serve/service/reply_reader.py) -> remember the reply and settle the
-next turn's state in idle time (serve/service/settle.py). Completions skip the chat
+Chat: check and build the prompt (serve/service/prompt.py) before waiting, so
+that a request that will be refused is refused at once however busy the engine
+is -> wait in line for the engine -> encode its images -> run it
+(serve/service/generation.py), the reply read by the chat format's parser
+(serve/service/reply_reader.py) -> remember the reply and settle the next
+turn's state in idle time (serve/service/settle.py). Completions skip the chat
 format. Every request starts from an empty conversation and holds the engine
-from prompt building to the last token, so requests cannot see or disturb each
-other's state or image queue. A request whose client leaves mid-prefill keeps
-the engine only as idle-time work: its prefill goes on for the client's retry,
-and yields at its next chunk to any request that waits.
+from its images' encoding to the last token, so requests cannot see or disturb
+each other's state or image queue. A request whose client leaves mid-prefill
+keeps the engine only as idle-time work: its prefill goes on for the client's
+retry, and yields at its next chunk to any request that waits.
 """
 from __future__ import annotations
 
