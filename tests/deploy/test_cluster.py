@@ -418,9 +418,8 @@ def test_a_killed_host_moves_its_conversations_and_loses_nothing_sent_after(star
     # The streamed reply was cut: the client sees a broken body, never a finished-looking one.
     assert cut["stream"].status == 200 and cut["stream"].error == "IncompleteRead"
     assert b"message_stop" not in cut["stream"].body
-    # The blocking one had no answer yet: a 502 the clients retry.
-    assert cut["blocking"].status == 502 and cut["blocking"].headers["retry-after"] == "5"
-    assert cut["blocking"].json()["error"]["code"] == "upstream_failed"
+    # The blocking one had no answer yet, not a byte: the router sent it to another host.
+    assert cut["blocking"].status == 200 and cluster.host_of(cut["blocking"].headers) != victim
     # Nothing sent after the failure was lost; the victim's conversations moved and were
     # prefilled again there (nothing cached), the others stayed where they were.
     assert [r.status for r in after] == [200] * 6, [r.body[-200:] for r in after]
@@ -440,13 +439,56 @@ def test_a_killed_host_moves_its_conversations_and_loses_nothing_sent_after(star
     assert any(f"host {victim} exited (-9)" in line for line in cluster.lines)
 
 
-# ---- several routers --------------------------------------------------------------------
-
 def messages_turn(port: int, key: str, text: str = "hello") -> Reply:
     return send(port, "/v1/messages", {"model": "k3", "max_tokens": 2, **GREEDY,
                                        "messages": [{"role": "user", "content": text}]},
                 {"x-claude-code-session-id": key})
 
+
+@needs_router
+@pytest.mark.soak
+def test_a_turn_sent_as_its_host_is_killed_is_served_by_another(start, k3_container, soak):
+    cluster = start(k3_container, k3_container, k3_container, restart_hosts=True)
+    # The host accepted the connection (its kernel did) and died without reading it or
+    # answering a byte: what a request meets a few ms after a SIGKILL, here every time.
+    key = f"stopped-{time.monotonic_ns()}"
+    home = cluster.host_of(messages_turn(cluster.port, key).headers)
+    pid = cluster.hosts[home][1]
+    since = len(cluster.lines)
+    os.kill(pid, signal.SIGSTOP)
+    replies: list[Reply] = []
+    sent = threading.Thread(target=lambda: replies.append(messages_turn(cluster.port, key)))
+    sent.start()
+    while home not in in_flight(cluster):
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+    sent.join()
+    assert replies[0].status == 200 and cluster.host_of(replies[0].headers) != home
+    # Sent again by the router, to another host (`+`: redispatched); logged as the reply ends.
+    deadline = time.monotonic() + 30
+    while not re.search(rf"POST /v1/messages 200 conv={key} .* retries=\+1", cluster.router_log()):
+        assert time.monotonic() < deadline, cluster.router_log()
+        time.sleep(0.05)
+    cluster.wait_line(rf"host {home} restarted", since)
+    # A turn sent 0 to 10 ms after its host's SIGKILL: refused, or accepted and reset.
+    trials = 20 if soak else 4
+    for trial in range(trials):
+        deadline = time.monotonic() + 60
+        while any(cluster.state(name) != "UP" for name in cluster.hosts):  # the last one back
+            assert time.monotonic() < deadline, cluster.admin("show stat")
+            time.sleep(0.05)
+        key = f"killed-{trial}-{time.monotonic_ns()}"
+        home = cluster.host_of(messages_turn(cluster.port, key).headers)
+        since = len(cluster.lines)
+        os.kill(cluster.hosts[home][1], signal.SIGKILL)
+        time.sleep(0.010 * trial / (trials - 1))
+        reply = messages_turn(cluster.port, key)
+        assert reply.status == 200, (trial, reply.status, reply.body[-300:])
+        assert cluster.host_of(reply.headers) != home
+        cluster.wait_line(rf"host {home} restarted", since)
+
+
+# ---- several routers --------------------------------------------------------------------
 
 @needs_router
 def test_two_routers_keep_each_conversation_and_stored_response_on_its_host_through_restarts(start, k3_container):
