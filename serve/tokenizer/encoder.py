@@ -33,16 +33,17 @@ class BpeTokenizer:
         self._pieces = {i: piece for piece, i in vocab.ranks.items()}
         self._pieces.update((i, text.encode("utf-8")) for text, i in vocab.specials.items())
         self._merger = Merger(vocab)
-        self._pattern = split.pattern(vocab.pretokenizer)
         self._memo: dict[str, list[int]] = {}
         ordered = sorted(vocab.specials, key=len, reverse=True)   # the longest wins
         self._specials: Optional[re.Pattern[str]] = (
             re.compile("|".join(map(re.escape, ordered))) if ordered else None)
+        library = _tiktoken(vocab) if use_tiktoken else None
         self._plain: Callable[[str], list[int]] = self._python
         self.backend = "python"
-        library = _tiktoken(vocab) if use_tiktoken else None
         if library is not None:
             self._plain, self.backend = library.encode_ordinary, "tiktoken"
+        else:   # built only when used: the Unicode classes take half a second
+            self._pattern = split.pattern(vocab.pretokenizer)
 
     def tokenize(self, text: str) -> list[int]:
         c_text(text)   # what the engine cannot take (NUL, a lone surrogate) is refused alike
