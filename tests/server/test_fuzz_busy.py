@@ -2,7 +2,7 @@
 is never an error inside a 200 stream.
 
 Two servers on the reference engine. The first is busy: a streamed request
-prefills ~1,900 tokens at a scaled clock (WASTE_DELAY_MS), some 35 s, and no one
+prefills ~3,600 tokens at a scaled clock (WASTE_DELAY_MS), some 72 s, and no one
 may wait in line (--max-queue 0), so every fuzzed body is answered at once: a
 4xx when it is refused, a 503 when it passed every check and would wait for the
 engine (or count_tokens' 200). The second is idle and fast: each body again.
@@ -27,8 +27,8 @@ pytestmark = [pytest.mark.soak,
 
 SHORT, LONG = 30, 400    # bodies per endpoint under make check, and under make soak
 DELAY_MS = 20
-LONG_ITEMS = 115         # ~1,900 tokens: ~38 s of prefill at DELAY_MS
-FLAGS = ("--vision", "--ctx", "2048", "--max-tokens", "8", "--no-prefix-cache",
+LONG_ITEMS = 215         # ~3,600 tokens: ~72 s of prefill at DELAY_MS, for all five endpoints
+FLAGS = ("--vision", "--ctx", "4096", "--max-tokens", "8", "--no-prefix-cache",
          "--no-finish-abandoned", "--quiet")
 
 

@@ -1,7 +1,7 @@
 """A request that will be refused is refused at once, however busy the engine.
 
 `python3 -m serve` on the reference engine at a scaled clock (WASTE_DELAY_MS):
-one streamed request prefills a prompt of ~3,600 tokens, some 35 s. While it
+one streamed request prefills a prompt of ~3,600 tokens, some 54 s. While it
 runs, in every dialect, blocking and streamed: count_tokens, a prompt too long
 for the context, a NUL character, an image that does not decode, a tool result
 naming no call, and a schema the grammar refuses are each answered with their
@@ -23,8 +23,8 @@ from scripted import scrape
 from served import serve
 from slow_clock import LongPrefill, prompt_text
 
-DELAY_MS = 10
-LONG_ITEMS = 215     # ~3,600 tokens in each dialect's rendering: ~36 s of prefill at DELAY_MS
+DELAY_MS = 15
+LONG_ITEMS = 215     # ~3,600 tokens in each dialect's rendering: ~54 s of prefill at DELAY_MS
 CTX = 4096
 TOO_LONG = prompt_text(400, "long")   # ~6,700 tokens; too few characters to refuse uncounted
 BOUND = 8.0          # s: an answer within it came while the prefill ran, for all its noise
@@ -168,7 +168,7 @@ def busy_engine_tokenizer(k3_container, lib_path, tmp_path_factory):
                 long.close()
 
 
-CHUNK_S = 512 * DELAY_MS / 1000   # one prefill chunk: ~5 s
+CHUNK_S = 512 * DELAY_MS / 1000   # one prefill chunk: ~8 s
 
 
 @pytest.mark.parametrize("path, body, status", [
