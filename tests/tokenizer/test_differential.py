@@ -9,6 +9,7 @@ container uses, is compared with tiktoken's (the library Kimi tokenizes with).
 """
 from __future__ import annotations
 
+import base64
 import random
 from dataclasses import replace
 
@@ -125,14 +126,36 @@ def test_files_serve_cannot_read_leave_tokenizing_to_the_engine(k3_container, li
     assert chosen.tokenizer is None and "cannot read it" in chosen.note
 
 
-@pytest.mark.parametrize("lines, problem", [
-    (["!!!! 0"], "expected"), (["YQ== 0", "YQ== 1"], "two ranks"), (["YQ=="], "expected")])
-def test_a_malformed_rank_file_is_named(tmp_path, lines, problem):
-    (tmp_path / "manifest.json").write_text('{"format": "waste-ref"}')
-    (tmp_path / "specials.json").write_text("[]")
-    (tmp_path / "tokenizer.model").write_text("\n".join(lines))
+ALL_BYTES = [f"{base64.b64encode(bytes([b])).decode()} {b}" for b in range(256)]
+
+
+@pytest.mark.parametrize("files, problem", [
+    ({"tokenizer.model": "!!!! 0"}, "expected"),
+    ({"tokenizer.model": "YQ== 0\nYQ== 1"}, "two ranks"),
+    ({"tokenizer.model": "YQ=="}, "expected"),
+    ({"tokenizer.model": None}, "no tokenizer.model"),
+    ({"tokenizer.model": "YQ== 97"}, "no token for the byte 0x00"),
+    ({"tokenizer.merges": "97 x"}, "tokenizer.merges line 1"),
+    ({"specials.json": '{"a": 1}'}, "specials.json is not a list"),
+    ({"specials.json": "[{"}, "specials.json"),
+    ({"manifest.json": "[]"}, "not a JSON object"),
+    ({"manifest.json": '{"pretokenizer": "llama3"}'}, "'llama3' is not one serve knows"),
+])
+def test_files_serve_cannot_read_are_named(tmp_path, files, problem):
+    written = {"manifest.json": '{"format": "waste-ref"}', "specials.json": "[]",
+               "tokenizer.model": "\n".join(ALL_BYTES), **files}
+    for name, text in written.items():
+        if text is not None:
+            (tmp_path / name).write_text(text)
     with pytest.raises(VocabularyError, match=problem):
         load(tmp_path)
+
+
+def test_a_byte_without_a_token_is_the_unk_token(tmp_path):
+    (tmp_path / "manifest.json").write_text('{"format": "waste-ref", "unk_token": "<unk>"}')
+    (tmp_path / "specials.json").write_text('[{"id": 256, "text": "<unk>"}]')
+    (tmp_path / "tokenizer.model").write_text("\n".join(ALL_BYTES[1:]))
+    assert load(tmp_path).byte_ids[0] == 256
 
 
 def test_the_kimi_pattern_splits_as_tiktoken_does(k3_container):
