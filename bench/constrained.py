@@ -35,7 +35,8 @@ from pathlib import Path
 from common import ROOT, machine  # noqa: I001 (puts the repository on sys.path)
 
 from serve.formats import grammar  # noqa: E402
-from serve.core.api import parse_chat_request  # noqa: E402
+from serve.formats.xtml.grammar import Markup, xtml_grammar  # noqa: E402
+from serve.dialects.openai_request import parse_chat_request
 from serve.formats.choice import resolve_chat_format  # noqa: E402
 from serve.engine.decode import Decoder  # noqa: E402
 from serve.engine.binding import Engine, EngineConfig, GenParams, load_library  # noqa: E402
@@ -91,7 +92,7 @@ class Bench:
         if body is not None:
             req = parse_chat_request({"messages": ASK, **body})
             m = self.fmt.markers
-            lark = grammar.xtml_grammar(req, grammar.Markup(m.open, m.sep, m.close), False)
+            lark = xtml_grammar(req, Markup(m.open, m.sep, m.close), False)
             compiled = grammar.compile_grammar(lark)
             matcher = lambda n_vocab: self.vocabulary.matcher(compiled)  # noqa: E731
         decoder = Decoder(self.engine, temperature=temperature, top_k=0, top_p=1.0, grammar=matcher,

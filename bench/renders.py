@@ -16,7 +16,7 @@ import collections
 import tempfile
 
 from common import DEMO, Quiet
-from serve.core.api import parse_chat_request
+from serve.dialects.openai_request import parse_chat_request
 from serve.engine.binding import Engine, EngineConfig, load_library
 from serve.formats.choice import resolve_chat_format
 from serve.snapshots.cache import PrefixCache

@@ -27,8 +27,10 @@ import json
 import uuid
 from typing import Any, Callable, Optional
 
+from serve.core.reply import Delta
 from serve.dialects import seal
-from serve.core.api import ApiError, invalid, parse_reasoning_effort, unknown_fields
+from serve.core.errors import ApiError, invalid
+from serve.dialects.openai_request import parse_reasoning_effort, unknown_fields
 from serve.dialects.shared import (Block, Blocks, Conversation, Parts, Translation, chat_request,
                       string_field, tool_call)
 from serve.service.replies import ChatReply, ReplyStart
@@ -389,7 +391,7 @@ class Exchange:
         return sse_named([event for step in steps for event in self._events(*step)]
                          + [{"type": "ping"}])
 
-    def delta(self, delta: dict) -> bytes:
+    def delta(self, delta: Delta) -> bytes:
         return sse_named([event for step in self._blocks.feed(delta) for event in self._events(*step)])
 
     def closing(self, reply: ChatReply) -> bytes:

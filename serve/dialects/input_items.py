@@ -11,7 +11,7 @@ from __future__ import annotations
 import uuid
 from typing import Any, Optional
 
-from serve.core.api import invalid
+from serve.core.errors import invalid
 
 DEFAULT_LIMIT, MAX_LIMIT = 20, 100
 ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco",

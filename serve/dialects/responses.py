@@ -25,8 +25,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from serve.core.reply import Delta
 from serve.dialects import seal
-from serve.core.api import ApiError, invalid, parse_reasoning_effort, unknown_fields
+from serve.core.errors import ApiError, invalid
+from serve.dialects.openai_request import parse_reasoning_effort, unknown_fields
 from serve.dialects.shared import (Block, Blocks, Conversation, Parts, Translation, chat_request,
                       string_field, tool_call)
 from serve.dialects.input_items import stored_items
@@ -356,7 +358,7 @@ class Exchange:
                                       response=self._response("in_progress", output,
                                                               self._usage_at(start)))])
 
-    def delta(self, delta: dict) -> bytes:
+    def delta(self, delta: Delta) -> bytes:
         return sse_named([event for step in self._blocks.feed(delta) for event in self._events(*step)])
 
     def keep(self, reply: ChatReply) -> None:

@@ -33,7 +33,7 @@ except ImportError as _e:  # the server runs without it: logprobs and structure 
 else:
     _IMPORT_ERROR = None
 
-from serve.engine.binding import GenParams, GenResult, TokenInfo
+from serve.engine.types import GenParams, GenResult, TokenInfo
 from serve.engine.api import EngineApi
 
 DRAW_BLOCK = 1024     # weights summed per block when drawing

@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Protocol, Sequence
 
-from serve.core.api import ChatRequest
+from serve.core.request import ChatRequest
 from serve.formats.grammar import Lark
-from serve.formats.xtml.render import Segment
-from serve.formats.xtml.reply import Delta, Reply
+from serve.core.segment import Segment
+from serve.core.reply import Delta, Reply
 
 
 class ChatFormatError(Exception):
@@ -24,6 +24,14 @@ class ChatFormatError(Exception):
 
     def __init__(self, message: str, field: Optional[str] = None) -> None:
         super().__init__(message)
+        self.field = field
+
+
+class PromptError(ValueError):
+    """A conversation a chat format cannot render; `field` names the request field at fault."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field} {message}")
         self.field = field
 
 

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from serve.core.api import ChatRequest
+from serve.core.request import ChatRequest
 from serve.formats.base import ChatFormat, ChatFormatError, FormatRefused, Rendering, ReplyParser
 from serve.engine.api import EngineApi
 from serve.formats.grammar import Lark
-from serve.formats.xtml.render import Segment
+from serve.core.segment import Segment
 from serve.formats.template.format import TemplateFormat
 from serve.formats.xtml.format import XtmlFormat
 

@@ -16,7 +16,7 @@ import time
 from http.server import ThreadingHTTPServer
 from typing import Any, Callable, Optional
 
-from serve.core import api
+from serve.core.errors import error_body
 from serve.engine.queue import RETRY_AFTER_SECONDS
 
 DEFAULT_MAX_CONNECTIONS = 64
@@ -91,9 +91,9 @@ class ConnectionServer(ThreadingHTTPServer):
 
     def _refuse(self, request: socket.socket) -> None:
         """A 503 without a thread: written whole into the empty send buffer, then closed."""
-        body = json.dumps(api.error_body(f"the server has {self.max_connections} connections open; "
-                                         "try again later", "server_error",
-                                         code="too_many_connections")).encode()
+        body = json.dumps(error_body(f"the server has {self.max_connections} connections open; "
+                                     "try again later", "server_error",
+                                     code="too_many_connections")).encode()
         head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(body)}\r\nRetry-After: {RETRY_AFTER_SECONDS}\r\n"
                 "Connection: close\r\n\r\n")

@@ -5,7 +5,7 @@ import json
 from typing import Any
 
 from serve.http import wellformed
-from serve.core.api import ApiError
+from serve.core.errors import ApiError
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 MAX_JSON_DEPTH = 64

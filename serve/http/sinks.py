@@ -14,7 +14,8 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Generic, Optional, Protocol
 
-from serve.core.api import ApiError
+from serve.core.reply import Delta
+from serve.core.errors import ApiError
 from serve.engine.queue import ClientGone
 from serve.dialects.exchange import R, Exchange
 from serve.service.replies import ReplyStart
@@ -76,7 +77,7 @@ class ExchangeSink(Generic[R]):
     def progress(self, done: int, total: int) -> None:
         self._comment(f"prefill {done}/{total}")
 
-    def emit(self, delta: dict) -> None:
+    def emit(self, delta: Delta) -> None:
         self._events(lambda: self._exchange.delta(delta))
 
     def gone(self) -> bool:
@@ -154,31 +155,3 @@ class ExchangeSink(Generic[R]):
     def _close(self) -> None:
         if self._writer is not None:
             self._writer.close()
-
-
-class BlockingSink:
-    """A sink that sends nothing until the end (count_tokens), but still notices a vanished client."""
-
-    def __init__(self, connection: Connection):
-        self._connection = connection
-
-    def accepted(self, thinking: bool) -> None:
-        pass
-
-    def start(self) -> None:
-        pass
-
-    def prefilling(self, prompt_tokens: int, cached_tokens: int) -> None:
-        pass
-
-    def emit(self, delta: dict) -> None:
-        pass
-
-    def progress(self, done: int, total: int) -> None:
-        pass
-
-    def queued(self, ahead: int) -> None:
-        pass
-
-    def gone(self) -> bool:
-        return self._connection.client_gone()

@@ -16,7 +16,7 @@ import math
 import re
 from typing import Any, Callable
 
-from serve.core.api import invalid
+from serve.core.errors import invalid
 
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 # Python's decoder pairs escaped surrogates, so any left in a str stand alone.

@@ -12,15 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from serve.core.api import ApiError, ChatRequest, invalid
-from serve.formats.base import ChatFormat, ChatFormatError, Rendering
+from serve.core.errors import ApiError, invalid
+from serve.core.request import ChatRequest
+from serve.formats.base import ChatFormat, ChatFormatError, PromptError, Rendering
 from serve.snapshots.checkpoints import preamble_ends
-from serve.engine.binding import UnencodableText, WasteError
+from serve.engine.types import UnencodableText, WasteError
 from serve.engine.api import EngineApi, ImageProbe
 from serve.snapshots.history_ids import tokenize_history
-from serve.service.images import StagedImages, image_parts
+from serve.service.images import image_parts, StagedImages
 from serve.snapshots.reply_memory import ReplyMemory
-from serve.formats.xtml.render import IMAGE_PLACEHOLDER, PromptError, Segment, image_prompt
+from serve.formats.xtml.render import IMAGE_PLACEHOLDER, image_prompt
+from serve.core.segment import Segment
 
 
 @dataclass

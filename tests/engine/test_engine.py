@@ -15,7 +15,7 @@ from conftest import ROOT
 from serve.engine import binding as eng
 from serve.engine.binding import (Engine, EngineConfig, GenParams, LibraryNotFound, WasteError,
                           load_library)
-from serve.formats.xtml.render import Segment
+from serve.core.segment import Segment
 
 PROMPT_TEXT = "The lighthouse keeper climbed the stairs"
 

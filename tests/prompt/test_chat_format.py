@@ -13,8 +13,9 @@ from serve.formats.template.format import TemplateFormat
 from serve.formats.template.tools import TemplateReplyParser
 from serve.formats.xtml.format import XtmlFormat
 from serve.engine.binding import Engine, EngineConfig
-from serve.formats.xtml.reply import Delta, ReplyParser
-from serve.formats.xtml.render import Segment
+from serve.formats.xtml.reply import ReplyParser
+from serve.core.reply import Delta
+from serve.core.segment import Segment
 
 KIMI_CHAT = {
     "system": ["<|im_system|>system<|im_middle|>", "<|im_end|>"],

@@ -12,12 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from serve.formats import grammar
-from serve.core.api import ChatRequest
+from serve.formats.grammar import Lark
+from serve.formats.template.grammar import template_grammar
+from serve.core.request import ChatRequest
 from serve.formats.base import ChatFormatError, FormatRefused, Rendering, system_role
 from serve.engine.api import EngineApi
 from serve.formats.template.tools import JsonCalls, TemplateReplyParser, TemplateTools
-from serve.formats.xtml.render import Segment, resolve_tool_results
+from serve.formats.tool_results import resolve_tool_results
+from serve.core.segment import Segment
 
 TEMPLATE_ROLES = ("system", "user", "assistant")
 TEMPLATE_KEYS = (*TEMPLATE_ROLES, "open", "default_system")
@@ -79,7 +81,7 @@ class TemplateFormat:
     media_pad = None
     supports_images = False
     supports_reasoning = False
-    prompts_response_format = False  # only a grammar (serve/formats/grammar.py) can hold the reply to it
+    prompts_response_format = False  # only a grammar (serve/formats/template/grammar.py) can hold the reply to it
     prompts_tools = False            # calls in serve's own format are made by a grammar alone
 
     def __init__(self, path: Path, template: ChatTemplate, stop_tokens: list[int],
@@ -230,8 +232,8 @@ class TemplateFormat:
         return TemplateReplyParser(frozenset(self.stop_tokens), self._special_ids,
                                    self.tools.marker if self.tools else ())
 
-    def grammar(self, req: ChatRequest, thinking: bool) -> grammar.Lark:
-        return grammar.template_grammar(req, self.tools.marker if self.tools else ())
+    def grammar(self, req: ChatRequest, thinking: bool) -> Lark:
+        return template_grammar(req, self.tools.marker if self.tools else ())
 
 
 def _present(segments: list[Segment]) -> list[Segment]:

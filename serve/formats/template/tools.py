@@ -28,11 +28,11 @@ from __future__ import annotations
 import codecs
 import json
 import re
-from typing import Any, Mapping, Optional, Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
-from serve.formats.base import FormatRefused
-from serve.formats.xtml.render import PromptError, Segment
-from serve.formats.xtml.reply import Deltas, Delta, Reply, default_call_id
+from serve.formats.base import FormatRefused, PromptError
+from serve.core.segment import Segment
+from serve.core.reply import default_call_id, Delta, Deltas, Reply
 
 CALL_HEAD = '{"name": '            # a call's text up to the tool's name
 ARGUMENTS_KEY = ', "arguments": '  # between the name and the arguments

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Sequence
 
-from serve.formats import grammar
-
+from serve.formats.grammar import Lark
+from serve.formats.xtml.grammar import Markup, xtml_grammar
 from serve.formats.xtml import render as xtml
-from serve.core.api import ChatRequest
+from serve.core.request import ChatRequest
 from serve.formats.base import FormatRefused, Rendering, system_role
 from serve.engine.api import EngineApi
-from serve.formats.xtml.render import Segment
+from serve.core.segment import Segment
 from serve.formats.xtml.reply import Markers, ReplyParser
 
 XTML_MARKERS = ("<|open|>", "<|sep|>", "<|close|>", "<|end_of_msg|>")
@@ -59,7 +59,6 @@ class XtmlFormat:
     def new_parser(self, thinking: bool) -> ReplyParser:
         return ReplyParser(self.markers, thinking=thinking, special_ids=self._special_ids)
 
-    def grammar(self, req: ChatRequest, thinking: bool) -> grammar.Lark:
+    def grammar(self, req: ChatRequest, thinking: bool) -> Lark:
         markers = self.markers
-        return grammar.xtml_grammar(req, grammar.Markup(markers.open, markers.sep, markers.close),
-                                    thinking)
+        return xtml_grammar(req, Markup(markers.open, markers.sep, markers.close), thinking)

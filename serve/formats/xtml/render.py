@@ -11,8 +11,12 @@ output, so the writer below never merges.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional, Sequence
+
+from serve.core.request import IMAGE_PARTS
+from serve.core.segment import Segment
+from serve.formats.base import PromptError
+from serve.formats.tool_results import resolve_tool_results
 
 OPEN = "<|open|>"
 SEP = "<|sep|>"
@@ -23,7 +27,6 @@ IMAGE_PLACEHOLDER = "<|kimi_image_placeholder|>"
 MEDIA_PAD = "<|media_pad|>"  # the placeholder waste_image_expand widens to an image's positions
 
 ROLES = ("system", "user", "assistant", "tool")
-IMAGE_PARTS = ("image_url", "image")  # OpenAI's form, and the release's own
 THINKING_EFFORTS = ("low", "high", "max")
 
 # Model-facing texts. They are part of the prompt the model was trained on
@@ -51,20 +54,6 @@ _NAMED_TOOL_TEXT = "You MUST call the tool `{}` and no other tool in the next me
 _RAW_JSON_RULE = ("Your response must be raw JSON data without markdown code blocks "
                   "(```json) or any additional formatting.")
 _SCHEMA_INTRO = "The JSON data must match the following schema:\n"
-
-
-class PromptError(ValueError):
-    """A request the release encoder refuses; `field` names the request field at fault."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field} {message}")
-        self.field = field
-
-
-@dataclass(frozen=True)
-class Segment:
-    text: str
-    markup: bool  # True: waste_tokenize_markup (server-written structure); False: waste_tokenize
 
 
 def escape_attr(value: str) -> str:
@@ -311,43 +300,6 @@ def _write_system_message(out: _Writer, message: Mapping[str, Any],
             _write_plain(out, "system", message, images)
     else:
         _write_plain(out, "system", message, images)
-
-
-def _call_name(call: Mapping[str, Any]) -> Optional[str]:
-    return (call.get("function") or {}).get("name")
-
-
-def resolve_tool_results(run: Sequence[Mapping[str, Any]], calls: Sequence[Mapping[str, Any]],
-                         answered: int, first: int) -> list[tuple[int, str]]:
-    """A run of tool results as (place in the run, tool name), in the order they render.
-
-    `calls` are the calls of the latest assistant turn, `answered` how many
-    results already followed it, `first` the run's place in `messages`.
-    OpenAI clients may return results in any order, and the model expects
-    them in the order of its calls, so a run whose every result names a call
-    by `tool_call_id` is re-sorted; a run with any other result stays as sent,
-    since its results can only be matched by position.
-    """
-    position_by_id: dict[Any, int] = {}   # keyed by what clients send as tool_call_id
-    for i, call in enumerate(calls):
-        if isinstance(call.get("id"), str):
-            position_by_id.setdefault(call["id"], i)
-    matched = [position_by_id.get(message.get("tool_call_id")) for message in run]
-    order = list(range(len(run)))
-    if None not in matched:
-        order.sort(key=lambda k: matched[k] or 0)   # none is None here
-    resolved = []
-    for place, k in enumerate(order):
-        message, at, call_at = run[k], answered + place, matched[k]
-        name = ((_call_name(calls[call_at]) if call_at is not None else None)
-                or message.get("tool") or message.get("name")
-                or (_call_name(calls[at]) if at < len(calls) else None))
-        if not name:
-            raise PromptError(f"messages[{first + k}]", "is a tool result with no tool name: "
-                              "give the tool_call_id of a call in the assistant message before it, "
-                              "or a tool or name field")
-        resolved.append((k, name))
-    return resolved
 
 
 def _write_tool_results(out: _Writer, resolved: Sequence[tuple[Mapping[str, Any], str]],
