@@ -31,10 +31,8 @@ import jsonschema
 
 from common import ROOT, Quiet, machine
 
-from serve.dialects.openai_request import parse_chat_request  # noqa: E402
-from serve.engine.binding import Engine, EngineConfig, GenParams, load_library  # noqa: E402
-from serve.formats.choice import resolve_chat_format  # noqa: E402
-from serve.service.facade import Service, ServiceOptions  # noqa: E402
+from serve import (Engine, EngineConfig, GenParams, Service, ServiceOptions,  # noqa: E402
+                   load_library, parse_chat_request, resolve_chat_format)
 
 CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}},
         "required": ["city"]}
