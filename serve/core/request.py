@@ -6,7 +6,8 @@ Nothing here knows a wire format: serve/dialects/ validate their bodies into the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
+from serve.core.client_json import Json
 
 # Every reasoning effort a client may name -> the K3 release encoder's nearest level (low,
 # high, max), or None for thinking off. OpenAI's values (none, minimal, low, medium, high,
@@ -36,7 +37,7 @@ class ChatRequest:
     stream: bool = False
     include_usage: bool = False
     tools: Optional[list[dict]] = None
-    tool_choice: Any = None
+    tool_choice: Optional[str | dict] = None   # "none", "auto", "required", or {"type": "function", ...}
     response_format: Optional[dict] = None
     thinking: Optional[bool] = None   # None: the server's default
     thinking_effort: Optional[str] = None   # K3's level (REASONING_EFFORTS), when thinking
@@ -55,7 +56,7 @@ class CompletionRequest:
     request_id: str = ""
 
 
-def image_url(part: dict) -> Any:
+def image_url(part: dict) -> Json:
     """The URL of an image part: `image_url` and `image` each hold it as a string or as {"url": ...}."""
     value = part.get(part.get("type"))
     return value.get("url") if isinstance(value, dict) else value

@@ -1,6 +1,6 @@
 """OpenAI's chat completions and completions (`POST /v1/chat/completions`, `/v1/completions`).
 
-The body is the internal request as it is (serve/core/api.py validates it); the
+The body is the internal request as it is (serve/dialects/openai_request.py validates it); the
 reply is a chat.completion or text_completion, or their chunks on a stream
 that ends with `data: [DONE]`.
 """

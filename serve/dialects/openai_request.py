@@ -9,8 +9,10 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
+from serve.core.client_json import Json
 from serve.core.errors import invalid
-from serve.core.request import IMAGE_PARTS, REASONING_EFFORTS, ChatRequest, CompletionRequest, Sampling, image_url
+from serve.core.request import (IMAGE_PARTS, REASONING_EFFORTS, ChatRequest, CompletionRequest,
+                                image_url, Sampling)
 
 MAX_STOP_STRINGS = 4
 MAX_TOP_K = (1 << 31) - 1  # the engine's top_k is a C int; no vocabulary comes near it
@@ -40,11 +42,11 @@ def unknown_fields(body: dict, known: frozenset[str]) -> list[str]:
     return sorted(key for key in body if key not in known)
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Json) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: Json) -> bool:
     # An int is always finite; asking math.isfinite would overflow on a huge one.
     return _is_int(value) or (isinstance(value, float) and math.isfinite(value))
 
@@ -85,7 +87,7 @@ def _parse_sampling(body: dict) -> Sampling:
     return s
 
 
-def _parse_stop(stop: Any) -> list[str]:
+def _parse_stop(stop: Json) -> list[str]:
     if stop is None:
         return []
     if isinstance(stop, str):
@@ -115,7 +117,7 @@ def _parse_stream(body: dict) -> tuple[bool, bool]:
     return stream, include_usage
 
 
-def parse_reasoning_effort(value: Any, param: str = "reasoning_effort"
+def parse_reasoning_effort(value: Json, param: str = "reasoning_effort"
                            ) -> tuple[Optional[bool], Optional[str]]:
     """Maps a reasoning effort to (thinking, K3's level) by REASONING_EFFORTS; (None, None)
     when absent. `param` names the field in the dialect the value came from."""
@@ -127,7 +129,7 @@ def parse_reasoning_effort(value: Any, param: str = "reasoning_effort"
     return level is not None, level
 
 
-def parse_parallel(value: Any, param: str) -> bool:
+def parse_parallel(value: Json, param: str) -> bool:
     """parallel_tool_calls (or its dialect's name): absent or null is true."""
     if value is None:
         return True
@@ -136,7 +138,7 @@ def parse_parallel(value: Any, param: str) -> bool:
     return value
 
 
-def _parse_content(content: Any, param: str, allow_null: bool) -> None:
+def _parse_content(content: Json, param: str, allow_null: bool) -> None:
     if content is None:
         if not allow_null:
             raise invalid(param, f"{param} must be a string or a list of content parts")
@@ -160,7 +162,7 @@ def _parse_content(content: Any, param: str, allow_null: bool) -> None:
             raise invalid(where, f"unsupported content part type {kind!r}")
 
 
-def _parse_tool_calls(calls: Any, param: str) -> None:
+def _parse_tool_calls(calls: Json, param: str) -> None:
     if not isinstance(calls, list):
         raise invalid(param, "tool_calls must be a list")
     for j, call in enumerate(calls):
@@ -176,7 +178,7 @@ def _parse_tool_calls(calls: Any, param: str) -> None:
             raise invalid(where, "tool call function.arguments must be a JSON string")
 
 
-def _parse_messages(messages: Any) -> list[dict]:
+def _parse_messages(messages: Json) -> list[dict]:
     if not isinstance(messages, list) or not messages:
         raise invalid("messages", "messages must be a non-empty list")
     normalized = []
@@ -199,7 +201,7 @@ def _parse_messages(messages: Any) -> list[dict]:
     return normalized
 
 
-def _parse_tools(tools: Any) -> Optional[list[dict]]:
+def _parse_tools(tools: Json) -> Optional[list[dict]]:
     if tools is None:
         return None
     if not isinstance(tools, list):
@@ -216,7 +218,7 @@ def _parse_tools(tools: Any) -> Optional[list[dict]]:
     return tools or None
 
 
-def _parse_tool_choice(choice: Any, tools: Optional[list[dict]]) -> Any:
+def _parse_tool_choice(choice: Json, tools: Optional[list[dict]]) -> Json:
     if choice is None or choice in ("none", "auto", "required"):
         return choice
     if (isinstance(choice, dict) and choice.get("type") == "function"
@@ -229,7 +231,7 @@ def _parse_tool_choice(choice: Any, tools: Optional[list[dict]]) -> Any:
     raise invalid("tool_choice", "tool_choice must be none, auto, required or a named function")
 
 
-def _parse_response_format(value: Any) -> Optional[dict]:
+def _parse_response_format(value: Json) -> Optional[dict]:
     if value is None:
         return None
     if not isinstance(value, dict) or value.get("type") not in ("text", "json_object", "json_schema"):

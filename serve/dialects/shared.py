@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
+from serve.core.client_json import Json
 from serve.core.errors import ApiError, invalid
 from serve.core.reply import Delta
 from serve.dialects.openai_request import parse_chat_request
@@ -66,7 +67,7 @@ def string_field(obj: dict, key: str, where: str) -> str:
     return value
 
 
-def tool_call(call_id: str, name: str, arguments: Any) -> dict:
+def tool_call(call_id: str, name: str, arguments: Json) -> dict:
     """An assistant tool call in OpenAI chat shape (what the renderer reads)."""
     text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": text}}

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 try:
     import llguidance
@@ -27,8 +27,10 @@ except ImportError as _e:  # the server runs without it: structured output is th
 else:
     _IMPORT_ERROR = None
 
+from serve.core.client_json import Json, JsonObject
 from serve.core.errors import ApiError, invalid
 from serve.core.request import ChatRequest
+from serve.engine.api import EngineApi
 from serve.engine.decode import missing as _decode_missing
 
 ENABLE_HINT = "pip install '.[structured]' (in a checkout: pip install -r requirements-optional.txt)"
@@ -117,13 +119,13 @@ def special(token: int) -> str:
     return f"<[{token}]>"
 
 
-def shown(value: Any) -> str:
+def shown(value: Json) -> str:
     """A client's value, as a message may quote it: as JSON, and never long."""
     text = json.dumps(value, ensure_ascii=False)
     return text if len(text) <= MAX_SHOWN else text[:MAX_SHOWN] + "..."
 
 
-def json_rule(schema: Mapping[str, Any], defs: Mapping[str, Any], lenient: bool) -> str:
+def json_rule(schema: JsonObject, defs: JsonObject, lenient: bool) -> str:
     body = dict(schema)
     for key, value in defs.items():  # $refs inside resolve against the inlined schema's root
         body.setdefault(key, value)
@@ -131,7 +133,7 @@ def json_rule(schema: Mapping[str, Any], defs: Mapping[str, Any], lenient: bool)
     return "%json " + json.dumps(body, ensure_ascii=False)
 
 
-def defs_of(schema: Mapping[str, Any]) -> dict:
+def defs_of(schema: JsonObject) -> dict:
     return {k: schema[k] for k in ("$defs", "definitions") if isinstance(schema.get(k), dict)}
 
 
@@ -239,7 +241,7 @@ def grammar_field(req: ChatRequest) -> str:
 class Vocabulary:
     """Every token's bytes (waste_detokenize) and llguidance's tokenizer over them."""
 
-    def __init__(self, engine: Any, n_vocab: int, eos: Sequence[int]):
+    def __init__(self, engine: EngineApi, n_vocab: int, eos: Sequence[int]):
         self.n_vocab = n_vocab
         self.pieces = [engine.detokenize([i]) for i in range(n_vocab)]
         specials = sorted(i for i in engine.specials.values() if i < n_vocab)
@@ -259,7 +261,7 @@ class Vocabulary:
 class _Encoder:
     """What llguidance's TokenizerWrapper reads: token bytes, specials, and an encoder."""
 
-    def __init__(self, engine: Any, pieces: list[bytes], specials: list[int], eos: int):
+    def __init__(self, engine: EngineApi, pieces: list[bytes], specials: list[int], eos: int):
         self._engine = engine
         self.tokens = pieces
         self.special_token_ids = specials

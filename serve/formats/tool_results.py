@@ -1,16 +1,17 @@
 """Tool results matched to the calls they answer, for every chat format that renders them."""
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
+from serve.core.client_json import Json, JsonObject
 from serve.formats.base import PromptError
 
 
-def _call_name(call: Mapping[str, Any]) -> Optional[str]:
+def _call_name(call: JsonObject) -> Optional[str]:
     return (call.get("function") or {}).get("name")
 
 
-def resolve_tool_results(run: Sequence[Mapping[str, Any]], calls: Sequence[Mapping[str, Any]],
+def resolve_tool_results(run: Sequence[JsonObject], calls: Sequence[JsonObject],
                          answered: int, first: int) -> list[tuple[int, str]]:
     """A run of tool results as (place in the run, tool name), in the order they render.
 
@@ -21,7 +22,7 @@ def resolve_tool_results(run: Sequence[Mapping[str, Any]], calls: Sequence[Mappi
     by `tool_call_id` is re-sorted; a run with any other result stays as sent,
     since its results can only be matched by position.
     """
-    position_by_id: dict[Any, int] = {}   # keyed by what clients send as tool_call_id
+    position_by_id: dict[Json, int] = {}   # keyed by what clients send as tool_call_id
     for i, call in enumerate(calls):
         if isinstance(call.get("id"), str):
             position_by_id.setdefault(call["id"], i)

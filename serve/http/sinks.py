@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Generic, Optional, Protocol
+from typing import Callable, Generic, Optional, Protocol
 
 from serve.core.reply import Delta
 from serve.core.errors import ApiError
@@ -85,7 +85,7 @@ class ExchangeSink(Generic[R]):
 
     # -- running it ----------------------------------------------------------------------
 
-    def run(self, generate: Callable[["ExchangeSink"], Any]) -> Answer:
+    def run(self, generate: Callable[["ExchangeSink[R]"], R]) -> Answer:
         """Runs the generation. Errors before the stream opens are ordinary HTTP errors, in
         the format's field names; after, the format's failure events end the stream."""
         try:
@@ -93,7 +93,7 @@ class ExchangeSink(Generic[R]):
         finally:
             self._close()   # however the run ends, the writer thread ends too
 
-    def _run(self, generate: Callable[["ExchangeSink"], Any]) -> Answer:
+    def _run(self, generate: Callable[["ExchangeSink[R]"], R]) -> Answer:
         try:
             reply = generate(self)
         except ApiError as e:

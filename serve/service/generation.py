@@ -10,7 +10,7 @@ from __future__ import annotations
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from serve.engine import decode
 
@@ -69,7 +69,8 @@ class Generation:
         self.policy = policy                  # where snapshots pay, from measured costs
         self.eval_logits = eval_logits        # False: waste_eval gives no logits to decode with
         self.log = log
-        self._vocabularies: dict[tuple, Any] = {}   # llguidance's view of the vocabulary, built once
+        # llguidance's view of the vocabulary, built once per (size, stop tokens)
+        self._vocabularies: dict[tuple[int, tuple[int, ...]], grammar.Vocabulary] = {}
 
     def run(self, prompt: Prompt, sampling: Sampling, run: Run, reader: ReplyReader, *,
             stop_tokens: Sequence[int] = (), logprobs: Optional[int] = None,
@@ -160,9 +161,9 @@ class Generation:
                               top_p=sampling.top_p, grammar=matcher, top_logprobs=top_logprobs,
                               listener=run.logprobs)
 
-    def _matcher(self, compiled: str, eos: tuple[int, ...]) -> Callable[[int], Any]:
+    def _matcher(self, compiled: str, eos: tuple[int, ...]) -> Callable[[int], decode.Grammar]:
         """A matcher factory (vocabulary size -> matcher) for a compiled grammar."""
-        def matcher(n_vocab: int) -> Any:
+        def matcher(n_vocab: int) -> decode.Grammar:
             key = (n_vocab, eos)
             if key not in self._vocabularies:
                 self._vocabularies[key] = grammar.Vocabulary(self.engine, n_vocab, eos)

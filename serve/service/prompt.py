@@ -21,7 +21,6 @@ from serve.engine.api import EngineApi, ImageProbe
 from serve.snapshots.history_ids import tokenize_history
 from serve.service.images import image_parts, StagedImages
 from serve.snapshots.reply_memory import ReplyMemory
-from serve.formats.xtml.render import IMAGE_PLACEHOLDER, image_prompt
 from serve.core.segment import Segment
 
 
@@ -86,10 +85,10 @@ def least_chars(value: object) -> int:
     return total
 
 
-def least_rendered_chars(messages: Sequence[object], images: int) -> int:
+def least_rendered_chars(messages: Sequence[object], images: int, placeholder: str) -> int:
     """Characters every format's rendering of `messages` holds at least, for refusing a
     prompt that cannot fit before rendering it: each message's text is in it verbatim, but
-    for the image placeholders that may stand for the request's `images`."""
+    for the image `placeholder`s that may stand for the request's `images`."""
     chars = 0
     for message in messages:
         content = message.get("content") if isinstance(message, dict) else None
@@ -99,7 +98,7 @@ def least_rendered_chars(messages: Sequence[object], images: int) -> int:
             chars += sum(len(part["text"]) for part in content
                          if isinstance(part, dict) and part.get("type") == "text"
                          and isinstance(part.get("text"), str))
-    return max(0, chars - images * len(IMAGE_PLACEHOLDER))
+    return max(0, chars - images * len(placeholder))
 
 
 class PromptBuilder:
@@ -138,7 +137,8 @@ class PromptBuilder:
         # Before the engine is held: text that cannot fit is refused unrendered.
         tools = least_chars(req.tools or ())
         check_fits(self.engine, tools, "tools")
-        check_fits(self.engine, tools + least_rendered_chars(req.messages, len(images)), "messages")
+        least = least_rendered_chars(req.messages, len(images), fmt.image_placeholder)
+        check_fits(self.engine, tools + least, "messages")
         return ChatCheck(thinking, images, self.reasoning(req, thinking))
 
     def thinking(self, req: ChatRequest) -> bool:
@@ -162,7 +162,7 @@ class PromptBuilder:
     def chat(self, req: ChatRequest, check: ChatCheck, staged: StagedImages) -> Prompt:
         """Render once and tokenize; the images are queued on the engine."""
         paths = [staged.stage(url, param) for param, url in check.images]
-        prompts = [image_prompt(*staged.measure(self.images.image_dimensions, path, param))
+        prompts = [self.chat_format.image_prompt(*staged.measure(self.images.image_dimensions, path, param))
                    for path, (param, _) in zip(paths, check.images)]
         messages, conversation, replies = self._recall(req, check.thinking, prompts)
         check_fits(self.engine, conversation.chars(), "messages")

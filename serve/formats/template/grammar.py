@@ -3,13 +3,15 @@ format (serve/formats/template/tools.py), each after the template's `open` marku
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from typing import Sequence
 
+from serve.core.client_json import Json
 from serve.core.errors import invalid
 from serve.core.request import ChatRequest
-from serve.formats.grammar import Lark, answer, chosen_tools, grammar_field, json_rule, literal, numbered, shown, special
+from serve.formats.grammar import (answer, chosen_tools, grammar_field, json_rule, Lark, literal,
+                                   numbered, shown, special)
 
-def _call_arguments(parameters: Any, path: str) -> dict:
+def _call_arguments(parameters: Json, path: str) -> dict:
     """A tool's parameters as the schema its arguments object is held to: an object, with
     its declared keys (required ones among them) and, unless it allows more, no others:
     a weak model would invent them."""

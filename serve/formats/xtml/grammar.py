@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
+from serve.core.client_json import Json, JsonObject
 from serve.core.errors import invalid
 from serve.core.request import ChatRequest
-from serve.formats.grammar import (JSON_STYLE, Lark, answer, chosen_tools, defs_of, grammar_field, json_rule,
-                                   literal, numbered, regex_to_lark, shown, special)
+from serve.formats.grammar import (JSON_STYLE, Lark, answer, chosen_tools, defs_of, grammar_field,
+                                   json_rule, literal, numbered, regex_to_lark, shown, special)
 from serve.formats.xtml.render import escape_attr
 
 # Every JSON type an argument element can declare, and the JSON Schema types behind it.
@@ -54,7 +55,7 @@ class Markup:
         return f"{special(self.close)} {literal(name)} {special(self.sep)}"
 
 
-def _pointer(root: Any, ref: str) -> tuple[Any, list[str]]:
+def _pointer(root: Json, ref: str) -> tuple[Json, list[str]]:
     """What a local `#/a/b` reference points at in `root` (None if nothing), and its steps."""
     steps = [part.replace("~1", "/").replace("~0", "~") for part in ref[2:].split("/")]
     node = root
@@ -68,7 +69,7 @@ def _pointer(root: Any, ref: str) -> tuple[Any, list[str]]:
     return node, steps
 
 
-def _resolve(schema: Any, root: Mapping[str, Any], path: str, root_path: str) -> tuple[Any, str]:
+def _resolve(schema: Json, root: JsonObject, path: str, root_path: str) -> tuple[Json, str]:
     """A schema with its $refs into `root` followed, and the path of where it now comes from."""
     for _ in range(MAX_REF_DEPTH):
         if not isinstance(schema, dict) or "$ref" not in schema:
@@ -91,7 +92,7 @@ def _resolve(schema: Any, root: Mapping[str, Any], path: str, root_path: str) ->
     raise invalid(path, f"{path}: $refs lead on to $refs more than {MAX_REF_DEPTH} times")
 
 
-def _check_refs(schema: Any, path: str) -> None:
+def _check_refs(schema: Json, path: str) -> None:
     """Every $ref in a JSON-typed argument's schema points into the $defs its rule carries."""
     stack = [(schema, path)]
     while stack:
@@ -106,7 +107,7 @@ def _check_refs(schema: Any, path: str) -> None:
             stack.extend((value, f"{at}[{i}]") for i, value in enumerate(node))
 
 
-def _length(schema: Mapping[str, Any], key: str, path: str) -> Optional[int]:
+def _length(schema: JsonObject, key: str, path: str) -> Optional[int]:
     """minLength or maxLength: absent (None), or a count; a 400 naming it otherwise."""
     if key not in schema:
         return None
@@ -125,7 +126,7 @@ class _ToolGrammar:
         self.strict = False   # unknown schema keywords ignored, unless the tool is strict
         self._left = 0        # how many more schemas the argument being built may expand into
 
-    def argument_bodies(self, schema: Any, root: Mapping[str, Any], path: str,
+    def argument_bodies(self, schema: Json, root: JsonObject, path: str,
                         root_path: str, depth: int = 0) -> list[tuple[str, str]]:
         """(type attribute, body rule) pairs a value of `schema` (found at `path`) can be written as."""
         self._left -= 1
@@ -180,7 +181,7 @@ class _ToolGrammar:
                                                field=path)))
         return pairs
 
-    def _raw_string(self, schema: Mapping[str, Any], path: str) -> Optional[str]:
+    def _raw_string(self, schema: JsonObject, path: str) -> Optional[str]:
         """An argument body of type string: the text itself, unquoted, as history writes it;
         None when the schema admits no string."""
         if self.strict:
@@ -206,7 +207,7 @@ class _ToolGrammar:
             return self.g.add(regex, field=f"{path}.pattern")
         return self.g.terminal(f"{regex} & {bound}", field=f"{path}.pattern")
 
-    def _enum_bodies(self, values: Sequence[Any], path: str) -> list[tuple[str, str]]:
+    def _enum_bodies(self, values: Sequence[Json], path: str) -> list[tuple[str, str]]:
         by_type: dict[str, list[str]] = {}
         for value in values:
             kind = _type_attr(value)
@@ -222,7 +223,7 @@ class _ToolGrammar:
             pairs.append((kind, self.g.add(rule, field=f"{path}.enum")))
         return pairs
 
-    def arguments(self, parameters: Any, path: str) -> str:
+    def arguments(self, parameters: Json, path: str) -> str:
         """The argument elements of one call: declared keys in order, required ones present."""
         root = parameters if isinstance(parameters, dict) else {}
         params, where = _resolve(root, root, path, path)
@@ -256,7 +257,7 @@ class _ToolGrammar:
         return " ".join(parts)
 
     @staticmethod
-    def _check_strict_object(params: Mapping[str, Any], path: str) -> None:
+    def _check_strict_object(params: JsonObject, path: str) -> None:
         types = params.get("type", "object")
         if types != "object" and not (isinstance(types, list) and "object" in types):
             raise invalid(f"{path}.type", f"{path}.type: a strict tool's parameters are an object",
@@ -267,7 +268,7 @@ class _ToolGrammar:
                               f"declared properties, and {key} on them cannot be enforced",
                               code="unsupported_schema")
 
-    def block(self, tools: Sequence[tuple[int, Mapping[str, Any]]], at_most: int) -> str:
+    def block(self, tools: Sequence[tuple[int, JsonObject]], at_most: int) -> str:
         """`<|open|>tools<|sep|>` one to `at_most` calls `<|close|>tools<|sep|>`, numbered from 1."""
         args = {}
         for j, tool in tools:
@@ -281,7 +282,7 @@ class _ToolGrammar:
         return self.m.element("tools", calls)
 
 
-def _type_attr(value: Any) -> str:
+def _type_attr(value: Json) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):
