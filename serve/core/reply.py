@@ -36,6 +36,25 @@ class ToolCallDelta(_ToolCallDeltaKeys, total=False):
     function: FunctionDelta
 
 
+class FunctionCall(TypedDict):
+    name: str
+    arguments: str   # the JSON text as the model wrote it (cut short if the reply was)
+
+
+class ToolCall(TypedDict):
+    """A call in a finished reply, in the internal (OpenAI) message's shape."""
+    id: str
+    type: str        # "function"
+    function: FunctionCall
+
+
+def read_calls(calls: list[dict[str, str]], arguments: list[list[str]]) -> list[ToolCall]:
+    """The calls a parser has read so far: each one's id and name, and its arguments' pieces."""
+    return [{"id": call["id"], "type": "function",
+             "function": {"name": call["name"], "arguments": "".join(pieces)}}
+            for call, pieces in zip(calls, arguments)]
+
+
 @dataclass
 class Delta:
     """One streaming event; exactly one of its first three fields is non-empty. A completion's
@@ -53,7 +72,7 @@ class Reply:
     """Everything the model has said so far."""
     reasoning_content: str = ""
     content: str = ""
-    tool_calls: list[dict] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)
     ended: bool = False
 
 
@@ -69,7 +88,8 @@ class Deltas:
         if last is not None and getattr(last, channel):
             setattr(last, channel, getattr(last, channel) + text)
         else:
-            self._out.append(Delta(content=text) if channel == "content" else Delta(reasoning_content=text))
+            self._out.append(Delta(content=text) if channel == "content"
+                             else Delta(reasoning_content=text))
 
     def call(self, index: int, call_id: str, name: str) -> None:
         self._out.append(Delta(tool_call={"index": index, "id": call_id, "type": "function",
@@ -96,7 +116,7 @@ class Usage:
     cached_tokens: int = 0  # prompt positions restored from a prefix snapshot
 
 
-def assistant_message(content: str, reasoning: str, tool_calls: list[dict]) -> dict[str, Any]:
+def assistant_message(content: str, reasoning: str, tool_calls: list[ToolCall]) -> dict[str, Any]:
     """The reply as an internal (OpenAI-shaped) assistant message."""
     message: dict[str, Any] = {"role": "assistant",
                                "content": content if content or not tool_calls else None}

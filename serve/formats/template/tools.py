@@ -33,7 +33,7 @@ from typing import Mapping, Protocol, Sequence
 from serve.core.client_json import Json, JsonObject
 from serve.formats.base import FormatRefused, PromptError
 from serve.core.segment import Segment
-from serve.core.reply import default_call_id, Delta, Deltas, Reply
+from serve.core.reply import default_call_id, Delta, Deltas, Reply, read_calls
 
 CALL_HEAD = '{"name": '            # a call's text up to the tool's name
 ARGUMENTS_KEY = ', "arguments": '  # between the name and the arguments
@@ -169,7 +169,7 @@ class TemplateReplyParser:
         self._new_call_id = new_call_id
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._content: list[str] = []   # joined on demand: no copy of the whole reply per token
-        self._calls: list[dict] = []
+        self._calls: list[dict[str, str]] = []   # id and name of each call
         self._arguments: list[list[str]] = []
         self._state = "content"         # content | marker | head | arguments | after | drop
         self._expect = 0                # marker: the part awaited next
@@ -183,10 +183,8 @@ class TemplateReplyParser:
 
     @property
     def reply(self) -> Reply:
-        calls = [{"id": c["id"], "type": "function",
-                  "function": {"name": c["name"], "arguments": "".join(parts)}}
-                 for c, parts in zip(self._calls, self._arguments)]
-        return Reply(content="".join(self._content), tool_calls=calls, ended=self._ended)
+        return Reply(content="".join(self._content),
+                     tool_calls=read_calls(self._calls, self._arguments), ended=self._ended)
 
     @property
     def ended(self) -> bool:

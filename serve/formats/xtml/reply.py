@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
-from serve.core.reply import default_call_id, Delta, Deltas, Reply
+from serve.core.reply import default_call_id, Delta, Deltas, Reply, read_calls
 from serve.formats.xtml.render import CLOSE, END_OF_MSG, MARKUP_TOKENS, OPEN, SEP, unescape_attr
 
 _MARKER_BYTES = tuple(m.encode() for m in MARKUP_TOKENS)
@@ -110,7 +110,7 @@ class ReplyParser:
         # What was said so far, as parts joined on demand: a long reply must not
         # cost a copy of everything before it on every token.
         self._text: dict[str, list[str]] = {"reasoning_content": [], "content": []}
-        self._calls: list[dict] = []           # id, type, name of each tool call
+        self._calls: list[dict[str, str]] = []   # id and name of each tool call
         self._arguments: list[list[str]] = []  # each call's argument fragments
         self._ended = False
         self._closed = False                      # no more input: the message ended or finish() ran
@@ -119,11 +119,8 @@ class ReplyParser:
 
     @property
     def reply(self) -> Reply:
-        calls = [{"id": c["id"], "type": "function",
-                  "function": {"name": c["name"], "arguments": "".join(parts)}}
-                 for c, parts in zip(self._calls, self._arguments)]
         return Reply("".join(self._text["reasoning_content"]), "".join(self._text["content"]),
-                     calls, self._ended)
+                     read_calls(self._calls, self._arguments), self._ended)
 
     @property
     def ended(self) -> bool:
