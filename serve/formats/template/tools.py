@@ -1,7 +1,7 @@
 """Tool calls on a chat.json container: serve's generic call format, for a model never taught one.
 
 A chat.json has no place for tools, so serve brings its own form, held to by
-constrained decoding (serve/formats/grammar.py's `template_grammar`):
+constrained decoding (serve/formats/template/grammar.py's `template_grammar`):
 
 - **Declarations**: a system turn of its own before the conversation, in the
   template's system strings: what a call looks like (with an example written in
