@@ -110,8 +110,9 @@ class Service:
         # Built before the engine is held: a schema the grammar cannot enforce is a 400
         # before any stream opens, and a large one compiles while others use the engine.
         constraint = self._constraint(req, check.thinking)
-        sink.accepted(check.thinking)
-        with self._turn(sink, sink.gone) as run, StagedImages(self.options.allow_local_images) as staged:
+        run = self._run(sink, sink.gone)
+        run.accepted(check.thinking)
+        with self._turn(run), StagedImages(self.options.allow_local_images) as staged:
             prompt = self.prompts.chat(req, check, staged)
             reader = ChatReader(self.chat_format.new_parser(check.thinking), req.sampling.stop,
                                 self.chat_format.stop_tokens,
@@ -133,14 +134,16 @@ class Service:
 
         It waits in line like any request (tokenizing needs the engine), silently."""
         check = self.prompts.check(req)
-        with self._turn(None, client_gone), StagedImages(self.options.allow_local_images) as staged:
+        run = self._run(None, client_gone)   # nothing to observe: the count is the answer
+        with self._turn(run), StagedImages(self.options.allow_local_images) as staged:
             prompt = self.prompts.chat(req, check, staged)
             self.engine.image_clear()
             return len(prompt.ids)
 
     def complete(self, req: CompletionRequest, sink: ReplySink) -> CompletionReply:
         check_fits(self.engine, len(req.prompt), "prompt")
-        with self._turn(sink, sink.gone) as run:
+        run = self._run(sink, sink.gone)
+        with self._turn(run):
             prompt = Prompt(self.prompts.text(req.prompt))
             reader = TextReader(req.sampling.stop, self.engine.specials.values())
             outcome = self.generation.run(prompt, req.sampling, run, reader,
@@ -157,10 +160,13 @@ class Service:
             return None
         return grammar.compile_grammar(fmt.grammar(req, thinking))
 
+    def _run(self, observer: Optional[ReplySink], client_gone: Callable[[], bool]) -> Run:
+        """A request's Run: cancelled when its client leaves or the server shuts down."""
+        return Run(observer, client_gone, self._stopping)
+
     @contextmanager
-    def _turn(self, observer: Optional[ReplySink], client_gone: Callable[[], bool]) -> Iterator[Run]:
+    def _turn(self, run: Run) -> Iterator[Run]:
         """Wait in line for the engine and hold it, empty; a run cut by shutdown ends in its 503."""
-        run = Run(observer, client_gone, self._stopping)
         with self.queue.turn(run) as run.turn:
             self.settler.drop()
             start_empty(self.engine)

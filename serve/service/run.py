@@ -42,6 +42,10 @@ class Run:
 
     # -- events, to the observer -----------------------------------------------------------
 
+    def accepted(self, thinking: bool) -> None:
+        if self.observer is not None:
+            self.observer.accepted(thinking)
+
     def queued(self, ahead: int) -> None:
         if self.observer is not None:
             self.observer.queued(ahead)
