@@ -103,7 +103,6 @@ def _blocks(value: Json, where: str) -> list[dict]:
     return value
 
 
-
 def is_billing_block(block: Json) -> bool:
     """Claude Code's billing header, sent as a system text block: metadata, not prompt. Its
     version suffix and `cch` change on every request, so in the prompt it would make every

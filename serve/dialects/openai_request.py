@@ -36,7 +36,6 @@ STRING_FIELDS = {"system": ("name",), "developer": ("name",), "user": ("name",),
                  "tool": ("tool_call_id", "name", "tool")}
 
 
-
 def unknown_fields(body: dict, known: frozenset[str]) -> list[str]:
     """The body's top-level fields an endpoint does not read, for the log."""
     return sorted(key for key in body if key not in known)

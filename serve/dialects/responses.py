@@ -69,7 +69,6 @@ class _Request:
     previous: Optional[Stored]          # the response it continues (previous_response_id)
 
 
-
 def _parse(body: dict, store: ResponseStore) -> _Request:
     for name, reason in UNSUPPORTED.items():
         if body.get(name) not in (None, False):

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 
-
 class WasteError(Exception):
     """An engine call failed: status code, its name, strerror and detail."""
 

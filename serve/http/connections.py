@@ -133,7 +133,5 @@ class ConnectionServer(ThreadingHTTPServer):
             return self._count.wait_for(lambda: self._requests == 0, timeout)
 
 
-
-
 def stderr_log(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
