@@ -25,7 +25,7 @@ from pathlib import Path
 
 from common import PREVIOUS_ENGINE, ROOT, build_engine_at, machine
 
-from serve.engine.binding import Engine, EngineConfig, GenParams, load_library  # noqa: E402
+from serve import Engine, EngineConfig, GenParams, load_library  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "tests"))
 from gguf_writer import tiny_llama  # noqa: E402

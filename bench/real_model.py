@@ -21,7 +21,7 @@ from pathlib import Path
 
 from common import ROOT, machine
 
-from serve.engine.binding import Engine, EngineConfig, GenParams, load_library  # noqa: E402
+from serve import Engine, EngineConfig, GenParams, load_library  # noqa: E402
 
 PROMPT = ("<|im_start|>user\nWrite a long story about a lighthouse keeper who counts the ships "
           "that pass his island every night.<|im_end|>\n<|im_start|>assistant\n")

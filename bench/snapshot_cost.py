@@ -20,7 +20,7 @@ import time
 
 from common import DEMO, Engine, EngineConfig, load_library, machine
 
-from serve.snapshots.policy import Costs
+from serve import Costs
 
 TEXT = "The harbour master kept a ledger of every ship that passed the breakwater. "
 

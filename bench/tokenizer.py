@@ -18,9 +18,7 @@ import time
 from pathlib import Path
 
 from common import DEMO, ROOT, machine
-from serve.engine.binding import Engine, EngineConfig, load_library
-from serve.tokenizer.encoder import BpeTokenizer
-from serve.tokenizer.vocabulary import load
+from serve import BpeTokenizer, Engine, EngineConfig, load_library, load_vocabulary as load
 
 WORDS = ("the of and to in is was for that with as on by at from his her it an were are which "
          "this be or have had not but one all their they there been has when who will more no "

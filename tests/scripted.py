@@ -28,7 +28,7 @@ from serve.engine.binding import (Engine, EngineConfig, GenParams, GenResult, Me
 from serve.http.server import Server
 from serve.snapshots.cache import PrefixCache
 from serve.tokenizer.choice import choose as choose_tokenizer
-from serve.formats.xtml.render import Segment
+from serve.core.segment import Segment
 from serve.service.facade import Service, ServiceOptions
 from serve.snapshots.policy import Costs, SnapshotPolicy
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from serve.engine.binding import MemPlan, WasteError
+from serve.engine.types import MemPlan, WasteError
 
 CAP = 131072
 SMALLEST = 4096     # the ABI's own default: below it, the engine's default is as good

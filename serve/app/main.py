@@ -17,17 +17,19 @@ from serve.engine import decode
 from serve.formats import grammar
 from serve.formats.base import ChatFormat
 from serve.formats.choice import resolve_chat_format
-from serve.engine.binding import Engine, EngineConfig, Library, LibraryNotFound, MemPlan, WasteError, load_library
+from serve.engine.binding import Engine, Library, LibraryNotFound, load_library
+from serve.engine.types import EngineConfig, MemPlan, WasteError
 from serve.http.connections import DEFAULT_MAX_CONNECTIONS, stderr_log
-from serve.app.context import CAP, ContextChoice, choose_context
+from serve.app.context import CAP, choose_context, ContextChoice
 from serve.http.server import DEFAULT_REQUEST_TIMEOUT, Server
 from serve.snapshots.identity import state_identity
-from serve.snapshots.cache import DEFAULT_MAX_ENTRIES, PrefixCache, PrefixCacheError, default_directory
+from serve.snapshots.cache import (DEFAULT_MAX_ENTRIES, default_directory, PrefixCache,
+                                   PrefixCacheError)
 from serve.snapshots.reply_memory import ReplyMemory
 from serve.dialects.sse import DEFAULT_HEARTBEAT
 from serve.service.facade import Service, ServiceOptions
 from serve.snapshots.policy import SnapshotPolicy
-from serve.app.warm import WarmError, Warmer, warm_requests
+from serve.app.warm import warm_requests, Warmer, WarmError
 from serve.tokenizer.choice import Choice, choose as choose_tokenizer
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")

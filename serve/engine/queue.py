@@ -27,7 +27,7 @@ from collections import deque
 from contextlib import contextmanager
 from typing import Callable, Iterator, Optional, Protocol, TypeVar
 
-from serve.core.api import ApiError
+from serve.core.errors import ApiError
 
 T = TypeVar("T")
 

@@ -16,7 +16,7 @@ import time
 from http.server import ThreadingHTTPServer
 from typing import Any, Callable, Optional
 
-from serve.core import api
+from serve.core.errors import error_body
 from serve.engine.queue import RETRY_AFTER_SECONDS
 
 DEFAULT_MAX_CONNECTIONS = 64
@@ -91,9 +91,9 @@ class ConnectionServer(ThreadingHTTPServer):
 
     def _refuse(self, request: socket.socket) -> None:
         """A 503 without a thread: written whole into the empty send buffer, then closed."""
-        body = json.dumps(api.error_body(f"the server has {self.max_connections} connections open; "
-                                         "try again later", "server_error",
-                                         code="too_many_connections")).encode()
+        body = json.dumps(error_body(f"the server has {self.max_connections} connections open; "
+                                     "try again later", "server_error",
+                                     code="too_many_connections")).encode()
         head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(body)}\r\nRetry-After: {RETRY_AFTER_SECONDS}\r\n"
                 "Connection: close\r\n\r\n")
@@ -131,8 +131,6 @@ class ConnectionServer(ThreadingHTTPServer):
         """Wait until no request is being answered (cut streams send their last events)."""
         with self._count:
             return self._count.wait_for(lambda: self._requests == 0, timeout)
-
-
 
 
 def stderr_log(line: str) -> None:

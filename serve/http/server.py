@@ -19,27 +19,25 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable, Optional
 from urllib.parse import parse_qsl
 
-from serve.dialects import anthropic
+from serve.dialects import anthropic, openai, responses
 
-from serve.core import api
+from serve.core.ids import new_id
 
 from serve.http import heap
 
 from serve.service import metrics
 
-from serve.dialects import openai
 
-from serve.dialects import responses
-from serve.core.api import ApiError
+from serve.core.errors import ApiError
 from serve.http.connections import DEFAULT_MAX_CONNECTIONS, ConnectionServer
 from serve.engine.queue import ClientGone
 from serve.dialects.exchange import R, Exchange
 from serve.dialects.input_items import listing
 from serve.http.json_body import MAX_BODY_BYTES, parse_body
-from serve.http.page import CONTENT_TYPE as PAGE_TYPE, chat_page
+from serve.http.page import chat_page, CONTENT_TYPE as PAGE_TYPE
 from serve.service.response_store import Stored
 from serve.service.facade import Service
-from serve.http.sinks import Answer, BlockingSink, ExchangeSink
+from serve.http.sinks import Answer, ExchangeSink
 from serve.dialects.sse import DEFAULT_HEARTBEAT, EventWriter
 
 DEFAULT_REQUEST_TIMEOUT = 60.0  # seconds for a whole request's headers and body, idle time included
@@ -148,7 +146,7 @@ class Handler(BaseHTTPRequestHandler):
         self._started = time.monotonic()
         self.status = 0
         self.tokens = 0
-        self.request_id = api.new_id("req")
+        self.request_id = new_id("req")
         self.connection.settimeout(self.timeout)  # sends are bounded per send, not by the deadline
         self._body_read = False
         self._body_bytes = 0
@@ -281,7 +279,7 @@ class Handler(BaseHTTPRequestHandler):
         translation = anthropic.parse_request(self._read_json(), counting=True)
         translation.request.request_id = self.request_id
         try:
-            count = self.server.service.count_chat(translation.request, BlockingSink(self))
+            count = self.server.service.count_chat(translation.request, self.client_gone)
         except ApiError as e:
             raise translation.error(e) from None
         self._send_json(200, {"input_tokens": count})

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Generic, Optional, Protocol
+from typing import Callable, Generic, Optional, Protocol
 
-from serve.core.api import ApiError
+from serve.core.reply import Delta
+from serve.core.errors import ApiError
 from serve.engine.queue import ClientGone
 from serve.dialects.exchange import R, Exchange
 from serve.service.replies import ReplyStart
@@ -76,7 +77,7 @@ class ExchangeSink(Generic[R]):
     def progress(self, done: int, total: int) -> None:
         self._comment(f"prefill {done}/{total}")
 
-    def emit(self, delta: dict) -> None:
+    def emit(self, delta: Delta) -> None:
         self._events(lambda: self._exchange.delta(delta))
 
     def gone(self) -> bool:
@@ -84,7 +85,7 @@ class ExchangeSink(Generic[R]):
 
     # -- running it ----------------------------------------------------------------------
 
-    def run(self, generate: Callable[["ExchangeSink"], Any]) -> Answer:
+    def run(self, generate: Callable[["ExchangeSink[R]"], R]) -> Answer:
         """Runs the generation. Errors before the stream opens are ordinary HTTP errors, in
         the format's field names; after, the format's failure events end the stream."""
         try:
@@ -92,7 +93,7 @@ class ExchangeSink(Generic[R]):
         finally:
             self._close()   # however the run ends, the writer thread ends too
 
-    def _run(self, generate: Callable[["ExchangeSink"], Any]) -> Answer:
+    def _run(self, generate: Callable[["ExchangeSink[R]"], R]) -> Answer:
         try:
             reply = generate(self)
         except ApiError as e:
@@ -154,31 +155,3 @@ class ExchangeSink(Generic[R]):
     def _close(self) -> None:
         if self._writer is not None:
             self._writer.close()
-
-
-class BlockingSink:
-    """A sink that sends nothing until the end (count_tokens), but still notices a vanished client."""
-
-    def __init__(self, connection: Connection):
-        self._connection = connection
-
-    def accepted(self, thinking: bool) -> None:
-        pass
-
-    def start(self) -> None:
-        pass
-
-    def prefilling(self, prompt_tokens: int, cached_tokens: int) -> None:
-        pass
-
-    def emit(self, delta: dict) -> None:
-        pass
-
-    def progress(self, done: int, total: int) -> None:
-        pass
-
-    def queued(self, ahead: int) -> None:
-        pass
-
-    def gone(self) -> bool:
-        return self._connection.client_gone()

@@ -19,22 +19,25 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional, Sequence
 
-from serve.core import api
+from serve.core.reply import Delta
+from serve.core.ids import now
 
 from serve.formats import grammar
 from serve.core.activity import Activity
-from serve.core.api import ChatRequest, CompletionRequest, invalid
+from serve.core.errors import invalid
+from serve.core.request import ChatRequest, CompletionRequest
 from serve.formats.base import ChatFormat
 from serve.engine.api import EngineApi, ImageProbe
-from serve.engine.queue import EngineQueue, Turn, shutting_down
+from serve.engine.queue import EngineQueue, shutting_down, Turn
 from serve.service.generation import Generation
-from serve.service.images import StagedImages, image_parts
+from serve.service.images import image_parts, StagedImages
 from serve.service.logprobs import chat_logprobs, completion_logprobs
 from serve.service.metrics import Metrics
 from serve.service.prefill import DEFAULT_CHUNK, Prefill, PrefillCancelled, start_empty
 from serve.snapshots.cache import PrefixCache
-from serve.service.prompt import ChatCheck, Prompt, PromptBuilder, check_fits
+from serve.service.prompt import ChatCheck, check_fits, Prompt, PromptBuilder
 from serve.service.replies import ChatReply, CompletionReply, ReplySink
+from serve.service.run import Run
 from serve.snapshots.reply_memory import ReplyMemory
 from serve.service.reply_reader import ChatReader, TextReader
 from serve.service.response_store import ResponseStore
@@ -43,44 +46,6 @@ from serve.snapshots.policy import SnapshotPolicy
 from serve.tokenizer.api import Tokenizer, at_once
 from serve.tokenizer.choice import engine_bos
 from serve.tokenizer.engine_side import EngineTokenizer
-
-
-class _Watched:
-    """The sink as a running request sees it: also gone once the server is shutting down.
-
-    Every generation loop already stops when its sink is gone, so this is how
-    shutdown reaches all of them, at their next token or prefill chunk.
-    """
-
-    def __init__(self, sink: ReplySink, stopping: threading.Event):
-        self._sink = sink
-        self._stopping = stopping
-        self.cut = False  # gone() said yes because of shutdown
-        self.held: Optional[Turn] = None   # the hold on the engine, once the request has it
-
-    def accepted(self, thinking: bool) -> None:
-        self._sink.accepted(thinking)
-
-    def start(self) -> None:
-        self._sink.start()
-
-    def prefilling(self, prompt_tokens: int, cached_tokens: int) -> None:
-        self._sink.prefilling(prompt_tokens, cached_tokens)
-
-    def progress(self, done: int, total: int) -> None:
-        self._sink.progress(done, total)
-
-    def emit(self, delta: dict) -> None:
-        self._sink.emit(delta)
-
-    def queued(self, ahead: int) -> None:
-        self._sink.queued(ahead)
-
-    def gone(self) -> bool:
-        if self._stopping.is_set():
-            self.cut = True
-            return True
-        return self._sink.gone()
 
 
 @dataclass
@@ -110,7 +75,7 @@ class Service:
         self.engine = engine
         self.chat_format = chat_format
         self.options = options
-        self.created = api.now()
+        self.created = now()
         self.warming: Optional[dict] = None   # while --warm runs: what /health reports
         self.responses = ResponseStore()      # for the Responses API's previous_response_id
         self.queue = EngineQueue(options.max_queue)
@@ -161,16 +126,17 @@ class Service:
         constraint = self._constraint(req, check.thinking)
         with StagedImages(self.options.allow_local_images) as staged:
             early = self.prompts.chat(req, check, staged)
-            sink.accepted(check.thinking)
-            with self._turn(sink) as sink:
+            run = self._run(sink, sink.gone)
+            run.accepted(check.thinking)
+            with self._turn(run):
                 prompt = self.prompts.with_images(early)
                 reader = ChatReader(self.chat_format.new_parser(check.thinking), req.sampling.stop,
                                     self.chat_format.stop_tokens,
                                     None if req.parallel_tool_calls else 1)
                 outcome = self.generation.run(
-                    prompt, req.sampling, sink, reader, stop_tokens=self.chat_format.stop_tokens,
+                    prompt, req.sampling, run, reader, stop_tokens=self.chat_format.stop_tokens,
                     logprobs=req.logprobs, constraint=constraint, label=req.request_id,
-                    stop=self._prefill_stop(sink, req.request_id))
+                    stop=self._prefill_stop(run, req.request_id))
                 message = reader.message()
                 outcome.usage.waste["reasoning"] = check.reasoning
                 if not outcome.client_gone:
@@ -179,15 +145,16 @@ class Service:
                          None if outcome.logprobs is None else chat_logprobs(outcome.logprobs),
                          reader.stop_sequence)
 
-    def count_chat(self, req: ChatRequest, sink: ReplySink) -> int:
+    def count_chat(self, req: ChatRequest, client_gone: Callable[[], bool]) -> int:
         """The positions a chat request's prompt would take, without generating anything:
-        without the engine, unless images need it to count their positions."""
+        without the engine, unless images need it to count their positions (silently)."""
         check = self.prompts.check(req)
         with StagedImages(self.options.allow_local_images) as staged:
             prompt = self.prompts.chat(req, check, staged)
             if not prompt.image_paths:
                 return len(prompt.ids)
-            with self._turn(sink):
+            run = self._run(None, client_gone)   # nothing to observe: the count is the answer
+            with self._turn(run):
                 expanded = self.prompts.with_images(prompt)
                 self.engine.image_clear()
                 return len(expanded.ids)
@@ -195,11 +162,12 @@ class Service:
     def complete(self, req: CompletionRequest, sink: ReplySink) -> CompletionReply:
         check_fits(self.engine, len(req.prompt), "prompt")
         prompt = Prompt(self.prompts.text(req.prompt))
-        with self._turn(sink) as sink:
+        run = self._run(sink, sink.gone)
+        with self._turn(run):
             reader = TextReader(req.sampling.stop, self.engine.specials.values())
-            outcome = self.generation.run(prompt, req.sampling, sink, reader,
+            outcome = self.generation.run(prompt, req.sampling, run, reader,
                                           logprobs=req.logprobs, label=req.request_id,
-                                          stop=self._prefill_stop(sink, req.request_id))
+                                          stop=self._prefill_stop(run, req.request_id))
         return CompletionReply(reader.text, outcome.finish_reason, outcome.usage, outcome.client_gone,
                                None if outcome.logprobs is None else completion_logprobs(outcome.logprobs))
 
@@ -211,18 +179,21 @@ class Service:
             return None
         return grammar.compile_grammar(fmt.grammar(req, thinking))
 
+    def _run(self, observer: Optional[ReplySink], client_gone: Callable[[], bool]) -> Run:
+        """A request's Run: cancelled when its client leaves or the server shuts down."""
+        return Run(observer, client_gone, self._stopping)
+
     @contextmanager
-    def _turn(self, sink: ReplySink) -> Iterator[_Watched]:
+    def _turn(self, run: Run) -> Iterator[Run]:
         """Wait in line for the engine and hold it, empty; a run cut by shutdown ends in its 503."""
-        watched = _Watched(sink, self._stopping)
-        with self.queue.turn(watched) as watched.held:
+        with self.queue.turn(run) as run.turn:
             self.settler.drop()
             start_empty(self.engine)
-            yield watched
-        if watched.cut:
+            yield run
+        if run.cut:
             raise shutting_down()
 
-    def _prefill_stop(self, watched: _Watched, label: str) -> Callable[[], bool]:
+    def _prefill_stop(self, run: Run, label: str) -> Callable[[], bool]:
         """Asked between prefill chunks: stop now? Not just because the client left: the
         prefill then goes on for the client's retry (unless finish_abandoned is off), as
         idle-time work that yields to the first request that waits."""
@@ -232,18 +203,18 @@ class Service:
             nonlocal abandoned
             self.queue.run_errands()   # between chunks: tokenizing waits no longer than one
             if not abandoned:
-                if not watched.gone():
+                if not run.gone():
                     return False
-                if watched.cut or not self.options.finish_abandoned \
+                if run.cut or not self.options.finish_abandoned \
                         or self.options.prefix_cache is None:   # nothing to keep it in
                     return True
                 abandoned = True
-                assert watched.held is not None   # prefill runs inside the turn
-                watched.held.to_idle()
+                assert run.turn is not None   # prefill runs inside the turn
+                run.turn.to_idle()
                 if self.options.log is not None:
                     self.options.log(f"{label} client left mid-prefill: finishing the prompt "
                                      "for a retry while no one waits")
-            return watched.held is not None and watched.held.requested()
+            return run.turn is not None and run.turn.requested()
         return stop
 
     # -- idle time ------------------------------------------------------------
@@ -309,4 +280,3 @@ class Service:
     def close(self) -> None:
         """No more idle-time work: returns once none is running, before the engine closes."""
         self.settler.close()
-

@@ -15,16 +15,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Optional, Sequence
 
-from serve.core.api import ApiError, ChatRequest, invalid
-from serve.formats.base import ChatFormat, ChatFormatError, Rendering
+from serve.core.errors import ApiError, invalid
+from serve.core.request import ChatRequest
+from serve.formats.base import ChatFormat, ChatFormatError, PromptError, Rendering
 from serve.snapshots.checkpoints import preamble_ends
-from serve.engine.binding import UnencodableText, WasteError
+from serve.engine.types import UnencodableText, WasteError
 from serve.engine.api import EngineApi, ImageProbe
 from serve.snapshots.history_ids import tokenize_history
 from serve.tokenizer.api import Runner, Tokenizer, at_once, tokenize_segments
-from serve.service.images import StagedImages, image_parts
+from serve.service.images import image_parts, StagedImages
 from serve.snapshots.reply_memory import ReplyMemory
-from serve.formats.xtml.render import IMAGE_PLACEHOLDER, PromptError, Segment, image_prompt
+from serve.core.segment import Segment
 
 
 @dataclass
@@ -95,10 +96,10 @@ def least_chars(value: object) -> int:
     return total
 
 
-def least_rendered_chars(messages: Sequence[object], images: int) -> int:
+def least_rendered_chars(messages: Sequence[object], images: int, placeholder: str) -> int:
     """Characters every format's rendering of `messages` holds at least, for refusing a
     prompt that cannot fit before rendering it: each message's text is in it verbatim, but
-    for the image placeholders that may stand for the request's `images`."""
+    for the image `placeholder`s that may stand for the request's `images`."""
     chars = 0
     for message in messages:
         content = message.get("content") if isinstance(message, dict) else None
@@ -108,7 +109,7 @@ def least_rendered_chars(messages: Sequence[object], images: int) -> int:
             chars += sum(len(part["text"]) for part in content
                          if isinstance(part, dict) and part.get("type") == "text"
                          and isinstance(part.get("text"), str))
-    return max(0, chars - images * len(IMAGE_PLACEHOLDER))
+    return max(0, chars - images * len(placeholder))
 
 
 class PromptBuilder:
@@ -151,7 +152,8 @@ class PromptBuilder:
         # Before the engine is held: text that cannot fit is refused unrendered.
         tools = least_chars(req.tools or ())
         check_fits(self.engine, tools, "tools")
-        check_fits(self.engine, tools + least_rendered_chars(req.messages, len(images)), "messages")
+        least = least_rendered_chars(req.messages, len(images), fmt.image_placeholder)
+        check_fits(self.engine, tools + least, "messages")
         return ChatCheck(thinking, images, self.reasoning(req, thinking))
 
     def thinking(self, req: ChatRequest) -> bool:
@@ -174,7 +176,7 @@ class PromptBuilder:
         """Render once and tokenize, before the engine is held; images are measured here
         and encoded on the engine (with_images)."""
         paths = [staged.stage(url, param) for param, url in check.images]
-        prompts = [image_prompt(*staged.measure(self.images.image_dimensions, path, param))
+        prompts = [self.chat_format.image_prompt(*staged.measure(self.images.image_dimensions, path, param))
                    for path, (param, _) in zip(paths, check.images)]
         messages, conversation, replies = self._recall(req, check.thinking, prompts)
         check_fits(self.engine, conversation.chars(), "messages")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import codecs
 from typing import Sequence
 
-from serve.formats.xtml.render import Segment
+from serve.core.segment import Segment
 from serve.tokenizer.api import Tokenizer, tokenize_segments
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Protocol, Sequence, TypeVar
 
-from serve.formats.xtml.render import Segment
+from serve.core.segment import Segment
 
 T = TypeVar("T")
 

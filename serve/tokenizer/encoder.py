@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Optional, Sequence
 
-from serve.engine.binding import c_text
+from serve.engine.abi import c_text
 from serve.tokenizer import split
 from serve.tokenizer.bpe import Merger
 from serve.tokenizer.vocabulary import Vocabulary

@@ -14,7 +14,7 @@ from serve.tokenizer.engine_side import EngineTokenizer
 from serve.formats.xtml import render as xtml
 from serve.snapshots.history_ids import overlay, tokenize_history
 from serve.snapshots.reply_memory import ReplyMemory
-from serve.formats.xtml.render import Segment
+from serve.core.segment import Segment
 
 ENGINE = ScriptedEngine()
 TOKENIZER = EngineTokenizer(ENGINE)

@@ -5,10 +5,11 @@ import pytest
 
 from scripted import (IMAGE_POSITIONS, ScriptedEngine, ScriptedLibrary, ScriptedTokenizer, data_url,
                       image_message, tiny_png)
-from serve.core.api import ApiError, parse_chat_request
+from serve.core.errors import ApiError
+from serve.dialects.openai_request import parse_chat_request
 from serve.formats.choice import NoChatFormat, resolve_chat_format
 from serve.service.images import StagedImages
-from serve.service.prompt import PromptBuilder, check_fits
+from serve.service.prompt import check_fits, PromptBuilder
 from serve.snapshots.reply_memory import ReplyMemory
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from serve.core.api import ApiError
+from serve.core.errors import ApiError
 from serve.engine.queue import EngineQueue
 
 WAIT = 30   # seconds: generous, for a busy machine

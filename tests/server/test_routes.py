@@ -5,7 +5,7 @@ import time
 
 from scripted import assert_error, call, engine, scripted_service, server, serving
 from serve.dialects import anthropic
-from serve.core.api import ApiError
+from serve.core.errors import ApiError
 from serve.http.server import ROUTES, endpoint_label, find_route, nearest_route
 
 USER = [{"role": "user", "content": "hi"}]

@@ -16,7 +16,8 @@ from dataclasses import replace
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from serve.engine.binding import Engine, EngineConfig, UnencodableText
+from serve.engine.binding import Engine
+from serve.engine.types import EngineConfig, UnencodableText
 from serve.tokenizer.choice import PROBE, choose, difference
 from serve.tokenizer.encoder import BpeTokenizer
 from serve.tokenizer.split import KIMI_TIKTOKEN, pattern
