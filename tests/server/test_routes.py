@@ -6,7 +6,7 @@ import time
 from scripted import assert_error, call, engine, scripted_service, server, serving
 from serve.dialects import anthropic
 from serve.core.api import ApiError
-from serve.http.server import ROUTES, endpoint_label, find_route, nearest_route
+from serve.http.routes import ROUTES, endpoint_label, find_route, nearest_route
 
 USER = [{"role": "user", "content": "hi"}]
 CHAT = "/v1/chat/completions"
