@@ -202,7 +202,7 @@ class Handler(BaseHTTPRequestHandler):
         self._refused = None
         try:
             if len(self.raw_requestline) > MAX_LINE:
-                self.command, self.requestline, self.close_connection = None, "", True
+                self.command, self.requestline = None, ""
                 raise request_line.refusal(414, None)
             try:
                 parsed = self.parse_request()
@@ -213,9 +213,12 @@ class Handler(BaseHTTPRequestHandler):
             except ConnectionError:
                 raise ClientGone() from None
             if not parsed:
-                if len(self.requestline.split()) == 3:
-                    self.request_version = "HTTP/1.1"  # refused for its version: answered in ours
                 raise self._refused or request_line.refusal(400, "Bad request syntax")
+        except ApiError:
+            # A line refused before its version was taken is answered in this server's (with a
+            # status line: HTTP/0.9's replies have none), and what follows it is not read.
+            self.request_version, self.close_connection = self.protocol_version, True
+            raise
         finally:
             self.connection.settimeout(self.timeout)  # sends are bounded per send, not by the deadline
         self.current.path = self.path.split("?", 1)[0]
