@@ -19,7 +19,7 @@ from serve.formats.base import ChatFormat
 from serve.formats.choice import resolve_chat_format
 from serve.engine.binding import Engine, EngineConfig, Library, LibraryNotFound, MemPlan, WasteError, load_library
 from serve.http.connections import DEFAULT_MAX_CONNECTIONS, stderr_log
-from serve.app.context import CAP, ContextChoice, choose_context
+from serve.app.context import CAP, ContextChoice, beyond, choose_context
 from serve.http.server import DEFAULT_REQUEST_TIMEOUT, Server
 from serve.snapshots.identity import state_identity
 from serve.snapshots.cache import DEFAULT_MAX_ENTRIES, PrefixCache, PrefixCacheError, default_directory
@@ -312,7 +312,9 @@ def serve(lib: Library, engine: Engine, args: argparse.Namespace, warm: list,
                                                                 args.prefix_cache_spacing, log),
                                  finish_abandoned=not args.no_finish_abandoned,
                                  log=log, reply_memory=ReplyMemory(),
-                                 keep_reasoning=args.keep_reasoning, max_queue=args.max_queue)
+                                 keep_reasoning=args.keep_reasoning, max_queue=args.max_queue,
+                                 context_beyond=beyond(lib, args.model, engine.info.ctx_max,
+                                                       args.budget, args.vision))
         return run_server(lib, engine, fmt, options, args, log, warm, context)
     finally:
         if cache is not None:
