@@ -28,6 +28,7 @@ from serve.http.sse import DEFAULT_HEARTBEAT
 from serve.service.facade import Service, ServiceOptions
 from serve.snapshots.policy import SnapshotPolicy
 from serve.app.warm import WarmError, Warmer, warm_requests
+from serve.version import version
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 DRAIN_SECONDS = 10.0  # at shutdown, for cut replies to reach their clients
@@ -94,6 +95,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p = _Parser(prog="serve" if Path(sys.argv[0]).name == "serve" else "python3 -m serve",
                 description="OpenAI-compatible server for a libwaste model.")
     p.add_argument("model", help="container directory (e.g. ~/models/k3.waste)")
+    p.add_argument("--version", action="version", version=f"serve {version()}")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=port, default=8000, help="port (default 8000; 0 = any free)")
     p.add_argument("--model-id", help="id reported to clients (default: the directory name)")
