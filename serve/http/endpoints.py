@@ -11,11 +11,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl
 
-from serve.app import metrics
+from serve.service import metrics
 from serve.core.api import ApiError
 from serve.dialects import anthropic, openai, responses
 from serve.dialects.input_items import listing
-from serve.dialects.response_store import Stored
+from serve.service.response_store import Stored
 from serve.http.page import CONTENT_TYPE as PAGE_TYPE, chat_page
 from serve.http.sinks import BlockingSink
 

@@ -30,7 +30,7 @@ from serve.http.request_body import DeadlineReader, declared_length, has_body, r
 from serve.http.request_line import ASTERISK, MAX_LINE, ROUTED_METHODS, origin_form
 from serve.http.routes import SERVER_METHODS, allowed, endpoint_label, find_route, nearest_route
 from serve.http.sinks import Answer, ExchangeSink
-from serve.http.sse import DEFAULT_HEARTBEAT, EventWriter
+from serve.dialects.sse import DEFAULT_HEARTBEAT, EventWriter
 from serve.service.facade import Service
 
 DEFAULT_REQUEST_TIMEOUT = 60.0  # seconds for a whole request's headers and body, idle time included
@@ -47,7 +47,7 @@ class Server(ConnectionServer):
                  heartbeat: float = DEFAULT_HEARTBEAT):
         self.service = service
         self.api_key = api_key
-        self.heartbeat = heartbeat  # seconds a stream may stay silent (serve/http/sse.py)
+        self.heartbeat = heartbeat  # seconds a stream may stay silent (serve/dialects/sse.py)
         self.socket_timeout = socket_timeout  # bounds each send to a client that stopped reading
         self.request_timeout = request_timeout
         self._unread: set[tuple[str, str]] = set()   # (endpoint, field) already named in the log
