@@ -90,6 +90,7 @@ class Ongoing:
     shape: Callable[[ApiError], dict] = ApiError.body   # its errors, as its API writes them
     status: int = 0              # what was sent (a stream's 200), or 499 for a client that left
     tokens: int = 0              # generated
+    timing: str = ""             # a generation's: where its time went (sinks.py's Answer)
     streaming: bool = False      # an event stream's headers have gone out
     reply_headers: dict[str, str] = field(default_factory=dict)   # what a generation's reply carries
     body_read: bool = False      # an endpoint read the body (else it is discarded before replying)
@@ -290,7 +291,7 @@ class Handler(BaseHTTPRequestHandler):
         self.server.note_unread(self.current.path, exchange.ignored)
         exchange.request.request_id = self.request_id
         answer: Answer = ExchangeSink(self, exchange).run(lambda sink: run(exchange.request, sink))
-        self.current.tokens = answer.tokens
+        self.current.tokens, self.current.timing = answer.tokens, answer.timing
         if answer.body is not None:
             self.send_json(answer.status, answer.body, self.current.reply_headers)
         else:
@@ -394,4 +395,5 @@ class Handler(BaseHTTPRequestHandler):
             what = (f"{self.command} {self.current.path}" if self.command
                     else repr(self.requestline[:200]))
             self.server.log(f"{self.address_string()} {what} {self.current.status} "
-                            f"tokens={self.current.tokens} {ms:.0f}ms id={self.request_id}")
+                            f"tokens={self.current.tokens} {ms:.0f}ms id={self.request_id}"
+                            + (f" ({self.current.timing})" if self.current.timing else ""))

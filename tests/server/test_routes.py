@@ -1,6 +1,7 @@
 """The HTTP surface over real sockets, scripted engine: routes, methods, one log line a request."""
 from __future__ import annotations
 
+import re
 import time
 
 from scripted import assert_error, call, engine, scripted_service, server, serving
@@ -52,6 +53,10 @@ def test_each_request_logs_one_line(engine):
     health, chat = sorted(lines, key=lambda line: "POST" in line)
     assert "GET /health 200" in health
     assert "POST /v1/chat/completions 200" in chat and "tokens=" in chat
+    # A generation's line says where its time went; others have nothing to add.
+    assert re.search(r"id=req-\w+ \(engine at \d+ms, prompt [1-9]\d* \(0 restored\), "
+                     r"first token at \d+ms\)$", chat), chat
+    assert "(" not in health.split("id=")[1]
 
 
 def test_one_route_table_answers_dispatch_labels_and_error_shapes():
