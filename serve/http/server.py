@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional
 
 from serve.core import api
 from serve.core.api import ApiError
-from serve.dialects.exchange import Exchange
+from serve.dialects.exchange import R, Exchange
 from serve.engine.queue import ClientGone
 from serve.http import heap, request_line
 from serve.http.connections import DEFAULT_MAX_CONNECTIONS, ConnectionServer
@@ -132,7 +132,7 @@ class Handler(BaseHTTPRequestHandler):
     server: Server
 
     def setup(self) -> None:
-        self.timeout = self.server.socket_timeout
+        self.timeout = self.server.socket_timeout  # type: ignore[misc]  # per server, not per class
         super().setup()
         self.deadline = 0.0
         self.current = Ongoing("-")
@@ -250,7 +250,7 @@ class Handler(BaseHTTPRequestHandler):
         if method not in route.methods:
             raise ApiError(405, f"{path} accepts {', '.join(route.methods)} only",
                            code="method_not_allowed", headers={"Allow": allowed(route)})
-        route.answer(self, method, route.match(path))
+        route.answer(self, method, route.match(path) or "")   # it matched: a str
 
     def _check_auth(self) -> None:
         key = self.server.api_key
@@ -280,7 +280,7 @@ class Handler(BaseHTTPRequestHandler):
         self.server.error_log(f"{self.request_id} internal error: {type(error).__name__}: {error}")
         return ApiError(500, f"internal error (request id {self.request_id})", kind="server_error")
 
-    def generate(self, exchange: Exchange, run: Callable[[Any, Any], Any],
+    def generate(self, exchange: Exchange[R], run: Callable[[Any, Any], R],
                  headers: Optional[dict[str, str]] = None) -> None:
         """One generation: blocking (one JSON body) or streamed, as the exchange's request says;
         `headers` go with the reply, not with an error in its place."""
