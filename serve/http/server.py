@@ -203,7 +203,7 @@ class Handler(BaseHTTPRequestHandler):
         self._refused = None
         try:
             if len(self.raw_requestline) > MAX_LINE:
-                self.command, self.requestline = None, ""
+                self.command, self.requestline = "", ""
                 raise request_line.refusal(414, None)
             try:
                 parsed = self.parse_request()
