@@ -8,7 +8,6 @@ a reply is being written. What a generation sends goes through its exchange
 """
 from __future__ import annotations
 
-import hmac
 import json
 import select
 import socket
@@ -24,6 +23,7 @@ from serve.core.api import ApiError
 from serve.dialects.exchange import R, Exchange
 from serve.engine.queue import ClientGone
 from serve.http import heap, request_line
+from serve.http.auth import authorized, unauthorized
 from serve.http.connections import DEFAULT_MAX_CONNECTIONS, ConnectionServer
 from serve.http.json_body import parse_body
 from serve.http.request_body import DeadlineReader, declared_length, has_body, read_exactly
@@ -241,8 +241,10 @@ class Handler(BaseHTTPRequestHandler):
             # RFC 9110 9.3.7: about the server as a whole; no content, so Content-Length: 0.
             return self.send(200, "text/plain", b"", {"Allow": ", ".join(SERVER_METHODS)})
         route = find_route(path)
-        if route is None or not route.open:
-            self._check_auth()  # before the 404, so that endpoints cannot be enumerated
+        # The key before the 404, so that endpoints cannot be enumerated.
+        if (route is None or not route.open) and not authorized(self.headers, self.server.api_key):
+            self.close_connection = True  # the body, if any, is left unread
+            raise unauthorized()
         if route is None:
             raise ApiError(404, f"no such endpoint: {path}", code="not_found")
         if method == "HEAD" and "GET" in route.methods:
@@ -251,20 +253,6 @@ class Handler(BaseHTTPRequestHandler):
             raise ApiError(405, f"{path} accepts {', '.join(route.methods)} only",
                            code="method_not_allowed", headers={"Allow": allowed(route)})
         route.answer(self, method, route.match(path) or "")   # it matched: a str
-
-    def _check_auth(self) -> None:
-        key = self.server.api_key
-        if not key:
-            return
-        scheme, _, given = self.headers.get("Authorization", "").strip().partition(" ")
-        # The scheme is case-insensitive (RFC 7235); the key is compared in constant time.
-        bearer = hmac.compare_digest(given.strip().encode(), key.encode()) and scheme.lower() == "bearer"
-        # Anthropic's clients send the key as x-api-key.
-        anthropic_key = self.headers.get("x-api-key", "").strip().encode()
-        if not (bearer or hmac.compare_digest(anthropic_key, key.encode())):
-            self.close_connection = True  # the body, if any, is left unread
-            raise ApiError(401, "missing or wrong API key (send Authorization: Bearer <key>)",
-                           code="invalid_api_key")
 
     def error_body(self, error: Exception) -> dict:
         """The body of `public_error(error)`, in the shape of the path's API."""
