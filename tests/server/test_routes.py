@@ -74,3 +74,23 @@ def test_one_route_table_answers_dispatch_labels_and_error_shapes():
     assert nearest_route("/v1/nothing").errors is ApiError.body
     labels = [route.label or route.path for route in ROUTES]
     assert len(labels) == len(set(labels))
+
+
+def test_the_handler_sets_only_the_attributes_its_contract_names(engine, monkeypatch):
+    from serve.http.server import Handler
+    seen: list[set[str]] = []
+    finish = Handler.finish
+    monkeypatch.setattr(Handler, "finish", lambda self: (seen.append(set(vars(self))), finish(self)))
+    with serving(scripted_service(engine)) as srv:
+        call(srv.port, "GET", "/health")
+        call(srv.port, "POST", CHAT, {"messages": USER, "stream": True})
+        call(srv.port, "BREW", "/nothing")
+    # The standard library's own, then those the docstring of Handler names.
+    standard = {"request", "client_address", "server", "connection", "rfile", "wfile",
+                "raw_requestline", "requestline", "command", "path", "request_version", "headers",
+                "close_connection", "_headers_buffer"}
+    assert len(seen) == 3
+    for names in seen:
+        assert names - standard == {"timeout", "deadline", "current", "_refused", "_hangup"}
+    assert all(f"`{name}`" in Handler.__doc__ for name in ("timeout", "rfile", "deadline", "current",
+                                                            "_refused", "_hangup"))
