@@ -19,6 +19,8 @@ from serve.core.api import ApiError
 
 # Methods the routes answer (404 or 405 as they say); any other is a 501 (RFC 9110 15.6.2).
 ROUTED_METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
+# What some route takes, for `OPTIONS *` and a 501 (HEAD: a GET's headers; OPTIONS: `*`).
+SERVER_METHODS = ("GET", "HEAD", "POST", "DELETE", "OPTIONS")
 ASTERISK = "*"
 MAX_LINE = 65536   # bytes in a request line, as the standard library reads it
 
@@ -37,7 +39,7 @@ def refusal(status: int, message: Optional[str]) -> ApiError:
 
 def unsupported(method: str) -> ApiError:
     return ApiError(501, f"the method {method} is not supported: this server answers "
-                         f"{', '.join(ROUTED_METHODS)}", code="method_not_supported",
+                         f"{', '.join(SERVER_METHODS)}", code="method_not_supported",
                     kind="server_error")
 
 

@@ -55,8 +55,6 @@ ROUTES = (
     Route(f"/v1/responses/{ID}/cancel", ("POST",), endpoints.cancel),
 )
 ROOT = next(r for r in ROUTES if r.path == "/")   # answers for a target that is no path
-# What some route answers, for `OPTIONS *` (HEAD: a GET's headers; OPTIONS: that request).
-SERVER_METHODS = ("GET", "HEAD", "POST", "DELETE", "OPTIONS")
 
 
 def find_route(path: str) -> Optional[Route]:

@@ -27,8 +27,8 @@ from serve.http.auth import authorized, unauthorized
 from serve.http.connections import DEFAULT_MAX_CONNECTIONS, ConnectionServer
 from serve.http.json_body import parse_body
 from serve.http.request_body import DeadlineReader, declared_length, has_body, read_exactly
-from serve.http.request_line import ASTERISK, MAX_LINE, ROUTED_METHODS, origin_form
-from serve.http.routes import SERVER_METHODS, allowed, endpoint_label, find_route, nearest_route
+from serve.http.request_line import ASTERISK, MAX_LINE, ROUTED_METHODS, SERVER_METHODS, origin_form
+from serve.http.routes import allowed, endpoint_label, find_route, nearest_route
 from serve.http.sinks import Answer, ExchangeSink
 from serve.dialects.sse import DEFAULT_HEARTBEAT, EventWriter
 from serve.service.facade import Service
