@@ -222,7 +222,8 @@ class Handler(BaseHTTPRequestHandler):
             raise
         finally:
             self.connection.settimeout(self.timeout)  # sends are bounded per send, not by the deadline
-        self.current.path = self.path.split("?", 1)[0]   # as sent, for the log, should it be refused
+            if self.command:   # the line was read, whether or not its headers were: for the log
+                self.current.path = self.path.split("?", 1)[0]
         self.path = origin_form(self.path)
         path = self.current.path = self.path.split("?", 1)[0]
         self.current.endpoint = endpoint_label(path)

@@ -6,6 +6,7 @@ import json
 import re
 import signal
 import socket
+import struct
 import time
 
 import pytest
@@ -163,6 +164,31 @@ def test_headers_past_the_limit_are_a_json_431(logged):
 def test_empty_lines_before_a_request_are_ignored(logged):
     srv, _ = logged   # RFC 9112 2.2
     assert status_of(raw_exchange(srv.port, b"\r\n\r\n" + odd("GET /health HTTP/1.1"))) == 200
+
+
+def test_headers_not_sent_within_the_deadline_are_a_408():
+    lines: list[str] = []
+    with serving(scripted_service(), log=lines.append, request_timeout=0.5) as srv:
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")   # and no end to the headers
+            raw = b""
+            while chunk := s.recv(65536):
+                raw += chunk
+        assert error_of(raw, 408)["code"] == "request_timeout"
+        assert " GET /health 408 " in wait_logged(lines, "408")
+        assert srv.wait_requests(10)
+
+
+def test_a_client_that_resets_mid_headers_is_a_499_and_not_in_flight():
+    lines: list[str] = []
+    with serving(scripted_service(), log=lines.append) as srv:
+        s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+        time.sleep(0.2)   # the server is reading the headers when the reset comes
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        s.close()
+        assert " GET /health 499 " in wait_logged(lines, "499")
+        assert srv.wait_requests(10)
 
 
 def test_after_odd_lines_nothing_is_left_in_flight(logged):
