@@ -75,13 +75,11 @@ def choose_context(lib: Planner, model: str, asked: int, budget: int, vision: bo
         elif too_big:
             why = (f"the largest whose state fits a quarter of the {_gib(ram)} budget "
                    f"({too_big:,} would not)")
-        elif refused:
+        else:   # below CAP and not for the budget: the model refused the candidate above
             most = model_limit(lib, model, n, 2 * n)
             why = ("the most the model takes" if most == n else
                    f"the largest of serve's candidates the model takes (it takes up to {most:,}; "
                    "--ctx for more)")
-        else:
-            why = "the largest the model takes"
         return ContextChoice(n, why)
     why = ("no candidate context fits a quarter of the budget" if too_big
            else f"the model takes none of {SMALLEST:,} to {CAP:,}" + (f" ({refused})" if refused else ""))
