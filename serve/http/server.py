@@ -224,12 +224,14 @@ class Handler(BaseHTTPRequestHandler):
             self.connection.settimeout(self.timeout)  # sends are bounded per send, not by the deadline
             if self.command:   # the line was read, whether or not its headers were: for the log
                 self.current.path = self.path.split("?", 1)[0]
-        self.path = origin_form(self.path)
+        routed = self.command in ROUTED_METHODS
+        if routed:   # else a 501 whatever its target (CONNECT's is a host, no path)
+            self.path = origin_form(self.path)
         path = self.current.path = self.path.split("?", 1)[0]
         self.current.endpoint = endpoint_label(path)
         # Clients read errors in the shape of the API they called (a path under one is its).
         self.current.shape = nearest_route(path).errors
-        if self.command not in ROUTED_METHODS:
+        if not routed:
             raise request_line.unsupported(self.command)
         return path
 

@@ -123,6 +123,13 @@ def test_an_unsupported_method_is_a_json_501(logged, method):
     assert counted(srv.port, 501) == before + 1
 
 
+def test_connect_to_a_host_is_a_501_too(logged):
+    srv, lines = logged
+    error = error_of(raw_exchange(srv.port, odd("CONNECT example.com:443 HTTP/1.1")), 501)
+    assert error["code"] == "method_not_supported"
+    assert " CONNECT example.com:443 501 " in wait_logged(lines, "CONNECT")
+
+
 def test_an_unsupported_method_under_an_api_answers_in_its_shape(logged):
     srv, _ = logged
     status, _, body = split(raw_exchange(srv.port, odd("BREW /v1/messages HTTP/1.1")))
