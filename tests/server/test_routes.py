@@ -72,6 +72,8 @@ def test_one_route_table_answers_dispatch_labels_and_error_shapes():
     # A path under an API's endpoint is answered in that API's error shape.
     assert nearest_route("/v1/messages/batches").errors is anthropic.error_body
     assert nearest_route("/v1/nothing").errors is ApiError.body
+    # A target that is no path has a nearest route too (it raised, leaving a request in flight).
+    assert nearest_route("*").path == nearest_route("http://x/health").path == "/"
     labels = [route.label or route.path for route in ROUTES]
     assert len(labels) == len(set(labels))
 
