@@ -59,6 +59,7 @@ class ServiceOptions:
     keep_reasoning: bool = False   # render remembered reasoning into replies a client returns without it
     eval_logits: bool = True       # False: the engine's waste_eval gives no logits to decode with
     max_queue: int = 32            # requests that may wait for the engine; more get a 503
+    context_beyond: str = ""       # a too-long prompt's word on a larger context (app/context.py)
 
 
 class Service:
@@ -79,11 +80,13 @@ class Service:
                                      reply_memory=options.reply_memory,
                                      keep_reasoning=options.keep_reasoning,
                                      snapshots=options.prefix_cache is not None,
-                                     default_thinking=options.thinking)
+                                     default_thinking=options.thinking,
+                                     context_beyond=options.context_beyond)
         self.generation = Generation(engine, self.metrics, max_tokens=options.max_tokens,
                                      prefix_cache=options.prefix_cache, policy=self.policy,
                                      prefill_chunk=options.prefill_chunk,
-                                     eval_logits=options.eval_logits, log=options.log)
+                                     eval_logits=options.eval_logits, log=options.log,
+                                     context_beyond=options.context_beyond)
         self.settler = Settler(engine, self.queue, options.prefix_cache, self.policy,
                                options.reply_memory, self.prompts.reply)
 
@@ -141,7 +144,7 @@ class Service:
             return len(prompt.ids)
 
     def complete(self, req: CompletionRequest, sink: ReplySink) -> CompletionReply:
-        check_fits(self.engine, len(req.prompt), "prompt")
+        check_fits(self.engine, len(req.prompt), "prompt", self.options.context_beyond)
         run = self._run(sink, sink.gone)
         with self._turn(run):
             prompt = Prompt(self.prompts.text(req.prompt))
@@ -228,7 +231,8 @@ class Service:
                         prompt = self.prompts.chat(req, check, no_images)
                     ids, held = prompt.ids, len(prompt.history)
                     if len(ids) > self.engine.info.ctx_max:
-                        raise too_long(len(ids), self.engine.info.ctx_max, "messages")
+                        raise too_long(len(ids), self.engine.info.ctx_max, "messages",
+                                       self.options.context_beyond)
                     run = Prefill(self.engine, ids, cache=cache, policy=self.policy,
                                   chunk=self.options.prefill_chunk, progress=progress,
                                   stop=lambda: yield_now() or stopping())
