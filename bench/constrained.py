@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Decoding in serve (grammar, logprobs) against the engine's own waste_generate, per token,
 on a container with K3's vocabulary size (163,840 ids).
 

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """What translating an agent's request costs, next to rendering and tokenizing it.
 
     .venv/bin/python bench/dialects.py [CONTAINER] [--repeat N]

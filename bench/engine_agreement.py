@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """How far batched prefill moved the logits: the old engine and the new, on every test container.
 
     .venv/bin/python bench/engine_agreement.py [--positions 1,512,4096,16384] [--smollm2-positions 1,512]

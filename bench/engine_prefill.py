@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Prefill speed of the reference engine by position, before and after batched prefill, in one run.
 
     .venv/bin/python bench/engine_prefill.py [CONTAINER] [--ctx N] [--threads N] [--before COMMIT]

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """An agent's preamble across restarts: time to first token and positions prefilled.
 
     .venv/bin/python bench/preamble.py [CONTAINER] [--lib PATH] [--ctx N]

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Prompt building cost per request: render and tokenize a large agent prompt.
 
     .venv/bin/python bench/prompt_build.py [CONTAINER] [--repeat N]

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Decode and prefill speed of the reference engine on SmolLM2-135M-Instruct, one thread.
 
     .venv/bin/python bench/real_model.py [CONTAINER] [--lib PATH] [--tokens N]

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """How often one chat request renders and tokenizes its conversation, with reply memory on.
 
     .venv/bin/python bench/renders.py [CONTAINER] [--turns 0 1 3 6] [--lib PATH]

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """What a state snapshot costs against the prefill it spares, by conversation length.
 
     .venv/bin/python bench/snapshot_cost.py [CONTAINER] [--lib PATH] [--runs N]

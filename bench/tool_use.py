@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Tool use on SmolLM2-135M-Instruct, a model never taught serve's call format: free against constrained.
 
     .venv/bin/python bench/tool_use.py [CONTAINER] [--lib PATH]

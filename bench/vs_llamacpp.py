@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """The reference engine next to llama.cpp on the same SmolLM2 Q4_1 GGUF, in one run.
 
     .venv/bin/python bench/vs_llamacpp.py [--threads N] [--decode N]

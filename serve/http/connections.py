@@ -13,8 +13,9 @@ import socket
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from http.server import ThreadingHTTPServer
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from serve.core.errors import error_body
 from serve.engine.queue import RETRY_AFTER_SECONDS
@@ -118,14 +119,18 @@ class ConnectionServer(ThreadingHTTPServer):
 
     # -- requests, for shutdown ---------------------------------------------------------
 
-    def request_started(self) -> None:
+    @contextmanager
+    def answering(self) -> Iterator[None]:
+        """Around each request from its request line to its log line: the one place the count
+        that shutdown waits for is taken and given back."""
         with self._count:
             self._requests += 1
-
-    def request_finished(self) -> None:
-        with self._count:
-            self._requests -= 1
-            self._count.notify_all()
+        try:
+            yield
+        finally:
+            with self._count:
+                self._requests -= 1
+                self._count.notify_all()
 
     def wait_requests(self, timeout: float) -> bool:
         """Wait until no request is being answered (cut streams send their last events)."""

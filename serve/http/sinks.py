@@ -11,6 +11,7 @@ tells the handler what to log.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, replace
 from typing import Callable, Generic, Optional, Protocol
 
@@ -40,6 +41,7 @@ class Answer:
     status: int                    # for the log (a stream has sent its own already)
     tokens: int = 0
     body: Optional[dict] = None    # a blocking reply's body, still to send
+    timing: str = ""               # for the log: where the time went (ExchangeSink._timing)
 
 
 class ExchangeSink(Generic[R]):
@@ -54,6 +56,10 @@ class ExchangeSink(Generic[R]):
         self._start = ReplyStart()
         self._opened = False     # the exchange's opening events are queued
         self._ended = False      # so are its last ones: no heartbeat may follow
+        # For the log line: when the request got the engine and its first token came.
+        self._began = time.monotonic()
+        self._engine_at: Optional[float] = None
+        self._first_at: Optional[float] = None
 
     # -- the service's ReplySink --------------------------------------------------------
 
@@ -67,6 +73,7 @@ class ExchangeSink(Generic[R]):
             self._comment(f"queue {ahead}")
 
     def start(self) -> None:
+        self._engine_at = time.monotonic()
         if self._stream:
             self._open()
 
@@ -78,6 +85,8 @@ class ExchangeSink(Generic[R]):
         self._comment(f"prefill {done}/{total}")
 
     def emit(self, delta: Delta) -> None:
+        if self._first_at is None:
+            self._first_at = time.monotonic()
         self._events(lambda: self._exchange.delta(delta))
 
     def gone(self) -> bool:
@@ -108,12 +117,20 @@ class ExchangeSink(Generic[R]):
             return self._fail(e)
         tokens = reply.usage.completion_tokens
         if reply.client_gone:
-            return Answer(499, tokens)
+            return Answer(499, tokens, timing=self._timing())
         self._exchange.keep(reply)
         if self._writer is None:
-            return Answer(200, tokens, self._exchange.body(reply))
+            return Answer(200, tokens, self._exchange.body(reply), self._timing())
         self._events(lambda: self._exchange.closing(reply), last=True)
-        return Answer(200, tokens)
+        return Answer(200, tokens, timing=self._timing())
+
+    def _timing(self) -> str:
+        """Where a generation's time went: waiting for the engine, the prompt's positions (those
+        restored from a snapshot are not prefilled), and its first token."""
+        def ms(at: Optional[float]) -> str:
+            return "-" if at is None else f"{(at - self._began) * 1000:.0f}ms"
+        return (f"engine at {ms(self._engine_at)}, prompt {self._start.prompt_tokens} "
+                f"({self._start.cached_tokens} restored), first token at {ms(self._first_at)}")
 
     def _open(self) -> None:
         if self._writer is None:  # else already open: the request waited in line

@@ -64,6 +64,7 @@ class ServiceOptions:
     keep_reasoning: bool = False   # render remembered reasoning into replies a client returns without it
     eval_logits: bool = True       # False: the engine's waste_eval gives no logits to decode with
     max_queue: int = 32            # requests that may wait for the engine; more get a 503
+    context_beyond: str = ""       # a too-long prompt's word on a larger context (app/context.py)
     tokenizer: Optional[Tokenizer] = None   # serve's own, equal to the engine's (tokenizer/choice.py);
                                             # None: the engine's, between its calls
     bos: Optional[Sequence[int]] = None     # add_bos's ids (choice.py); None: asked of the engine
@@ -93,11 +94,13 @@ class Service:
                                      reply_memory=options.reply_memory,
                                      keep_reasoning=options.keep_reasoning,
                                      snapshots=options.prefix_cache is not None,
-                                     default_thinking=options.thinking)
+                                     default_thinking=options.thinking,
+                                     context_beyond=options.context_beyond)
         self.generation = Generation(engine, self.metrics, max_tokens=options.max_tokens,
                                      prefix_cache=options.prefix_cache, policy=self.policy,
                                      prefill_chunk=options.prefill_chunk,
-                                     eval_logits=options.eval_logits, log=options.log)
+                                     eval_logits=options.eval_logits, log=options.log,
+                                     context_beyond=options.context_beyond)
         self.settler = Settler(engine, tokenizer, self.queue, options.prefix_cache, self.policy,
                                options.reply_memory, self.prompts.reply)
 
@@ -160,7 +163,7 @@ class Service:
                 return len(expanded.ids)
 
     def complete(self, req: CompletionRequest, sink: ReplySink) -> CompletionReply:
-        check_fits(self.engine, len(req.prompt), "prompt")
+        check_fits(self.engine, len(req.prompt), "prompt", self.options.context_beyond)
         prompt = Prompt(self.prompts.text(req.prompt))
         run = self._run(sink, sink.gone)
         with self._turn(run):

@@ -60,7 +60,7 @@ class Generation:
     def __init__(self, engine: EngineApi, metrics: Metrics, *, max_tokens: int,
                  prefix_cache: Optional[PrefixCache], policy: SnapshotPolicy,
                  prefill_chunk: int = DEFAULT_CHUNK, eval_logits: bool = True,
-                 log: Optional[Callable[[str], None]] = None):
+                 log: Optional[Callable[[str], None]] = None, context_beyond: str = ""):
         self.engine = engine
         self.metrics = metrics
         self.max_tokens = max_tokens          # when a request sets none
@@ -69,6 +69,7 @@ class Generation:
         self.policy = policy                  # where snapshots pay, from measured costs
         self.eval_logits = eval_logits        # False: waste_eval gives no logits to decode with
         self.log = log
+        self.context_beyond = context_beyond  # a too-long prompt's word on a larger context
         # llguidance's view of the vocabulary, built once per (size, stop tokens)
         self._vocabularies: dict[tuple[int, tuple[int, ...]], grammar.Vocabulary] = {}
 
@@ -85,7 +86,7 @@ class Generation:
         decoder = self._decoder(sampling, logprobs, run, constraint, stop_tokens)
         room = self.engine.info.ctx_max - len(prompt.ids)
         if room < 1:
-            raise too_long(len(prompt.ids), self.engine.info.ctx_max, "messages")
+            raise too_long(len(prompt.ids), self.engine.info.ctx_max, "messages", self.context_beyond)
         params = GenParams(temperature=sampling.temperature, top_p=sampling.top_p,
                            top_k=sampling.top_k,
                            seed=secrets.randbits(64) if sampling.seed is None else sampling.seed,

@@ -55,21 +55,22 @@ class ChatCheck:
     reasoning: str = "off"          # what the reply's waste.reasoning says (PromptBuilder.reasoning)
 
 
-def too_long(tokens: int, ctx: int, param: str, at_least: bool = False) -> ApiError:
-    """The 400 of a prompt the context cannot hold: both numbers, and the flag that sets one."""
+def too_long(tokens: int, ctx: int, param: str, beyond: str, at_least: bool = False) -> ApiError:
+    """The 400 of a prompt the context cannot hold: both numbers, and `beyond`, what a larger
+    context would take (serve/app/context.py's beyond(): --ctx only when one is possible)."""
     return ApiError(400, f"the prompt is {'at least ' if at_least else ''}{tokens} tokens; the "
-                         f"context holds {ctx} including at least one generated token (a server "
-                         "started with a larger --ctx takes more)",
+                         f"context holds {ctx} including at least one generated token"
+                         + (f" ({beyond})" if beyond else ""),
                     param=param, code="context_length_exceeded")
 
 
-def check_room(tokens: int, ctx: int, param: str) -> None:
+def check_room(tokens: int, ctx: int, param: str, beyond: str) -> None:
     """Refuse a prompt that leaves no position for a generated token."""
     if tokens > ctx - 1:
-        raise too_long(tokens, ctx, param)
+        raise too_long(tokens, ctx, param, beyond)
 
 
-def check_fits(engine: EngineApi, chars: int, param: str) -> None:
+def check_fits(engine: EngineApi, chars: int, param: str, beyond: str) -> None:
     """Refuse text that cannot fit before tokenizing it (which costs memory in proportion).
 
     No token is longer than the vocabulary's longest, and `chars` characters
@@ -78,7 +79,7 @@ def check_fits(engine: EngineApi, chars: int, param: str) -> None:
     longest, ctx = engine.longest_token, engine.info.ctx_max
     least = -(-chars // longest) if longest else 0
     if least > ctx - 1:
-        raise too_long(least, ctx, param, at_least=True)
+        raise too_long(least, ctx, param, beyond, at_least=True)
 
 
 def least_chars(value: object) -> int:
@@ -116,7 +117,8 @@ class PromptBuilder:
     def __init__(self, engine: EngineApi, images: ImageProbe, chat_format: ChatFormat, *,
                  tokenizer: Tokenizer, bos: Sequence[int], vision: bool,
                  reply_memory: Optional[ReplyMemory], keep_reasoning: bool,
-                 snapshots: bool, default_thinking: bool, tokenizing: Runner = at_once):
+                 snapshots: bool, default_thinking: bool, tokenizing: Runner = at_once,
+                 context_beyond: str = ""):
         self.engine = engine
         self.tokenizer = tokenizer       # called through `tokenizing`, before the engine is held
         self.tokenizing = tokenizing     # runs a prompt's whole tokenizing (the engine's: as an errand)
@@ -128,6 +130,7 @@ class PromptBuilder:
         self.keep_reasoning = keep_reasoning
         self.snapshots = snapshots                 # a prefix cache will store snapshots
         self.default_thinking = default_thinking   # when a request does not say
+        self.context_beyond = context_beyond       # a too-long prompt's word on a larger context
 
     # -- before the engine ------------------------------------------------------------
 
@@ -151,9 +154,9 @@ class PromptBuilder:
                 raise invalid(param, f"the {fmt.name} chat format cannot carry images")
         # Before the engine is held: text that cannot fit is refused unrendered.
         tools = least_chars(req.tools or ())
-        check_fits(self.engine, tools, "tools")
+        check_fits(self.engine, tools, "tools", self.context_beyond)
         least = least_rendered_chars(req.messages, len(images), fmt.image_placeholder)
-        check_fits(self.engine, tools + least, "messages")
+        check_fits(self.engine, tools + least, "messages", self.context_beyond)
         return ChatCheck(thinking, images, self.reasoning(req, thinking))
 
     def thinking(self, req: ChatRequest) -> bool:
@@ -179,7 +182,7 @@ class PromptBuilder:
         prompts = [self.chat_format.image_prompt(*staged.measure(self.images.image_dimensions, path, param))
                    for path, (param, _) in zip(paths, check.images)]
         messages, conversation, replies = self._recall(req, check.thinking, prompts)
-        check_fits(self.engine, conversation.chars(), "messages")
+        check_fits(self.engine, conversation.chars(), "messages", self.context_beyond)
         cuts = self._preamble_cuts(req, messages, conversation)
         opening = self.chat_format.generation_prompt(check.thinking)
 
@@ -193,7 +196,7 @@ class PromptBuilder:
             raise invalid("messages", f"a message cannot be tokenized: {e}") from None
         ids = history + generation
         # Each image's placeholder is one position here and more once expanded.
-        check_room(len(ids), self.engine.info.ctx_max, "messages")
+        check_room(len(ids), self.engine.info.ctx_max, "messages", self.context_beyond)
         snapshot_at = [*sorted(positions[cut] for cut in cuts if cut in positions), len(history)]
         if not paths:
             return Prompt(ids, snapshot_at, generation=generation,
@@ -211,7 +214,7 @@ class PromptBuilder:
             raise invalid("prompt", f"the prompt cannot be tokenized: {e}") from None
         if not ids:
             raise invalid("prompt", "prompt is empty")
-        check_room(len(ids), self.engine.info.ctx_max, "prompt")
+        check_room(len(ids), self.engine.info.ctx_max, "prompt", self.context_beyond)
         return ids
 
     # -- holding the engine -----------------------------------------------------------

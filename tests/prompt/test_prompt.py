@@ -127,6 +127,6 @@ def test_a_completion_prompt_and_text_too_long_for_the_context():
     prompts = builder(engine)
     assert prompts.text("ab") == [engine.specials["[BOS]"], ord("a"), ord("b")]
     with pytest.raises(ApiError) as caught:
-        check_fits(engine, 64 * engine.longest_token, "prompt")
+        check_fits(engine, 64 * engine.longest_token, "prompt", "")
     assert caught.value.code == "context_length_exceeded" and caught.value.param == "prompt"
-    check_fits(engine, 63 * engine.longest_token, "prompt")   # at least one token left: fine
+    check_fits(engine, 63 * engine.longest_token, "prompt", "")   # at least one token left: fine
