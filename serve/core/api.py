@@ -11,6 +11,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from serve.core.classes import INTERACTIVE, Hints
+
 MAX_STOP_STRINGS = 4
 MAX_TOP_K = (1 << 31) - 1  # the engine's top_k is a C int; no vocabulary comes near it
 # Every reasoning effort a client may name -> the K3 release encoder's nearest level (low,
@@ -32,10 +34,10 @@ CHAT_FIELDS = frozenset((
     "model", "messages", "tools", "tool_choice", "parallel_tool_calls", "response_format",
     "temperature", "top_p", "top_k", "seed", "max_tokens", "max_completion_tokens", "stop",
     "stream", "stream_options", "logprobs", "top_logprobs", "reasoning_effort", "n", "user",
-    "metadata"))
+    "metadata", "priority"))
 COMPLETION_FIELDS = frozenset((
     "model", "prompt", "temperature", "top_p", "top_k", "seed", "max_tokens", "stop", "stream",
-    "stream_options", "logprobs", "n", "user"))
+    "stream_options", "logprobs", "n", "user", "priority"))
 # Per role, the message fields besides content that reach the prompt as text.
 STRING_FIELDS = {"system": ("name",), "developer": ("name",), "user": ("name",),
                  "assistant": ("name", "reasoning_content", "reasoning"),
@@ -95,6 +97,8 @@ class ChatRequest:
     parallel_tool_calls: bool = True  # False: at most one call per reply
     logprobs: Optional[int] = None    # None: off; else how many top_logprobs per token
     request_id: str = ""              # the HTTP request's id, for log lines
+    hints: Hints = field(default_factory=Hints)   # what the body says about its class
+    work: str = INTERACTIVE           # its class, decided at the edge (serve/core/work.py)
 
 
 @dataclass
@@ -105,6 +109,8 @@ class CompletionRequest:
     include_usage: bool = False
     logprobs: Optional[int] = None    # None: off; else how many top_logprobs per token
     request_id: str = ""
+    hints: Hints = field(default_factory=Hints)
+    work: str = INTERACTIVE
 
 
 def image_url(part: dict) -> Any:
@@ -338,6 +344,17 @@ def _parse_completion_logprobs(body: dict) -> Optional[int]:
     return value
 
 
+def parse_hints(body: dict, priority: bool = True) -> Hints:
+    """What the body says about its class; `priority` is read where vLLM reads it (its
+    OpenAI endpoints): an integer, lower served earlier (serve/core/work.py)."""
+    model = body.get("model")
+    value = body.get("priority") if priority else None
+    if value is not None and not _is_int(value):
+        raise invalid("priority", "priority must be an integer (as vLLM's: lower is served "
+                                  "earlier; a positive priority is background work)")
+    return Hints(model if isinstance(model, str) else "", value)
+
+
 def parse_chat_request(body: dict) -> ChatRequest:
     messages = _parse_messages(body.get("messages"))
     sampling = _parse_sampling(body)
@@ -351,7 +368,7 @@ def parse_chat_request(body: dict) -> ChatRequest:
                                                           "parallel_tool_calls"),
                        response_format=_parse_response_format(body.get("response_format")),
                        thinking=thinking, thinking_effort=effort,
-                       logprobs=_parse_chat_logprobs(body))
+                       logprobs=_parse_chat_logprobs(body), hints=parse_hints(body))
 
 
 def parse_completion_request(body: dict) -> CompletionRequest:
@@ -364,7 +381,7 @@ def parse_completion_request(body: dict) -> CompletionRequest:
     stream, include_usage = _parse_stream(body)
     return CompletionRequest(prompt=prompt, sampling=sampling, stream=stream,
                              include_usage=include_usage,
-                             logprobs=_parse_completion_logprobs(body))
+                             logprobs=_parse_completion_logprobs(body), hints=parse_hints(body))
 
 
 # ---- responses --------------------------------------------------------------

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from serve.dialects import seal
-from serve.core.api import ApiError, invalid, parse_reasoning_effort, unknown_fields
+from serve.core.api import ApiError, invalid, parse_hints, parse_reasoning_effort, unknown_fields
 from serve.dialects.shared import (Block, Blocks, Conversation, Parts, Translation, chat_request,
                       string_field, tool_call)
 from serve.dialects.input_items import stored_items
@@ -102,6 +102,7 @@ def _parse(body: dict, store: ResponseStore) -> _Request:
             **{key: body.get(key) for key in ("temperature", "top_p")}}
     translation = chat_request(chat, {**TOP_FIELDS, **conversation.fields, **tool_fields}, left_out)
     translation.request.thinking, translation.request.thinking_effort = thinking, effort
+    translation.request.hints = parse_hints(body, priority=False)
     return _Request(translation, conversation.messages[start:], namespaced, stored)
 
 

@@ -31,6 +31,7 @@ from serve.dialects import openai
 
 from serve.dialects import responses
 from serve.core.api import ApiError
+from serve.core.work import CLASS_HEADER
 from serve.http.connections import DEFAULT_MAX_CONNECTIONS, ConnectionServer
 from serve.engine.queue import ClientGone
 from serve.dialects.exchange import Exchange
@@ -322,6 +323,12 @@ class Handler(BaseHTTPRequestHandler):
                             f"run them): {', '.join(exchange.left_out)}")
         self.server.note_unread(self.path.split('?', 1)[0], exchange.ignored)
         exchange.request.request_id = self.request_id
+        # The class is decided here, at the edge, from the neutral request and the header.
+        decision = self.server.service.classifier.classify(exchange.request,
+                                                            self.headers.get(CLASS_HEADER))
+        exchange.request.work = decision.work
+        if decision.why and self.server.log is not None:
+            self.server.log(f"{self.request_id} {decision.work} ({decision.why})")
         answer: Answer = ExchangeSink(self, exchange).run(lambda sink: run(exchange.request, sink))
         self.tokens = answer.tokens
         if answer.body is not None:

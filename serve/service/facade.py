@@ -20,11 +20,14 @@ from typing import Callable, Iterator, Optional
 from serve.core import api
 
 from serve.formats import grammar
-from serve.core.activity import Activity
+from serve.core.activity import Activity, ClassActivity
 from serve.core.api import ChatRequest, CompletionRequest, invalid
 from serve.formats.base import ChatFormat
 from serve.engine.api import EngineApi, ImageProbe
-from serve.engine.queue import EngineQueue, Turn, shutting_down
+from serve.core.classes import BACKGROUND, INTERACTIVE
+from serve.core.work import Classifier
+from serve.engine.preempt import Preemption
+from serve.engine.queue import STARVE_AFTER_SECONDS, EngineQueue, Turn, shutting_down
 from serve.service.generation import Generation
 from serve.service.images import StagedImages, image_parts
 from serve.service.logprobs import chat_logprobs, completion_logprobs
@@ -94,6 +97,11 @@ class ServiceOptions:
     keep_reasoning: bool = False   # render remembered reasoning into replies a client returns without it
     eval_logits: bool = True       # False: the engine's waste_eval gives no logits to decode with
     max_queue: int = 32            # requests that may wait for the engine; more get a 503
+    work_classes: bool = True      # False: one line in arrival order, no chore preempted
+    background_max_tokens: int = 256   # a chore's max_tokens when it sets none
+    chore_max_wait: float = STARVE_AFTER_SECONDS   # a chore waiting this long runs one step
+    background_models: tuple[str, ...] = ()    # model names that mean "a chore"
+    background_match: tuple[str, ...] = ()     # patterns on the prompt that mean "a chore"
 
 
 class Service:
@@ -105,7 +113,9 @@ class Service:
         self.created = api.now()
         self.warming: Optional[dict] = None   # while --warm runs: what /health reports
         self.responses = ResponseStore()      # for the Responses API's previous_response_id
-        self.queue = EngineQueue(options.max_queue)
+        self.queue = EngineQueue(options.max_queue, classes=options.work_classes,
+                                 starve_after=options.chore_max_wait)
+        self.classifier = Classifier(options.background_models, options.background_match)
         self._stopping = threading.Event()
         self.policy = options.snapshot_policy or SnapshotPolicy(log=options.log)
         self.metrics = Metrics(engine.stats(), self.activity, options.prefix_cache, self.policy,
@@ -125,7 +135,13 @@ class Service:
     def activity(self) -> Activity:
         # Deferred work first: a settle job is counted until its thread has let the engine go.
         deferred = self.settler.deferred or self.queue.idle_work
-        return Activity(self.queue.busy, len(self.queue), deferred, self.warming is not None)
+        queue = self.queue
+        waiting, counts = queue.waiting(), queue.snapshot_counts()
+        classes = {work: ClassActivity(waiting[work][0], waiting[work][1], c.waits,
+                                       c.wait_seconds, c.engine_seconds)
+                   for work, c in counts.items()}
+        return Activity(queue.busy, len(queue), deferred, self.warming is not None,
+                        queue.holder(), classes, queue.preemptions)
 
     def model(self) -> dict:
         info = self.engine.info
@@ -146,7 +162,8 @@ class Service:
         # before any stream opens, and a large one compiles while others use the engine.
         constraint = self._constraint(req, check.thinking)
         sink.accepted(check.thinking)
-        with self._turn(sink) as sink, StagedImages(self.options.allow_local_images) as staged:
+        with self._turn(sink, req.work) as sink, \
+                StagedImages(self.options.allow_local_images) as staged:
             prompt = self.prompts.chat(req, check, staged)
             reader = ChatReader(self.chat_format.new_parser(check.thinking), req.sampling.stop,
                                 self.chat_format.stop_tokens,
@@ -154,9 +171,12 @@ class Service:
             outcome = self.generation.run(
                 prompt, req.sampling, sink, reader, stop_tokens=self.chat_format.stop_tokens,
                 logprobs=req.logprobs, constraint=constraint, label=req.request_id,
-                stop=self._prefill_stop(sink, req.request_id))
+                stop=self._prefill_stop(sink, req.request_id),
+                pause=self._pause(sink, req.work, req.request_id),
+                max_tokens=self._max_tokens(req.work))
             message = reader.message()
             outcome.usage.waste["reasoning"] = check.reasoning
+            self._account(outcome.usage.waste, req.work, sink)
             if not outcome.client_gone:
                 self.settler.after_reply(prompt, outcome, message)
         return ChatReply(message, outcome.finish_reason, outcome.usage, outcome.client_gone,
@@ -175,12 +195,15 @@ class Service:
 
     def complete(self, req: CompletionRequest, sink: ReplySink) -> CompletionReply:
         check_fits(self.engine, len(req.prompt), "prompt")
-        with self._turn(sink) as sink:
+        with self._turn(sink, req.work) as sink:
             prompt = Prompt(self.prompts.text(req.prompt))
             reader = TextReader(req.sampling.stop, self.engine.specials.values())
             outcome = self.generation.run(prompt, req.sampling, sink, reader,
                                           logprobs=req.logprobs, label=req.request_id,
-                                          stop=self._prefill_stop(sink, req.request_id))
+                                          stop=self._prefill_stop(sink, req.request_id),
+                                          pause=self._pause(sink, req.work, req.request_id),
+                                          max_tokens=self._max_tokens(req.work))
+            self._account(outcome.usage.waste, req.work, sink)
         return CompletionReply(reader.text, outcome.finish_reason, outcome.usage, outcome.client_gone,
                                None if outcome.logprobs is None else completion_logprobs(outcome.logprobs))
 
@@ -193,15 +216,36 @@ class Service:
         return grammar.compile_grammar(fmt.grammar(req, thinking))
 
     @contextmanager
-    def _turn(self, sink: ReplySink) -> Iterator[_Watched]:
+    def _turn(self, sink: ReplySink, work: str = INTERACTIVE) -> Iterator[_Watched]:
         """Wait in line for the engine and hold it, empty; a run cut by shutdown ends in its 503."""
         watched = _Watched(sink, self._stopping)
-        with self.queue.turn(watched) as watched.held:
+        with self.queue.turn(watched, work) as watched.held:
             self.settler.drop()
             start_empty(self.engine)
             yield watched
         if watched.cut:
             raise shutting_down()
+
+    # -- classes of work (docs/chores.md) -------------------------------------------
+
+    def _pause(self, watched: _Watched, work: str, label: str) -> Optional[Preemption]:
+        """A chore's way to step aside for a person (it needs the prefix cache to save to)."""
+        cache = self.options.prefix_cache
+        if work != BACKGROUND or not self.options.work_classes or cache is None:
+            return None
+        return Preemption(self.engine, watched.held, watched, cache, self.policy,
+                          self.options.prefill_chunk, self.options.log, label)
+
+    def _max_tokens(self, work: str) -> Optional[int]:
+        """The default max_tokens of a request of this class (None: the server's)."""
+        return self.options.background_max_tokens if work == BACKGROUND else None
+
+    @staticmethod
+    def _account(waste: dict, work: str, watched: _Watched) -> None:
+        """The reply's class, and how long it waited while chores held the engine (the chat
+        page shows it: serve/static/chat.html)."""
+        waste["work"] = work
+        waste["behind_chores_ms"] = round(watched.held.behind_chores * 1000.0, 3)
 
     def _prefill_stop(self, watched: _Watched, label: str) -> Callable[[], bool]:
         """Asked between prefill chunks: stop now? Not just because the client left: the

@@ -20,7 +20,7 @@ from serve.engine.binding import GenParams, GenResult, Stats, TokenInfo
 from serve.engine.api import EngineApi
 from serve.service.logprobs import LogprobTrail
 from serve.app.metrics import Metrics
-from serve.engine.prefill import DEFAULT_CHUNK, Prefill, PrefillCancelled
+from serve.engine.prefill import DEFAULT_CHUNK, Pause, Prefill, PrefillCancelled
 from serve.snapshots.cache import PrefixCache
 from serve.service.prompt import Prompt, too_long
 from serve.service.replies import ReplySink
@@ -72,15 +72,25 @@ class Generation:
     def run(self, prompt: Prompt, sampling: Sampling, sink: ReplySink, reader: ReplyReader, *,
             stop_tokens: Sequence[int] = (), logprobs: Optional[int] = None,
             constraint: Optional[str] = None, label: str = "",
-            stop: Optional[Callable[[], bool]] = None) -> Outcome:
+            stop: Optional[Callable[[], bool]] = None, pause: Optional[Pause] = None,
+            max_tokens: Optional[int] = None) -> Outcome:
         """Prefill, generate until the reader says the reply is done, and account for it.
 
         `constraint`: a compiled grammar the reply must follow; `label` names the
         request in log lines; `stop`: asked between prefill chunks whether to stop
         (by default, whether the client left). A prefill that runs to its end for a
-        client that left is snapshotted there, and nothing is generated."""
+        client that left is snapshotted there, and nothing is generated. `pause`: a
+        chore's, asked before each engine call (a chore decodes in serve, when it can, so
+        that it can step aside between two tokens); `max_tokens`: the default when the
+        request sets none (else the server's)."""
+        if prompt.image_paths:
+            pause = None   # snapshots never reach past images
+        if pause is not None and self.decoding_off(decode.missing()) is None:
+            pause_at = _pause_at(pause, prompt.ids)
+        else:
+            pause_at = None
         decoder, trail = self._decoder(sampling, logprobs, sink, reader.text_key, constraint,
-                                       stop_tokens)
+                                       stop_tokens, pause_at)
         sink = trail or sink
         room = self.engine.info.ctx_max - len(prompt.ids)
         if room < 1:
@@ -88,7 +98,8 @@ class Generation:
         params = GenParams(temperature=sampling.temperature, top_p=sampling.top_p,
                            top_k=sampling.top_k,
                            seed=secrets.randbits(64) if sampling.seed is None else sampling.seed,
-                           max_tokens=min(sampling.max_tokens or self.max_tokens, room),
+                           max_tokens=min(sampling.max_tokens or max_tokens or self.max_tokens,
+                                          room),
                            stop_tokens=tuple(stop_tokens))
         clock = _Clock()
 
@@ -112,7 +123,7 @@ class Generation:
         report = decode.Report(constrained=False).waste()
         unevaluated = 0
         try:
-            rest = self._prefill(prompt, clock, sink, label, stop or sink.gone)
+            rest = self._prefill(prompt, clock, sink, label, stop or sink.gone, pause)
         except PrefillCancelled:
             clock.client_gone = True
             result = GenResult(n_tokens=0, cancelled=True, context_full=False, detail=None)
@@ -144,22 +155,23 @@ class Generation:
         return missing if self.eval_logits else "this engine's waste_eval gives no logits"
 
     def _decoder(self, sampling: Sampling, top_logprobs: Optional[int], sink: ReplySink,
-                 text_key: str, constraint: Optional[str], stop_tokens: Sequence[int]
+                 text_key: str, constraint: Optional[str], stop_tokens: Sequence[int],
+                 pause: Optional[Callable[[Sequence[int]], None]] = None
                  ) -> tuple[Optional[decode.Decoder], Optional[LogprobTrail]]:
         """Serve's own decoder, and the sink that carries logprobs when they are asked for;
-        no decoder (waste_generate) when nothing needs the logits."""
+        no decoder (waste_generate) when nothing needs the logits or a pause."""
         off = self.decoding_off(decode.missing())
         if top_logprobs is not None and off is not None:
             raise invalid("logprobs", f"logprobs are off here ({off}); to enable: {grammar.ENABLE_HINT}",
                           code="logprobs_unavailable")
-        if constraint is None and top_logprobs is None:
+        if constraint is None and top_logprobs is None and pause is None:
             return None, None
         trail = None if top_logprobs is None else LogprobTrail(
             sink, frozenset(self.engine.specials.values()), text_key)
         matcher = None if constraint is None else self._matcher(constraint, tuple(stop_tokens))
         return decode.Decoder(self.engine, temperature=sampling.temperature, top_k=sampling.top_k,
                               top_p=sampling.top_p, grammar=matcher, top_logprobs=top_logprobs,
-                              listener=trail), trail
+                              listener=trail, pause=pause), trail
 
     def _matcher(self, compiled: str, eos: tuple[int, ...]) -> Callable[[int], Any]:
         """A matcher factory (vocabulary size -> matcher) for a compiled grammar."""
@@ -173,7 +185,7 @@ class Generation:
     # -- prefill --------------------------------------------------------------------------
 
     def _prefill(self, prompt: Prompt, clock: _Clock, sink: ReplySink, label: str,
-                 stop: Callable[[], bool]) -> list[int]:
+                 stop: Callable[[], bool], pause: Optional[Pause]) -> list[int]:
         """Restore and evaluate all but the tail of the prompt; returns the tail for generate."""
         log, chunk, cache = self.log, self.prefill_chunk, self.prefix_cache
 
@@ -186,7 +198,7 @@ class Generation:
 
         def run_prefill(tokens: list[int], upto: int) -> None:
             run = Prefill(self.engine, tokens, cache=cache, policy=self.policy, chunk=chunk,
-                          progress=progress, stop=stop)
+                          progress=progress, stop=stop, pause=pause)
             clock.cached_tokens = run.restore(upto)
             sink.prefilling(len(prompt.ids), clock.cached_tokens)
             if cache is not None:
@@ -238,6 +250,16 @@ class Generation:
             "bytes_read": s.bytes_read, "direct_io": s.direct_io, "ms": round(ms, 3),
             "tokens_per_second": round(tps, 3), "context_full": context_full,
             **decoding})
+
+
+def _pause_at(pause: Pause, prompt: Sequence[int]) -> Callable[[Sequence[int]], None]:
+    """The decoder's pause: before evaluating a token the engine holds the prompt and the
+    tokens generated before it."""
+    def at(generated: Sequence[int]) -> None:
+        if pause.due():
+            tokens = [*prompt, *generated]
+            pause.step_aside(tokens, len(tokens) - 1)
+    return at
 
 
 def _finish_reason(reader: ReplyReader, tokens: list[int], params: GenParams, result: GenResult) -> str:
