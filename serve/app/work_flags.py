@@ -5,7 +5,7 @@ import argparse
 import re
 from typing import Optional
 
-from serve.engine.prefill import REFERENCE_STEP, WARP_STEP, engine_step
+from serve.service.prefill import REFERENCE_STEP, WARP_STEP, engine_step
 from serve.engine.queue import STARVE_AFTER_SECONDS
 
 DEFAULT_BACKGROUND_MAX_TOKENS = 256

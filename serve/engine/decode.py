@@ -84,7 +84,7 @@ class Decoder:
                  pause: Optional[Callable[[Sequence[int]], None]] = None):
         """`pause`: called before each evaluation with the tokens generated so far (the
         engine holds all but the last of them after the prompt): a chore steps aside there,
-        and this loop's sampler and grammar go on as they were (serve/engine/preempt.py)."""
+        and this loop's sampler and grammar go on as they were (serve/service/preempt.py)."""
         self.engine = engine
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
         self._make_grammar = grammar   # vocabulary size -> a fresh matcher

@@ -10,7 +10,7 @@ of waiting for hours behind a slow model.
 
 A chore holding the engine asks, before each engine call, whether a person
 waits (Turn.preempt_due); if so it saves its state and steps aside
-(Turn.step_aside, serve/engine/preempt.py), back in line at its old place among
+(Turn.step_aside, serve/service/preempt.py), back in line at its old place among
 the chores. Chores cannot starve: one that has waited `starve_after` seconds
 goes ahead of the people for one engine step (then steps aside again), so a
 chore gets at least one step every `starve_after` seconds however busy people

@@ -191,6 +191,6 @@ def test_the_prefill_step_flag_and_classes_off_show_in_the_banner(lib_path, k3_c
 
 def test_the_prefill_step_is_the_engines_own_batch():
     from serve.engine.binding import REFERENCE_BUILD
-    from serve.engine.prefill import engine_step
+    from serve.service.prefill import engine_step
     assert engine_step(f"{REFERENCE_BUILD} 0.6.8 (portable C11)") == 512
     assert engine_step("WARP 0.6.8 metal, NEON, container v3") == 64   # WARP's WASTE_CHUNK_MAX

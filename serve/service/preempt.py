@@ -5,7 +5,7 @@ token) a chore asks `due()`. When a person waits, `step_aside()` snapshots the
 engine's state through the prefix cache (serve/snapshots/cache.py), lets the
 person have the engine (serve/engine/queue.py's Turn.step_aside), and once the
 chore's turn comes again restores that snapshot like any prefill restores one
-(serve/engine/prefill.py): nothing is evaluated twice. Should the snapshot have
+(serve/service/prefill.py): nothing is evaluated twice. Should the snapshot have
 been evicted meanwhile, the restore finds the longest one left and evaluates
 the rest, which costs time, never correctness.
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Callable, Optional, Sequence
 
 from serve.engine.api import EngineApi
-from serve.engine.prefill import Prefill, start_empty, store
+from serve.service.prefill import Prefill, start_empty, store
 from serve.engine.queue import Turn, Waiter
 from serve.snapshots.cache import PrefixCache
 from serve.snapshots.policy import SnapshotPolicy
