@@ -2,12 +2,9 @@
 priority, the X-Serve-Class header; and what being a chore changes for a request."""
 from __future__ import annotations
 
-import json
-import re
-from pathlib import Path
-
 import pytest
 
+from openwebui_tasks import TEMPLATES, render
 from scripted import ScriptedEngine, assert_error, call, scripted_service, serving, xtml_answer
 from served import serve
 from serve.core.api import ChatRequest, CompletionRequest, Sampling
@@ -15,8 +12,6 @@ from serve.core.classes import BACKGROUND, INTERACTIVE, Hints
 from serve.core.openwebui import task_kind
 from serve.core.work import Classifier
 
-TEMPLATES = json.loads((Path(__file__).parent.parent / "fixtures" / "openwebui" /
-                        "templates.json").read_text())["templates"]
 KINDS = {"TITLE_GENERATION": "title", "TAGS_GENERATION": "tags",
          "IMAGE_PROMPT_GENERATION": "image_prompt", "FOLLOW_UP_GENERATION": "follow_ups",
          "QUERY_GENERATION": "queries", "AUTOCOMPLETE_GENERATION": "autocomplete",
@@ -47,19 +42,6 @@ ORDINARY = [
     "Describe the image as if you were explaining it to someone who cannot see it.",
     "",
 ]
-
-
-def render(template: str, messages: list[dict]) -> str:
-    """A template filled in as open_webui/utils/task.py fills it."""
-    def chat(match: re.Match) -> str:
-        picked = messages[-int(match.group(1)):]
-        return "\n".join(f"{m['role'].upper()}: {m['content']}" for m in picked)
-    text = re.sub(r"\{\{MESSAGES:END:(\d+)\}\}", chat, template)
-    for variable, value in (("CURRENT_DATE", "2026-12-02"), ("TYPE", "General"),
-                            ("PROMPT", "The sun was setting"), ("prompt", "I won the race!"),
-                            ("TOOLS", "[]"), ("responses", '["a", "b"]')):
-        text = text.replace("{{" + variable + "}}", value)
-    return text
 
 
 CASES = [(version, name, template) for version, templates in TEMPLATES.items()
