@@ -233,6 +233,7 @@ class Service:
         cache = self.options.prefix_cache
         if work != BACKGROUND or not self.options.work_classes or cache is None:
             return None
+        assert watched.held is not None   # asked inside the turn
         return Preemption(self.engine, watched.held, watched, cache, self.policy,
                           self.options.prefill_chunk, self.options.log, label)
 
@@ -244,6 +245,7 @@ class Service:
     def _account(waste: dict, work: str, watched: _Watched) -> None:
         """The reply's class, and how long it waited while chores held the engine (the chat
         page shows it: serve/static/chat.html)."""
+        assert watched.held is not None   # asked inside the turn
         waste["work"] = work
         waste["behind_chores_ms"] = round(watched.held.behind_chores * 1000.0, 3)
 
