@@ -2,15 +2,19 @@
 priority, the X-Serve-Class header; and what being a chore changes for a request."""
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from openwebui_tasks import TEMPLATES, render
-from scripted import ScriptedEngine, assert_error, call, scripted_service, serving, xtml_answer
+from scripted import ScriptedEngine, assert_error, call, held_engine, scrape, scripted_service, \
+    serving, xtml_answer
 from served import serve
 from serve.core.api import ChatRequest, CompletionRequest, Sampling
 from serve.core.classes import BACKGROUND, INTERACTIVE, Hints
 from serve.core.openwebui import task_kind
 from serve.core.work import Classifier
+from test_engine_queue import wait_until
 
 KINDS = {"TITLE_GENERATION": "title", "TAGS_GENERATION": "tags",
          "IMAGE_PROMPT_GENERATION": "image_prompt", "FOLLOW_UP_GENERATION": "follow_ups",
@@ -176,3 +180,42 @@ def test_the_prefill_step_is_the_engines_own_batch():
     from serve.service.prefill import engine_step
     assert engine_step(f"{REFERENCE_BUILD} 0.6.8 (portable C11)") == 512
     assert engine_step("WARP 0.6.8 metal, NEON, container v3") == 64   # WARP's WASTE_CHUNK_MAX
+
+
+def test_through_the_server_a_person_goes_ahead_of_a_waiting_chore_and_both_are_reported():
+    engine, held, release = held_engine(xtml_answer("first"))
+    engine.replies += [xtml_answer("person"), xtml_answer("chore")]
+    ask = {"messages": [{"role": "user", "content": "hi"}]}
+    with serving(scripted_service(engine, thinking=False)) as srv:
+        replies: dict[str, dict] = {}
+
+        def send(name: str, body: dict) -> threading.Thread:
+            thread = threading.Thread(target=lambda: replies.update(
+                {name: call(srv.port, "POST", "/v1/chat/completions", body).json()}))
+            thread.start()
+            return thread
+        threads = [send("first", ask)]
+        try:
+            assert held.wait(30)
+            threads.append(send("chore", {**ask, "priority": 1}))
+            wait_until(lambda: call(srv.port, "GET", "/health").json()["queue"] == 1, "chore")
+            threads.append(send("person", ask))
+            wait_until(lambda: call(srv.port, "GET", "/health").json()["queue"] == 2, "person")
+            work = call(srv.port, "GET", "/health").json()["work"]
+            now = scrape(srv.port)
+        finally:
+            release.set()
+            for thread in threads:
+                thread.join(30)
+    assert work["running"] == INTERACTIVE and work["preemptions"] == 0
+    assert (work[INTERACTIVE]["queue"], work[BACKGROUND]["queue"]) == (1, 1)
+    assert work[BACKGROUND]["longest_wait_s"] >= work[INTERACTIVE]["longest_wait_s"] > 0
+    assert now[("serve_queue_waiting", (("class", "interactive"),))] == 1
+    assert now[("serve_queue_waiting", (("class", "background"),))] == 1
+    assert now[("serve_engine_running", (("class", "interactive"),))] == 1
+    assert now[("serve_engine_running", (("class", "background"),))] == 0
+    # The person, who came last, was answered second: the scripted replies go in order.
+    assert [replies[n]["choices"][0]["message"]["content"] for n in ("first", "person", "chore")] \
+        == ["first", "person", "chore"]
+    assert replies["chore"]["waste"]["work"] == BACKGROUND
+    assert replies["person"]["waste"]["behind_chores_ms"] == 0   # only a person was ahead
