@@ -35,6 +35,7 @@ else:
 
 from serve.engine.binding import GenParams, GenResult, TokenInfo
 from serve.engine.api import EngineApi
+from serve.engine.queue import LostTurn
 
 DRAW_BLOCK = 1024     # weights summed per block when drawing
 NUCLEUS_GUESS = 1024  # top_p: candidates sorted first, before sorting the whole vocabulary
@@ -129,6 +130,8 @@ class Decoder:
                     self.pause(generated)
                     started = time.monotonic()   # a pause's wait is not this token's time
                 logits = np.frombuffer(self.engine.eval([token]), dtype=np.float32)
+        except LostTurn:
+            raise   # the engine is another request's now
         except BaseException:
             self.engine.reset()
             raise

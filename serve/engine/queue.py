@@ -50,6 +50,16 @@ class ClientGone(Exception):
     """The client went away while its request waited in line."""
 
 
+class LostTurn(Exception):
+    """A chore that stepped aside could not get the engine back (its client left, or the
+    server is shutting down): the engine is another request's now, and nothing on the way
+    out may touch it (no reset). `cause` is what waiting raised."""
+
+    def __init__(self, cause: BaseException):
+        super().__init__(str(cause))
+        self.cause = cause
+
+
 def overloaded(message: str) -> ApiError:
     return ApiError(503, message, code="server_overloaded", kind="server_error",
                     headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
@@ -118,14 +128,17 @@ class Turn:
 
     def step_aside(self, waiter: Waiter) -> None:
         """Let go of the engine and wait for it again at this ticket's place in line (the
-        caller saved its state first). Raises what waiting in line raises."""
+        caller saved its state first). Raises LostTurn when it cannot have it again."""
         q = self._queue
         with q._cond:
             q._release(self.ticket)
             q.preemptions += 1
             self.holding = False
             q._enter(self.ticket)
-        q._wait_for(self, waiter)
+        try:
+            q._wait_for(self, waiter)
+        except Exception as e:
+            raise LostTurn(e) from e
 
 
 class EngineQueue:

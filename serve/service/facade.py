@@ -27,7 +27,7 @@ from serve.engine.api import EngineApi, ImageProbe
 from serve.core.classes import BACKGROUND, INTERACTIVE
 from serve.core.work import Classifier
 from serve.service.preempt import Preemption
-from serve.engine.queue import STARVE_AFTER_SECONDS, EngineQueue, Turn, shutting_down
+from serve.engine.queue import STARVE_AFTER_SECONDS, EngineQueue, LostTurn, Turn, shutting_down
 from serve.service.generation import Generation
 from serve.service.images import StagedImages, image_parts
 from serve.service.logprobs import chat_logprobs, completion_logprobs
@@ -222,7 +222,10 @@ class Service:
         with self.queue.turn(watched, work) as watched.held:
             self.settler.drop()
             start_empty(self.engine)
-            yield watched
+            try:
+                yield watched
+            except LostTurn as lost:   # a chore that stepped aside and could not come back
+                raise lost.cause from None
         if watched.cut:
             raise shutting_down()
 

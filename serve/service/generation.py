@@ -18,6 +18,7 @@ from serve.formats import grammar
 from serve.core.api import Sampling, Usage, invalid
 from serve.engine.binding import GenParams, GenResult, Stats, TokenInfo
 from serve.engine.api import EngineApi
+from serve.engine.queue import LostTurn
 from serve.service.logprobs import LogprobTrail
 from serve.service.metrics import Metrics
 from serve.service.prefill import DEFAULT_CHUNK, Pause, Prefill, PrefillCancelled
@@ -227,6 +228,8 @@ class Generation:
             for path in prompt.image_paths:
                 self.engine.image_add(path)
             return self.engine.image_expand(prompt.text_ids[upto:])
+        except LostTurn:
+            raise   # a chore that stepped aside: the engine is another request's now
         except BaseException:
             self.engine.reset()  # a half-evaluated prompt must not survive into the next request
             raise

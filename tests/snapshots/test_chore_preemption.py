@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 
 import pytest
 
@@ -137,3 +138,33 @@ def test_a_chore_preempted_mid_generation_answers_as_alone_and_nothing_is_evalua
         assert person_waste["behind_chores_ms"] > 0
         assert scrape(srv.port)[("serve_preemptions_total", ())] == 1
     cache.close()
+
+
+def test_a_chore_whose_client_leaves_while_it_stepped_aside_leaves_the_person_alone(
+        slow_clock, lib_path, k3_container, tmp_path):
+    person = {**CHORE_PREFILL, "priority": 0, "max_tokens": 4,
+              "messages": [{"role": "user", "content": "On tides: " + SENTENCE * 12}]}
+    cache, service = served(lib_path, k3_container, tmp_path, "alone", Log())
+    with service as service, serving(service) as srv:
+        person_alone, _, _ = answer(call(srv.port, "POST", CHAT, person, timeout=120))
+    cache.close()
+    log = Log()
+    cache, service = served(lib_path, k3_container, tmp_path, "together", log)
+    with service as service, serving(service) as srv:
+        chore = post_open(srv.port, {**CHORE_PREFILL, "stream": True})
+        log.wait_for(0.2)
+        person_reply: dict = {}
+        thread = threading.Thread(target=lambda: person_reply.update(
+            resp=call(srv.port, "POST", CHAT, person, timeout=120)))
+        thread.start()
+        deadline = time.monotonic() + 60
+        while not log.preempted:
+            assert time.monotonic() < deadline, "the chore did not step aside"
+            time.sleep(0.01)
+        chore.close()   # while the person's prompt (about 400 positions, 2 s) prefills
+        thread.join(120)
+        person_text, _, _ = answer(person_reply["resp"])
+        health = wait_idle(srv.port)
+    cache.close()
+    assert person_text == person_alone
+    assert health["work"]["preemptions"] == 1 and health["work"]["background"]["waits"] == 1
