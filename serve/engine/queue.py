@@ -139,6 +139,8 @@ class Turn:
             q._wait_for(self, waiter)
         except Exception as e:
             raise LostTurn(e) from e
+        with q._cond:
+            q._owed = False   # the owed step is the one its caller runs on return
 
 
 class EngineQueue:

@@ -33,7 +33,6 @@ class Preemption:
         self.engine, self.turn, self.waiter = engine, turn, waiter
         self.cache, self.policy, self.chunk = cache, policy, chunk
         self.log, self.label = log, label
-        self.count = 0   # times this chore stepped aside
 
     def due(self) -> bool:
         """A person waits for the engine: step aside before the next engine call."""
@@ -44,7 +43,6 @@ class Preemption:
         let the person have the engine, wait for it again, and restore it."""
         if held and store(self.engine, self.cache, self.policy, tokens[:held], "preempted") is None:
             return   # nothing to resume from: go on, and ask again at the next call
-        self.count += 1
         if self.log is not None:
             self.log(f"{self.label} chore preempted at position {held}: a person waits")
         self.turn.step_aside(self.waiter)

@@ -167,6 +167,28 @@ def test_a_chore_waiting_past_the_limit_runs_one_step_ahead_of_people():
     r.join()
 
 
+def test_a_chore_that_stepped_aside_and_starves_comes_back_for_one_step():
+    queue = EngineQueue(8, starve_after=0.3)
+    r = Requests(queue)
+    dues = []
+
+    def chore(turn) -> None:
+        wait_until(lambda: len(queue) == 1, "the person did not arrive")
+        turn.step_aside(Waiter())   # back once it has waited 0.3 s, though a person waits
+        dues.append(turn.preempt_due())   # after the step its caller runs on return
+
+    r.start("chore", BACKGROUND, inside=chore)
+    r.start("person 1", INTERACTIVE)
+    wait_until(lambda: "person 1" in r.order, "the person did not get the engine")
+    r.start("person 2", INTERACTIVE)
+    time.sleep(0.5)
+    r.finish("person 1")
+    wait_until(lambda: dues, "the chore did not come back")
+    assert dues == [True] and r.order == ["chore", "person 1"]
+    r.join()
+    assert r.order == ["chore", "person 1", "person 2"]
+
+
 def test_a_chore_that_steps_aside_and_whose_client_leaves_lets_go_of_its_place():
     queue = EngineQueue(8)
     r = Requests(queue)
