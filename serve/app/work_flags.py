@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 import re
-from typing import Optional
+from typing import Callable
 
 from serve.service.prefill import REFERENCE_STEP, WARP_STEP, engine_step
 from serve.engine.queue import STARVE_AFTER_SECONDS
@@ -19,7 +19,8 @@ def _pattern(text: str) -> str:
     return text
 
 
-def add_flags(p: argparse.ArgumentParser, positive, seconds) -> None:
+def add_flags(p: argparse.ArgumentParser, positive: Callable[[str], int],
+              seconds: Callable[[str], float]) -> None:
     p.add_argument("--background-model", action="append", default=[], metavar="NAME",
                    help="a model name whose requests are chores (background work), e.g. the "
                         "value of Claude Code's ANTHROPIC_SMALL_FAST_MODEL or Open-WebUI's task "
