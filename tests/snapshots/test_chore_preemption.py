@@ -25,10 +25,10 @@ from test_abandoned_prefill import SENTENCE, Progress
 
 CHAT = "/v1/chat/completions"
 GREEDY = {"temperature": 0, "reasoning_effort": "none"}
-CHORE_PREFILL = {"messages": [{"role": "user", "content": "On ships: " + SENTENCE * 30}],
+CHORE_PREFILL = {"messages": [{"role": "user", "content": "On ships: " + SENTENCE * 16}],
                  "max_tokens": 6, "priority": 1, **GREEDY}
 CHORE_DECODE = {"messages": [{"role": "user", "content": "Tell me a long story about ships."}],
-                "max_tokens": 60, "priority": 1, **GREEDY}
+                "max_tokens": 40, "priority": 1, **GREEDY}
 PERSON = {"messages": [{"role": "user", "content": "Tides?"}], "max_tokens": 4, **GREEDY}
 
 
@@ -117,7 +117,7 @@ def test_a_chore_preempted_mid_prefill_answers_as_alone_and_nothing_is_evaluated
 
 def test_a_chore_preempted_mid_generation_answers_as_alone_and_nothing_is_evaluated_twice(
         monkeypatch, lib_path, k3_container, tmp_path):
-    monkeypatch.setenv("WASTE_DELAY_MS", "30")   # 60 tokens: about 2 s of generation
+    monkeypatch.setenv("WASTE_DELAY_MS", "20")   # 40 tokens: about a second of generation
     chore_alone, person_alone, evaluated_alone, prompt = alone(lib_path, k3_container, tmp_path,
                                                                CHORE_DECODE)
     log = Log()
@@ -168,3 +168,28 @@ def test_a_chore_whose_client_leaves_while_it_stepped_aside_leaves_the_person_al
     cache.close()
     assert person_text == person_alone
     assert health["work"]["preemptions"] == 1 and health["work"]["background"]["waits"] == 1
+
+
+def test_a_streamed_chore_hears_its_place_and_keeps_its_heartbeats_while_it_waits(
+        slow_clock, lib_path, k3_container, tmp_path):
+    stream_body = {**CHORE_PREFILL, "stream": True}
+    cache, service = served(lib_path, k3_container, tmp_path, "alone", Log())
+    with service as service, serving(service) as srv:
+        alone_text = stream_text(read_all(post_open(srv.port, stream_body)))
+    cache.close()
+    log = Log()
+    cache, service = served(lib_path, k3_container, tmp_path, "together", log)
+    with service as service, serving(service, heartbeat=0.3) as srv:
+        chore = post_open(srv.port, stream_body)
+        log.wait_for(0.2)
+        person = {**PERSON, "messages": [{"role": "user", "content": "On tides: " + SENTENCE * 12}]}
+        assert call(srv.port, "POST", CHAT, person, timeout=120).status == 200   # about 2 s
+        raw = read_all(chore)
+    cache.close()
+    assert len(log.preempted) == 1
+    assert stream_text(raw) == alone_text   # the whole answer
+    # Stepped aside, it is told its place; while the person runs, its stream beats.
+    comments = [c for c in re.findall(rb": (queue \d+|keepalive|prefill \d+/\d+)", raw)]
+    aside = comments.index(b"queue 1")
+    back = next(i for i, c in enumerate(comments) if i > aside and c.startswith(b"prefill"))
+    assert b"keepalive" in comments[aside:back], comments
