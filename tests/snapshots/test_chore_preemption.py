@@ -193,3 +193,54 @@ def test_a_streamed_chore_hears_its_place_and_keeps_its_heartbeats_while_it_wait
     aside = comments.index(b"queue 1")
     back = next(i for i, c in enumerate(comments) if i > aside and c.startswith(b"prefill"))
     assert b"keepalive" in comments[aside:back], comments
+
+
+def test_a_chore_that_cannot_save_its_state_goes_on_and_the_person_waits(
+        slow_clock, lib_path, k3_container, tmp_path):
+    # A cache smaller than any snapshot: nothing to resume from, so the chore is not preempted.
+    cache = PrefixCache(1, parent_dir=str(tmp_path / "tiny"))
+    log = Log()
+    with real_service(lib_path, k3_container, prefix_cache=cache, prefill_chunk=64,
+                      snapshot_policy=SnapshotPolicy(), log=log.log, thinking=False) as service, \
+            serving(service) as srv:
+        chore: dict = {}
+        thread = threading.Thread(target=lambda: chore.update(
+            resp=call(srv.port, "POST", CHAT, CHORE_PREFILL, timeout=120)))
+        thread.start()
+        log.wait_for(0.2)
+        person = call(srv.port, "POST", CHAT, PERSON, timeout=120)
+        thread.join(120)
+        assert person.status == chore["resp"].status == 200
+        assert person.json()["waste"]["behind_chores_ms"] > 0
+        assert not log.preempted and scrape(srv.port)[("serve_preemptions_total", ())] == 0
+    cache.close()
+
+
+def test_a_chore_stepped_aside_at_shutdown_ends_in_the_shutdown_503(
+        slow_clock, lib_path, k3_container, tmp_path):
+    log = Log()
+    cache, service = served(lib_path, k3_container, tmp_path, "together", log)
+    with service as service, serving(service) as srv:
+        replies: dict = {}
+
+        def send(name: str, body: dict) -> threading.Thread:
+            thread = threading.Thread(target=lambda: replies.update(
+                {name: call(srv.port, "POST", CHAT, body, timeout=120)}))
+            thread.start()
+            return thread
+        threads = [send("chore", CHORE_PREFILL)]
+        log.wait_for(0.2)
+        threads.append(send("person", {**PERSON, "messages": [
+            {"role": "user", "content": "On tides: " + SENTENCE * 12}]}))
+        deadline = time.monotonic() + 60
+        while not log.preempted:
+            assert time.monotonic() < deadline, "the chore did not step aside"
+            time.sleep(0.01)
+        service.stop()
+        for thread in threads:
+            thread.join(120)
+        assert service.wait_idle(30)
+    cache.close()
+    for name in ("chore", "person"):
+        assert replies[name].status == 503, replies[name].body
+        assert replies[name].json()["error"]["code"] == "server_shutting_down"
