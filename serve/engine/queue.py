@@ -32,8 +32,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional, Protocol
 
-from serve.core.api import ApiError
 from serve.core.classes import BACKGROUND, CLASSES, INTERACTIVE
+from serve.core.errors import ApiError
 
 RETRY_AFTER_SECONDS = 5
 POLL_SECONDS = 0.25  # how often a waiting request asks whether its client is still there

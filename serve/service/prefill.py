@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Protocol, Sequence
 
 from serve.snapshots.checkpoints import spaced
-from serve.engine.binding import REFERENCE_BUILD, WasteError
+from serve.engine.binding import REFERENCE_BUILD
+from serve.engine.types import WasteError
 from serve.engine.api import EngineApi
 from serve.snapshots.cache import PrefixCache, Snapshot
 from serve.snapshots.policy import SnapshotPolicy
