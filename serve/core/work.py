@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from serve.core.api import ApiError
+from serve.core.errors import ApiError
 from serve.core.classes import BACKGROUND, CLASSES, INTERACTIVE, Hints
 from serve.core.openwebui import task_kind
 

@@ -10,7 +10,7 @@ from openwebui_tasks import TEMPLATES, render
 from scripted import ScriptedEngine, assert_error, call, held_engine, scrape, scripted_service, \
     serving, xtml_answer
 from served import serve
-from serve.core.api import ChatRequest, CompletionRequest, Sampling
+from serve.core.request import ChatRequest, CompletionRequest, Sampling
 from serve.core.classes import BACKGROUND, INTERACTIVE, Hints
 from serve.core.openwebui import task_kind
 from serve.core.work import Classifier

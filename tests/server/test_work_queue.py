@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from serve.core.api import ApiError
+from serve.core.errors import ApiError
 from serve.core.classes import BACKGROUND, INTERACTIVE
 from serve.engine.queue import ClientGone, EngineQueue, LostTurn
 
