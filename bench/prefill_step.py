@@ -23,7 +23,7 @@ import time
 
 from common import DEMO, machine
 
-from serve.engine.binding import Engine, EngineConfig, load_library  # noqa: E402
+from serve import Engine, EngineConfig, load_library  # noqa: E402
 
 STEPS = (64, 128, 256, 512, 1024)
 SENTENCE = "The harbour master kept a ledger of every ship that passed the breakwater at dawn"

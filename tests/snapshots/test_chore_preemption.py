@@ -18,8 +18,7 @@ import pytest
 
 from scripted import call, post_open, read_all, real_service, scrape, serving, \
     sse_data, wait_idle
-from serve.snapshots.cache import PrefixCache
-from serve.snapshots.policy import SnapshotPolicy
+from serve import PrefixCache, SnapshotPolicy
 
 from test_abandoned_prefill import SENTENCE, Progress
 
