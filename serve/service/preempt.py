@@ -38,20 +38,22 @@ class Preemption:
         """A person waits for the engine: step aside before the next engine call."""
         return self.turn.preempt_due()
 
-    def step_aside(self, tokens: Sequence[int], held: int) -> None:
+    def step_aside(self, tokens: Sequence[int], held: int) -> bool:
         """The engine holds tokens[:held] (and tokens[held] is evaluated next). Save that,
-        let the person have the engine, wait for it again, and restore it."""
+        let the person have the engine, wait for it again, and restore it. False when the
+        state could not be saved: the chore goes on, and asks again at its next call."""
         if held and store(self.engine, self.cache, self.policy, tokens[:held], "preempted") is None:
-            return   # nothing to resume from: go on, and ask again at the next call
+            return False
         if self.log is not None:
             self.log(f"{self.label} chore preempted at position {held}: a person waits")
         self.turn.step_aside(self.waiter)
         start_empty(self.engine)
         if not held:
-            return
+            return True
         resume = Prefill(self.engine, tokens, cache=self.cache, policy=self.policy,
                          chunk=self.chunk, insure=False)
         resume.restore(held)
         resume.run(held)   # nothing, unless the snapshot was evicted meanwhile
         if self.log is not None:
             self.log(f"{self.label} chore resumed at position {held}")
+        return True

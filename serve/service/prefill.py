@@ -45,8 +45,9 @@ class Pause(Protocol):
 
     def due(self) -> bool: ...
 
-    def step_aside(self, tokens: Sequence[int], held: int) -> None:
-        """The engine holds tokens[:held]; it holds them again on return."""
+    def step_aside(self, tokens: Sequence[int], held: int) -> bool:
+        """The engine holds tokens[:held]; it holds them again on return. True when it
+        stepped aside, a snapshot of tokens[:held] saved."""
 
 
 class PrefillCancelled(Exception):
@@ -137,8 +138,8 @@ class Prefill:
                 if self.stop is not None and self.stop():
                     self.snapshot("stopped")
                     raise PrefillCancelled()
-                if self.pause is not None and self.pause.due():
-                    self.pause.step_aside(self.tokens, self.pos)
+                if self.pause is not None and self.pause.due() \
+                        and self.pause.step_aside(self.tokens, self.pos):
                     self.saved = self.pos
                 step = min(self.chunk, target - self.pos)
                 started = time.monotonic()
