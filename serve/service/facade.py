@@ -108,12 +108,12 @@ class Service:
 
     # -- requests -------------------------------------------------------------
 
-    def chat(self, req: ChatRequest, sink: ReplySink) -> ChatReply:
+    def chat(self, req: ChatRequest, sink: ReplySink | Run) -> ChatReply:
         check = self.prompts.check(req)
         # Built before the engine is held: a schema the grammar cannot enforce is a 400
         # before any stream opens, and a large one compiles while others use the engine.
         constraint = self._constraint(req, check.thinking)
-        run = self._run(sink, sink.gone)
+        run = self._run(sink)
         run.accepted(check.thinking)
         with self._turn(run), StagedImages(self.options.allow_local_images) as staged:
             prompt = self.prompts.chat(req, check, staged)
@@ -137,15 +137,15 @@ class Service:
 
         It waits in line like any request (tokenizing needs the engine), silently."""
         check = self.prompts.check(req)
-        run = self._run(None, client_gone)   # nothing to observe: the count is the answer
+        run = self.new_run(client_gone)   # its events are never taken: the count is the answer
         with self._turn(run), StagedImages(self.options.allow_local_images) as staged:
             prompt = self.prompts.chat(req, check, staged)
             self.engine.image_clear()
             return len(prompt.ids)
 
-    def complete(self, req: CompletionRequest, sink: ReplySink) -> CompletionReply:
+    def complete(self, req: CompletionRequest, sink: ReplySink | Run) -> CompletionReply:
         check_fits(self.engine, len(req.prompt), "prompt", self.options.context_beyond)
-        run = self._run(sink, sink.gone)
+        run = self._run(sink)
         with self._turn(run):
             prompt = Prompt(self.prompts.text(req.prompt))
             reader = TextReader(req.sampling.stop, self.engine.specials.values())
@@ -163,9 +163,14 @@ class Service:
             return None
         return grammar.compile_grammar(fmt.grammar(req, thinking))
 
-    def _run(self, observer: Optional[ReplySink], client_gone: Callable[[], bool]) -> Run:
-        """A request's Run: cancelled when its client leaves or the server shuts down."""
-        return Run(observer, client_gone, self._stopping)
+    def new_run(self, client_gone: Callable[[], bool]) -> Run:
+        """A Run for a caller whose own thread takes its events (Run.take): cancelled when
+        `client_gone()` or the caller's `leave()` says the client left, or at shutdown."""
+        return Run(self._stopping, client_gone)
+
+    def _run(self, sink: ReplySink | Run) -> Run:
+        """The caller's Run, or one that tells an observer each event as it happens."""
+        return sink if isinstance(sink, Run) else Run(self._stopping, sink.gone, sink)
 
     @contextmanager
     def _turn(self, run: Run) -> Iterator[Run]:
