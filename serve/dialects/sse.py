@@ -2,10 +2,10 @@
 
 Once a stream opens, every byte of it goes through its `EventWriter`: the
 thread that makes the stream's events only queues, so a slow client never
-stalls generation, and the writer is the one place that sends. It also keeps the clock of the stream's
-heartbeat: after `heartbeat` seconds without a sign of life it asks for one,
-so a prefill chunk that lasts minutes (a call the engine thread cannot leave)
-never leaves the client in silence long enough to give up.
+stalls them, and the writer is the one place that sends. It also keeps the
+clock of the stream's heartbeat: after `heartbeat` seconds without a sign of
+life it asks for one, so a prefill chunk that lasts minutes (a call the engine
+thread cannot leave) never leaves the client in silence long enough to give up.
 """
 from __future__ import annotations
 
