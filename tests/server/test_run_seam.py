@@ -92,11 +92,20 @@ def test_a_stream_waiting_in_line_opens_from_an_http_thread(watched: Watched):
     """The line's events (the stream opens, says its place) come while the waiting thread
     is inside the service: they too are written by the HTTP side."""
     engine, held, release = held_engine(ANSWER)
-    with serving(scripted_service(engine, thinking=False)) as srv:
+    service = scripted_service(engine, thinking=False)
+
+    def release_once_the_second_waits() -> None:
+        deadline = time.monotonic() + 30
+        while len(service.queue) < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.2)   # its place told, and the stream opened
+        release.set()
+
+    with serving(service) as srv:
         first = threading.Thread(target=call, args=(srv.port, "POST", CHAT, {"messages": USER}))
         first.start()
         assert held.wait(10)
-        threading.Timer(1.0, release.set).start()   # the second request waits in line meanwhile
+        threading.Thread(target=release_once_the_second_waits).start()
         second = call(srv.port, "POST", CHAT, {"messages": USER, "stream": True})
         first.join(30)
     assert second.status == 200
@@ -146,7 +155,12 @@ def test_an_exchange_that_fails_ends_the_reply_and_a_stream_stops_generating(mon
     reply = xtml_answer(*[f"w{i} " for i in range(40)])
     engine = ScriptedEngine([reply])
     tokens: list[int] = []
-    engine.before_token = tokens.append
+
+    def pace(n: int) -> None:   # a model slow enough for the failure to reach the engine's thread
+        tokens.append(n)
+        time.sleep(0.05)
+
+    engine.before_token = pace
     real = openai.ChatExchange.delta
 
     def delta(self: openai.ChatExchange, d: Delta) -> bytes:
@@ -158,9 +172,11 @@ def test_an_exchange_that_fails_ends_the_reply_and_a_stream_stops_generating(mon
     with serving(scripted_service(engine, thinking=False)) as srv:
         streamed = call(srv.port, "POST", CHAT, {"messages": USER, "stream": True})
         generated = len(tokens)
+        engine.before_token = None
         blocking = call(srv.port, "POST", CHAT, {"messages": USER})
         after = call(srv.port, "POST", CHAT, {"messages": USER, "max_tokens": 3})
-    # The stream: the failure event ends it, and generation stopped soon after the failure.
+    # The stream: the failure event ends it, and generation stopped (at the next token the
+    # engine's thread began after the sse-events thread told the Run).
     assert streamed.status == 200
     events = streamed.events()
     assert events[-1] == "[DONE]" and events[-2]["error"]["type"] == "server_error"
