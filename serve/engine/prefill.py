@@ -21,6 +21,7 @@ from serve.engine.binding import WasteError
 from serve.engine.api import EngineApi
 from serve.snapshots.cache import PrefixCache, Snapshot
 from serve.snapshots.policy import SnapshotPolicy
+from serve.snapshots import tiers
 
 # Large enough that an engine batching a chunk internally loses nothing,
 # small enough that a vanished client is noticed within a few seconds.
@@ -57,6 +58,8 @@ def store(engine: EngineApi, cache: PrefixCache, policy: SnapshotPolicy, tokens:
     if snap is not None and snap.written:
         policy.saved_state(snap.size, time.monotonic() - started)
     policy.count(kind, snap is not None)
+    if snap is not None:
+        tiers.publish(cache, policy, snap)   # with a shared tier, for the team when that pays
     return snap
 
 
@@ -81,10 +84,12 @@ class Prefill:
         """Load the longest snapshot of tokens[:limit], if any; the positions it holds."""
         if self.cache is None:
             return 0
-        started = time.monotonic()
         snap = self.cache.lookup(self.tokens, limit=limit)
+        # A longer one in the shared tier is copied into the local tier first, checked.
+        snap = tiers.fetch(self.cache, self.policy, self.tokens, limit, snap) or snap
         if snap is None:
             return 0
+        started = time.monotonic()
         try:
             self.engine.load_state(snap.path)
         except WasteError:
@@ -140,6 +145,9 @@ class Prefill:
             return
         if self._rolling is not None:
             self.cache.drop(self._rolling)   # this one holds all it did
+            shared = self.cache.shared
+            if shared is not None and shared.published(snap.tokens) == snap.n_tokens:
+                shared.unpublish(self._rolling)   # and its shared copy, if this one replaced it
         self._rolling = snap if kind == "progress" and self.policy.spacing is None else None
         self.saved = self.pos
 

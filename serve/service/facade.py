@@ -31,6 +31,7 @@ from serve.service.logprobs import chat_logprobs, completion_logprobs
 from serve.app.metrics import Metrics
 from serve.engine.prefill import DEFAULT_CHUNK, Prefill, PrefillCancelled, start_empty
 from serve.snapshots.cache import PrefixCache
+from serve.snapshots.shared_dir import SharedDir
 from serve.service.prompt import ChatCheck, Prompt, PromptBuilder, check_fits, too_long
 from serve.service.replies import ChatReply, CompletionReply, ReplySink
 from serve.snapshots.reply_memory import ReplyMemory
@@ -94,6 +95,7 @@ class ServiceOptions:
     keep_reasoning: bool = False   # render remembered reasoning into replies a client returns without it
     eval_logits: bool = True       # False: the engine's waste_eval gives no logits to decode with
     max_queue: int = 32            # requests that may wait for the engine; more get a 503
+    responses: Optional[ResponseStore] = None   # None: a store of this process's own
 
 
 class Service:
@@ -104,12 +106,13 @@ class Service:
         self.options = options
         self.created = api.now()
         self.warming: Optional[dict] = None   # while --warm runs: what /health reports
-        self.responses = ResponseStore()      # for the Responses API's previous_response_id
+        # For the Responses API's previous_response_id.
+        self.responses = options.responses if options.responses is not None else ResponseStore()
         self.queue = EngineQueue(options.max_queue)
         self._stopping = threading.Event()
         self.policy = options.snapshot_policy or SnapshotPolicy(log=options.log)
         self.metrics = Metrics(engine.stats(), self.activity, options.prefix_cache, self.policy,
-                               lambda: engine.evaluated)
+                               lambda: engine.evaluated, shared=self._shared_dirs())
         self.prompts = PromptBuilder(engine, library, chat_format, vision=options.vision,
                                      reply_memory=options.reply_memory,
                                      keep_reasoning=options.keep_reasoning,
@@ -121,6 +124,14 @@ class Service:
                                      eval_logits=options.eval_logits, log=options.log)
         self.settler = Settler(engine, self.queue, options.prefix_cache, self.policy,
                                options.reply_memory, self.prompts.reply)
+
+    def _shared_dirs(self) -> dict[str, SharedDir]:
+        """The shared tier's directories (--shared-cache), for /metrics."""
+        cache, memory = self.options.prefix_cache, self.options.reply_memory
+        found = {"snapshots": cache.shared.files if cache is not None and cache.shared else None,
+                 "replies": memory.shared if memory is not None else None,
+                 "responses": self.responses.shared}
+        return {what: d for what, d in found.items() if d is not None}
 
     def activity(self) -> Activity:
         # Deferred work first: a settle job is counted until its thread has let the engine go.

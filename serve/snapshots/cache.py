@@ -102,6 +102,7 @@ class PrefixCache:
         self._bytes = 0
         self._generation = -1
         self.hits = self.misses = self.restored_tokens = 0
+        self.shared: Optional[SharedTier] = None   # the team's tier behind this one (--shared-cache)
         self.reclaimed = 0   # dead processes' work directories removed at start
         with self._shared(rescan=False):
             # Under the directory lock, so that no one sees this work directory unowned.
