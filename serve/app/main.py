@@ -29,7 +29,7 @@ from serve.service.facade import Service, ServiceOptions
 from serve.snapshots.policy import SnapshotPolicy
 from serve.app.warm import WarmError, Warmer, warm_requests
 from serve.app import team as shared_tier
-from serve.dialects.response_store import ResponseStore
+from serve.service.response_store import ResponseStore
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 DRAIN_SECONDS = 10.0  # at shutdown, for cut replies to reach their clients

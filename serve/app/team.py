@@ -2,7 +2,7 @@
 
 It holds the snapshots hosts publish (serve/snapshots/shared.py), the ids of
 the replies they wrote (serve/snapshots/reply_memory.py) and their stored
-Responses (serve/dialects/response_store.py), each a file of its own,
+Responses (serve/service/response_store.py), each a file of its own,
 written atomically and checked when read (serve/snapshots/shared_dir.py):
 
     DIR/snapshots/<namespace>/   engine states, bounded by --shared-cache-size
@@ -16,7 +16,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from serve.dialects.response_store import SHARED_BYTES
+from serve.service.response_store import SHARED_BYTES
 from serve.snapshots.cache import PrefixCache
 from serve.snapshots.shared import SharedTier
 from serve.snapshots.shared_dir import SharedDir
