@@ -52,6 +52,7 @@ class Rejected(Exception):
     def __init__(self, reason: str, detail: str):
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
+        self.counted = False   # reject() counts each once, whoever catches it
 
 
 @dataclass
@@ -202,6 +203,9 @@ class SharedDir:
     def reject(self, name: str, e: Rejected) -> None:
         """Count a file that failed its checks; a damaged one is removed (a foreign one may
         be another host's, of another model, sharing the directory by mistake)."""
+        if e.counted:
+            return
+        e.counted = True
         self.count(e.reason)
         if e.reason == "damaged":
             self.remove(name)
