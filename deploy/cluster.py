@@ -5,7 +5,8 @@
     python3 deploy/cluster.py build/demo.waste build/kl.waste       # one host each of two models
 
 Each host is `python3 -m serve CONTAINER` on a loopback port of its own, with its
-own --prefix-cache-dir and --usage under --dir; the router is HAProxy with
+own --prefix-cache-dir and --usage under --dir, and every host shares one
+--shared-cache, DIR/shared (--no-shared-cache: none); the router is HAProxy with
 deploy/haproxy.cfg and the backends file written here (one backend per model).
 It prints one line per host and one for the router, then `ready` once the router
 has checked every host, and runs until interrupted; a host that dies is
@@ -243,6 +244,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                    help="flags for every host, e.g. \"--ctx 8192 --quiet\"")
     p.add_argument("--host-args", action="append", default=[], metavar="N:FLAGS",
                    help="flags for host N only (1-based), e.g. \"3:--warm preamble.json\"")
+    p.add_argument("--no-shared-cache", action="store_true",
+                   help="no shared tier (default: every host publishes to and reads DIR/shared)")
     p.add_argument("--policy", choices=list(POLICIES), default="affinity",
                    help="affinity (default), or leastconn / roundrobin for comparison")
     p.add_argument("--write-router", type=Path, metavar="DIR",
@@ -279,11 +282,13 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    # One directory every host reads and writes: snapshots, replies, stored responses.
+    shared = [] if args.no_shared_cache else ["--shared-cache", str(args.dir / "shared")]
     try:
         hosts = []
         for n, container in enumerate(containers, 1):
             host, proc = start_host(container, f"h{n}", args.dir / f"h{n}",
-                                    args.serve_args.split() + per_host.get(n, []))
+                                    shared + args.serve_args.split() + per_host.get(n, []))
             hosts.append(host)
             procs.append(proc)
             print(f"host h{n} {host.url} model={host.model['id']} pid={proc.pid} dir={args.dir / f'h{n}'}",

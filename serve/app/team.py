@@ -8,6 +8,7 @@ written atomically and checked when read (serve/snapshots/shared_dir.py):
     DIR/snapshots/<namespace>/   engine states, bounded by --shared-cache-size
     DIR/replies/<namespace>/     generated ids by rendered reply, REPLIES_BYTES at most
     DIR/responses/               stored responses, SHARED_BYTES at most (any model's)
+    DIR/seal.key                 the key reasoning signatures are made with (serve/dialects/seal.py)
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from serve.dialects import seal
 from serve.service.response_store import SHARED_BYTES
 from serve.snapshots.cache import PrefixCache
 from serve.snapshots.shared import SharedTier
@@ -42,8 +44,9 @@ def default_size(directory: str) -> int:
 
 def open_team(directory: str, size: int, cache: PrefixCache) -> Team:
     """The shared tier behind `cache` (which it is attached to). Raises OSError when the
-    directory cannot be made."""
+    directory cannot be made, ValueError when its seal.key is not a key."""
     snapshots = SharedTier(directory, size, cache.identity)
+    seal.use_shared_key(os.path.join(directory, "seal.key"))
     team = Team(snapshots,
                 SharedDir(os.path.join(directory, "replies", cache.namespace), REPLIES_BYTES,
                           cache.identity),

@@ -357,3 +357,44 @@ def test_concurrent_threads_of_one_host_share_one_tier(hosts):
     [t.join() for t in threads]
     assert not errors and len(a.tier.files.names()) == 120
     assert all(b.restore([n, k, 1, 0]).n_tokens == 3 for n in range(4) for k in range(0, 30, 7))
+
+
+def test_a_teams_hosts_sign_reasoning_with_one_key(tmp_path, monkeypatch):
+    from serve.dialects import seal
+    monkeypatch.setattr(seal, "_KEY", seal._KEY)   # restored after the test
+    path = str(tmp_path / "seal.key")
+    keys = []
+
+    def host():
+        seal.use_shared_key(path)
+        keys.append(seal._KEY)
+
+    threads = [threading.Thread(target=host) for _ in range(8)]   # hosts starting at once
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert len(keys) == 8 and len(set(keys)) == 1 and os.listdir(tmp_path) == ["seal.key"]
+    signature = seal.sign("thought")
+    seal._KEY = b"\0" * 32                  # a host of another team
+    assert not seal.verify("thought", signature)
+    seal.use_shared_key(path)               # one of this team
+    assert seal.verify("thought", signature)
+    with open(path, "wb") as f:
+        f.write(b"short")
+    with pytest.raises(ValueError):
+        seal.use_shared_key(path)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--no-prefix-cache"], "--shared-cache needs the prefix cache"),
+    (["--shared-cache-size", "0"], "capacity must be positive"),
+    ([], "Not a directory"),
+])
+def test_a_shared_tier_that_cannot_be_used_stops_the_start(flags, message, lib_path, k3_container,
+                                                           tmp_path):
+    from served import run_cli
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    shared = str(blocker / "team") if message == "Not a directory" else str(tmp_path / "team")
+    done = run_cli(k3_container, "--port", "0", "--prefix-cache-dir", str(tmp_path / "local"),
+                   "--shared-cache", shared, *flags, lib_path=lib_path)
+    assert done.returncode == 1 and message in done.stderr, done.stderr
