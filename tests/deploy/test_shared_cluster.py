@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import struct
+import threading
 import time
 from pathlib import Path
 
@@ -122,3 +123,33 @@ def test_a_preamble_warmed_on_one_host_is_restored_by_every_other(start, k3_cont
         assert reply.status == 200, reply.body[-300:]
         usage = reply.json()["usage"]
         assert usage["prompt_tokens_details"]["cached_tokens"] >= 200, (name, usage)
+
+
+@needs_router
+def test_a_host_killed_mid_prefill_leaves_its_progress_to_the_retry(start, k3_container):
+    cluster = start(k3_container, k3_container, env={"WASTE_DELAY_MS": "5"})
+    talk = Conversation(cluster, "chat")
+    home, prompt, _, _ = talk.turn("a short start")
+    wait_idle(cluster.hosts[home][0])
+    long_turn = "read this: " + " ".join(f"p{i}" for i in range(700))   # chunks of 512 positions
+    cut = {}
+
+    def send_long() -> None:
+        try:
+            cut["reply"] = talk.turn(long_turn)
+        except AssertionError as e:   # not a 200
+            cut["error"] = str(e)
+
+    sender = threading.Thread(target=send_long)
+    sender.start()
+    deadline = time.monotonic() + 120
+    while not [n for n in published(cluster) if n > prompt + 512]:   # a progress snapshot
+        assert time.monotonic() < deadline and sender.is_alive(), "no progress snapshot published"
+        time.sleep(0.05)
+    progress = max(published(cluster))
+    kill(cluster, home)
+    sender.join()
+    assert "upstream_failed" in cut["error"], cut   # it died with its host: a 502 to retry
+    talk.history.pop()                 # the client sends the same turn again
+    where, prompt2, cached2, _ = talk.turn(long_turn)
+    assert where != home and prompt2 > progress and cached2 >= progress, (cached2, progress)
