@@ -6,7 +6,7 @@ that ends with `data: [DONE]`.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from serve.core import api
 from serve.core.api import ApiError, ChatRequest, CompletionRequest
@@ -20,7 +20,7 @@ class _OpenAIStream:
     request: ChatRequest | CompletionRequest
     left_out: list[str] = []
 
-    def __init__(self, chunk: Callable[[object], dict]):
+    def __init__(self, chunk: Callable[[Any], dict]):
         self._encode = sse_encoder(chunk)  # the varying part -> the SSE event of its chunk
 
     def error(self, error: ApiError) -> ApiError:

@@ -33,7 +33,7 @@ from serve.dialects import responses
 from serve.core.api import ApiError
 from serve.http.connections import DEFAULT_MAX_CONNECTIONS, ConnectionServer
 from serve.engine.queue import ClientGone
-from serve.dialects.exchange import Exchange
+from serve.dialects.exchange import R, Exchange
 from serve.dialects.input_items import listing
 from serve.http.json_body import MAX_BODY_BYTES, parse_body
 from serve.http.page import CONTENT_TYPE as PAGE_TYPE, chat_page
@@ -117,7 +117,7 @@ class Handler(BaseHTTPRequestHandler):
     server: Server
 
     def setup(self) -> None:
-        self.timeout = self.server.socket_timeout
+        self.timeout = self.server.socket_timeout  # type: ignore[misc]  # per server, not per class
         super().setup()
         self.deadline = 0.0
         self.request_id = "-"
@@ -206,7 +206,7 @@ class Handler(BaseHTTPRequestHandler):
         if method not in route.methods:
             raise ApiError(405, f"{path} accepts {', '.join(route.methods)} only",
                            code="method_not_allowed")
-        route.answer(self, method, route.match(path))
+        route.answer(self, method, route.match(path) or "")   # it matched: a str
 
     def _check_auth(self) -> None:
         key = self.server.api_key
@@ -312,7 +312,7 @@ class Handler(BaseHTTPRequestHandler):
             raise _not_stored(response_id)
         return stored
 
-    def _generate(self, exchange: Exchange, run: Callable[[Any, Any], Any],
+    def _generate(self, exchange: Exchange[R], run: Callable[[Any, Any], R],
                   headers: Optional[dict[str, str]] = None) -> None:
         """One generation: blocking (one JSON body) or streamed, as the exchange's request says;
         `headers` go with the reply, not with an error in its place."""
@@ -369,7 +369,7 @@ class Handler(BaseHTTPRequestHandler):
     def _read_json(self) -> dict:
         return parse_body(self._read_body())
 
-    def _read_body(self) -> bytes:
+    def _read_body(self) -> bytearray:
         # Any refusal here leaves unread bytes on the connection, so it is closed;
         # a body read whole leaves it as the client asked (HTTP/1.0, Connection: close).
         self._body_read = True

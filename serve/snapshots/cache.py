@@ -344,8 +344,8 @@ class PrefixCache:
             self._entries.clear()
             self._anchor_count.clear()
             self._bytes = 0
-        for _, entry in found:
-            self._add(entry)
+        for _, scanned in found:
+            self._add(scanned)
 
 class _DirectoryLock:
     """The per-directory flock, and a generation counter in the lock file: a
