@@ -303,8 +303,10 @@ def wait_idle(url: str) -> None:
 def warm_once(k3: Path, shared: bool, work: Path, args: argparse.Namespace) -> dict:
     """A preamble warmed on h1 only, then a new conversation on each of three hosts."""
     system = "You are the team's agent. " + " ".join(f"rule{i}" for i in range(args.preamble_words))
+    work.mkdir(parents=True)
     preamble = work / "preamble.json"
-    preamble.write_text(json.dumps({"messages": [{"role": "system", "content": system}]}))
+    preamble.write_text(json.dumps({"messages": [{"role": "system", "content": system},
+                                                 {"role": "user", "content": "hi"}]}))
     flags = team_flags(shared, work, 3)
     flags.setdefault(1, []).extend(["--warm", str(preamble)])
     hosts, procs, _, _ = start_hosts([k3] * 3, work, flags)

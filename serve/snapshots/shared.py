@@ -20,6 +20,7 @@ proved whole.
 from __future__ import annotations
 
 import os
+import threading
 from typing import Iterator, Optional, Sequence
 
 from serve.snapshots.cache import PrefixCache, Snapshot
@@ -37,7 +38,8 @@ class SharedTier:
         self.root = root
         self.files = SharedDir(os.path.join(root, "snapshots", self._seed.hex()),
                                capacity_bytes, identity)
-        self.fetched_tokens = 0
+        self.fetched_tokens = 0          # positions copied from here into the local tier
+        self._count = threading.Lock()
 
     @property
     def capacity_bytes(self) -> int:
@@ -130,7 +132,8 @@ class SharedTier:
         if snap is not None:
             self.files.touch(name)
             self.files.count("read")
-            self.fetched_tokens += n
+            with self._count:
+                self.fetched_tokens += n
         return snap
 
 
