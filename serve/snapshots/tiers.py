@@ -12,6 +12,8 @@ from typing import Optional, Sequence
 from serve.snapshots.cache import PrefixCache, Snapshot
 from serve.snapshots.policy import SnapshotPolicy
 
+FETCH_TRIES = 3   # shared snapshots tried, longest first, before prefilling from the local one
+
 
 def publish(cache: PrefixCache, policy: SnapshotPolicy, snap: Snapshot) -> bool:
     """Publish a snapshot just stored locally when sparing another host its prefill pays."""
@@ -35,11 +37,16 @@ def fetch(cache: PrefixCache, policy: SnapshotPolicy, tokens: Sequence[int], lim
     if shared is None:
         return None
     held = have.n_tokens if have is not None else 0
-    found = shared.longest(tokens, min(limit, len(tokens) - 1), beyond=held)
-    if found is None or not policy.worth_fetching(found[0] - held):
-        return None
-    started = time.monotonic()
-    snap = shared.fetch(found[1], tokens, found[0], cache)
-    if snap is not None:
-        policy.fetched(time.monotonic() - started)
-    return snap
+    tried: set[str] = set()
+    # A file that fails its check is skipped for the next longest (a damaged one is gone).
+    for _ in range(FETCH_TRIES):
+        found = shared.longest(tokens, min(limit, len(tokens) - 1), beyond=held)
+        if found is None or found[1] in tried or not policy.worth_fetching(found[0] - held):
+            return None
+        tried.add(found[1])
+        started = time.monotonic()
+        snap = shared.fetch(found[1], tokens, found[0], cache)
+        if snap is not None:
+            policy.fetched(time.monotonic() - started)
+            return snap
+    return None

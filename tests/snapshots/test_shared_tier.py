@@ -398,3 +398,15 @@ def test_a_shared_tier_that_cannot_be_used_stops_the_start(flags, message, lib_p
     done = run_cli(k3_container, "--port", "0", "--prefix-cache-dir", str(tmp_path / "local"),
                    "--shared-cache", shared, *flags, lib_path=lib_path)
     assert done.returncode == 1 and message in done.stderr, done.stderr
+
+
+def test_a_damaged_longest_snapshot_gives_way_to_the_next_longest(hosts):
+    a, b = hosts("a"), hosts("b")
+    a.store([1, 2, 3])
+    a.store([1, 2, 3, 4, 5])
+    longest = a.tier.files.file(a.tier.longest([1, 2, 3, 4, 5, 6], 5)[1])
+    with open(longest, "r+b") as f:
+        f.seek(-DIGEST - 1, os.SEEK_END)
+        f.write(b"?")
+    assert b.restore([1, 2, 3, 4, 5, 6]).n_tokens == 3
+    assert b.tier.files.counters.damaged == 1 and b.tier.files.counters.read == 1
