@@ -75,7 +75,7 @@ class ResponseStore:
         """A response another host (or this one before a restart) published, checked."""
         assert self.shared is not None
         try:
-            reader = self.shared.open(response_id)
+            reader = self.shared.open(response_id, listed=False)
         except Rejected:
             return None
         if reader is None:

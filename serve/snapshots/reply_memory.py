@@ -135,7 +135,7 @@ class ReplyMemory:
         assert self.shared is not None
         name = key.hex()
         try:
-            reader = self.shared.open(name)
+            reader = self.shared.open(name, listed=False)
         except Rejected:
             return None
         if reader is None:

@@ -176,13 +176,17 @@ class SharedDir:
 
     # -- reading ----------------------------------------------------------------------------
 
-    def open(self, name: str) -> Optional[Reader]:
-        """The file with its header checked, or None when it is gone (counted as missing).
-        Raises Rejected (and counts it) for a damaged or foreign file; a damaged one is
-        removed."""
+    def open(self, name: str, listed: bool = True) -> Optional[Reader]:
+        """The file with its header checked, or None when it is not there: counted as
+        missing when it was `listed` (evicted since), a plain miss otherwise. Raises
+        Rejected (and counts it) for a damaged or foreign file; a damaged one is removed."""
         try:
             fd = os.open(self.file(name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:   # gone, or ESTALE: evicted under an NFS reader
+        except FileNotFoundError:
+            if listed:
+                self.count("missing")
+            return None
+        except OSError:   # ESTALE and the like: evicted under an NFS reader
             self.count("missing")
             return None
         f = os.fdopen(fd, "rb")

@@ -410,3 +410,20 @@ def test_a_damaged_longest_snapshot_gives_way_to_the_next_longest(hosts):
         f.write(b"?")
     assert b.restore([1, 2, 3, 4, 5, 6]).n_tokens == 3
     assert b.tier.files.counters.damaged == 1 and b.tier.files.counters.read == 1
+
+
+def test_a_dead_writers_temporary_file_goes_once_stale_and_a_live_ones_stays(tmp_path):
+    files = SharedDir(str(tmp_path), 1 << 20)
+    dead, live = tmp_path / ".tmp-gone-1-1-aa", tmp_path / ".tmp-here-2-2-bb"
+    dead.write_bytes(b"x" * 100)
+    live.write_bytes(b"y" * 100)
+    os.utime(dead, (1, 1))                     # untouched for far more than STALE_SECONDS
+    assert files.usage() == (0, 0)             # neither is published
+    assert not dead.exists() and live.exists()
+
+
+def test_a_reply_or_response_no_host_wrote_is_a_plain_miss(tmp_path):
+    shared = SharedDir(str(tmp_path), 1 << 20, IDENTITY)
+    assert ReplyMemory(shared=shared).recall([Segment("never said", False)]) is None
+    assert ResponseStore(shared=shared).get("resp_never") is None
+    assert shared.counters.missing == 0 and shared.counters.read == 0
