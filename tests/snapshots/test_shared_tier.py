@@ -3,7 +3,9 @@ own, threads and processes) publishing, fetching, evicting and damaging the same
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -13,6 +15,8 @@ import threading
 import pytest
 
 from conftest import ROOT
+from served import run_cli, serve
+from serve.dialects import seal
 from serve.service.response_store import ResponseStore
 from serve.snapshots import tiers
 from serve.snapshots.cache import PrefixCache
@@ -360,7 +364,6 @@ def test_concurrent_threads_of_one_host_share_one_tier(hosts):
 
 
 def test_a_teams_hosts_sign_reasoning_with_one_key(tmp_path, monkeypatch):
-    from serve.dialects import seal
     monkeypatch.setattr(seal, "_KEY", seal._KEY)   # restored after the test
     path = str(tmp_path / "seal.key")
     keys = []
@@ -391,7 +394,6 @@ def test_a_teams_hosts_sign_reasoning_with_one_key(tmp_path, monkeypatch):
 ])
 def test_a_shared_tier_that_cannot_be_used_stops_the_start(flags, message, lib_path, k3_container,
                                                            tmp_path):
-    from served import run_cli
     blocker = tmp_path / "file"
     blocker.write_text("")
     shared = str(blocker / "team") if message == "Not a directory" else str(tmp_path / "team")
@@ -427,3 +429,34 @@ def test_a_reply_or_response_no_host_wrote_is_a_plain_miss(tmp_path):
     assert ReplyMemory(shared=shared).recall([Segment("never said", False)]) is None
     assert ResponseStore(shared=shared).get("resp_never") is None
     assert shared.counters.missing == 0 and shared.counters.read == 0
+
+
+def warm_lines(server) -> list[str]:
+    """The server's --warm log lines, up to its last."""
+    lines = []
+    while not lines or not lines[-1].startswith("warm     done"):
+        line = server.proc.stdout.readline()
+        assert line, "the server stopped before its warm was done"
+        lines.append(line.strip())
+    return lines
+
+
+def test_a_second_hosts_warm_finds_the_preamble_done(lib_path, k3_container, tmp_path, monkeypatch):
+    # A clock where prefill costs far more than a publish: every checkpoint is published (at
+    # the reference engine's own speed, one sparing a few dozen positions is not worth it).
+    monkeypatch.setenv("WASTE_DELAY_MS", "2")
+    warm = tmp_path / "preamble.json"
+    warm.write_text(json.dumps({"messages": [
+        {"role": "system", "content": "You are careful. " + " ".join(f"r{i}" for i in range(300))},
+        {"role": "user", "content": "hi"}]}))
+    team = ["--shared-cache", str(tmp_path / "team"), "--warm", str(warm)]
+    done = []
+    for host in ("a", "b"):
+        with serve(k3_container, lib_path, tmp_path, *team,
+                   "--prefix-cache-dir", str(tmp_path / host)) as server:
+            found = [re.search(r"(\d+) positions checkpointed \((\d+) were already cached\)", line)
+                     for line in warm_lines(server)]
+            done.append(next((int(m.group(1)), int(m.group(2))) for m in found if m))
+    (held_a, cached_a), (held_b, cached_b) = done
+    assert held_a == held_b > 300 and cached_a == 0
+    assert cached_b == held_b   # all of it from the shared tier: nothing warmed twice
