@@ -84,9 +84,14 @@ class Prefill:
         """Load the longest snapshot of tokens[:limit], if any; the positions it holds."""
         if self.cache is None:
             return 0
-        snap = self.cache.lookup(self.tokens, limit=limit)
-        # A longer one in the shared tier is copied into the local tier first, checked.
-        snap = tiers.fetch(self.cache, self.policy, self.tokens, limit, snap) or snap
+        started = time.monotonic()
+        snap = self.cache.lookup(self.tokens, limit=limit)   # its check counts toward a load
+        checked = time.monotonic() - started
+        # A longer one in the shared tier is copied into the local tier first, checked on the
+        # way (timed as a fetch).
+        fetched = tiers.fetch(self.cache, self.policy, self.tokens, limit, snap)
+        if fetched is not None:
+            snap, checked = fetched, 0.0
         if snap is None:
             return 0
         started = time.monotonic()
@@ -96,7 +101,7 @@ class Prefill:
             self.cache.drop(snap)
             self.engine.reset()
             return 0
-        self.policy.loaded_state(time.monotonic() - started)
+        self.policy.loaded_state(checked + time.monotonic() - started)
         self.cache.note_restored(snap.n_tokens)
         self.pos = self.cached = self.saved = snap.n_tokens
         return self.cached

@@ -95,8 +95,8 @@ class SharedTier:
                                       body, snap.n_tokens * ID_BYTES + size)
 
     def unpublish(self, snap: Snapshot) -> None:
-        """Remove a snapshot this host published that another holds all of (a progress
-        snapshot superseded)."""
+        """Remove a published snapshot a later one holds all of (a progress snapshot
+        superseded)."""
         anchor, key = key_of(self._seed, snap.tokens)
         self.files.remove(f"{anchor.hex()}-{key.hex()}{SUFFIX}")
 
