@@ -74,33 +74,18 @@ class ResponseStore:
     def _fetch(self, response_id: str) -> Optional[Stored]:
         """A response another host (or this one before a restart) published, checked."""
         assert self.shared is not None
-        try:
-            reader = self.shared.open(response_id, listed=False)
-        except Rejected:
-            return None
-        if reader is None:
+        found = self.shared.read_whole(response_id, listed=False)
+        if found is None:
             return None
         try:
-            body = reader.read(reader.body_bytes)
-            reader.verify()
-            parts = json.loads(body)
+            parts = json.loads(found[1])
             response, conversation, items = (parts["response"], parts["conversation"],
                                              parts["input_items"])
             if not isinstance(response, dict) or response.get("id") != response_id:
-                raise Rejected("damaged", f"{response_id} holds another response")
-        except Rejected as e:
-            self.shared.reject(response_id, e)
-            return None
+                raise ValueError("another response")
         except (ValueError, KeyError, TypeError):
-            self.shared.reject(response_id, Rejected("damaged", f"{response_id} is not a response"))
+            self.shared.reject(response_id, Rejected("damaged", f"{response_id} is not that response"))
             return None
-        except OSError:
-            self.shared.count("missing")
-            return None
-        finally:
-            reader.close()
-        self.shared.touch(response_id)
-        self.shared.count("read")
         self._keep(response, conversation, items)
         with self._lock:
             return self._entries.get(response_id)

@@ -132,32 +132,21 @@ class ReplyMemory:
         return self._fetch(key) if self.shared is not None else None
 
     def _fetch(self, key: bytes) -> Optional[Remembered]:
+        """A reply a host of the team published, checked."""
         assert self.shared is not None
-        name = key.hex()
-        try:
-            reader = self.shared.open(name, listed=False)
-        except Rejected:
+        found = self.shared.read_whole(key.hex(), listed=False)
+        if found is None:
             return None
-        if reader is None:
-            return None
+        header, body = found
+        n = header.get("n_ids")
         try:
-            n = reader.header.get("n_ids")
-            if not isinstance(n, int) or not 0 <= n * ID_BYTES <= reader.body_bytes:
-                raise Rejected("damaged", f"{name} has no id count")
-            body = reader.read(reader.body_bytes)
-            reader.verify()
+            if not isinstance(n, int) or not 0 <= n * ID_BYTES <= len(body):
+                raise ValueError("no id count")
             entry = Remembered(array("i", ids_of(body[:n * ID_BYTES])),
                                body[n * ID_BYTES:].decode("utf-8", "surrogatepass"))
-        except Rejected as e:
-            self.shared.reject(name, e)
+        except ValueError:   # UnicodeDecodeError too
+            self.shared.reject(key.hex(), Rejected("damaged", f"{key.hex()} is not a reply"))
             return None
-        except (OSError, UnicodeDecodeError):
-            self.shared.count("missing")
-            return None
-        finally:
-            reader.close()
-        self.shared.touch(name)
-        self.shared.count("read")
         if entry.size <= self.capacity_bytes:
             self._keep(key, entry)
         return entry

@@ -204,6 +204,30 @@ class SharedDir:
             self.count("missing")
             return None
 
+    def read_whole(self, name: str, listed: bool = True) -> Optional[tuple[dict, bytes]]:
+        """(header, body) of a small file, checked; None when it is not there or fails its
+        checks (counted, as open() and reject() do)."""
+        try:
+            reader = self.open(name, listed)
+        except Rejected:
+            return None
+        if reader is None:
+            return None
+        try:
+            body = reader.read(reader.body_bytes)
+            reader.verify()
+        except Rejected as e:
+            self.reject(name, e)
+            return None
+        except OSError:
+            self.count("missing")
+            return None
+        finally:
+            reader.close()
+        self.touch(name)
+        self.count("read")
+        return reader.header, body
+
     def reject(self, name: str, e: Rejected) -> None:
         """Count a file that failed its checks; a damaged one is removed (a foreign one may
         be another host's, of another model, sharing the directory by mistake)."""
