@@ -15,6 +15,7 @@ import threading
 import pytest
 
 from conftest import ROOT
+from scripted import call, scrape, wait_idle
 from served import run_cli, serve
 from serve.dialects import seal
 from serve.service.response_store import ResponseStore
@@ -460,3 +461,48 @@ def test_a_second_hosts_warm_finds_the_preamble_done(lib_path, k3_container, tmp
     (held_a, cached_a), (held_b, cached_b) = done
     assert held_a == held_b > 300 and cached_a == 0
     assert cached_b == held_b   # all of it from the shared tier: nothing warmed twice
+
+
+def test_a_server_publishes_and_a_damaged_file_reaches_metrics_not_the_engine(lib_path, k3_container,
+                                                                              tmp_path, monkeypatch):
+    monkeypatch.setenv("WASTE_DELAY_MS", "2")
+    team = tmp_path / "team"
+    chat = {"messages": [{"role": "user", "content": " ".join(f"q{i}" for i in range(150))}],
+            "max_tokens": 4, "temperature": 0, "reasoning_effort": "none"}
+    with serve(k3_container, lib_path, tmp_path, "--shared-cache", str(team),
+               "--prefix-cache-dir", str(tmp_path / "a")) as a:
+        assert any(line.startswith(f"shared   {team}: snapshots") for line in a.banner), a.banner
+        assert call(a.port, "POST", "/v1/chat/completions", chat).status == 200
+        wait_idle(a.port)
+        now = scrape(a.port)
+    published = now[("serve_shared_files_total", (("event", "published"), ("what", "snapshots")))]
+    # (a progress snapshot a later one superseded is unpublished again)
+    assert 1 <= now[("serve_shared_files", (("what", "snapshots"),))] <= published
+    assert now[("serve_snapshot_publish_seconds", ())] > 0
+    assert now[("serve_shared_files_total", (("event", "published"), ("what", "replies")))] == 1
+    files = list((team / "snapshots").glob("*/*.snap"))
+    for path in files:   # every published state damaged in its middle
+        with open(path, "r+b") as f:
+            f.seek(os.path.getsize(path) // 2)
+            f.write(b"\xde\xad")
+    with serve(k3_container, lib_path, tmp_path, "--shared-cache", str(team),
+               "--prefix-cache-dir", str(tmp_path / "b")) as b:
+        reply = call(b.port, "POST", "/v1/chat/completions", chat)
+        assert reply.status == 200
+        assert reply.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        now = scrape(b.port)
+    damaged = now[("serve_shared_files_total", (("event", "damaged"), ("what", "snapshots")))]
+    assert damaged >= 1
+    assert now[("serve_shared_files_total", (("event", "read"), ("what", "snapshots")))] == 0
+    # Each file B found damaged was removed (and may be replaced by B's own whole one); the rest
+    # wait, damaged, for the next host that tries them.
+    still_damaged = [p for p in (team / "snapshots").glob("*/*.snap") if not whole(p)]
+    assert len(still_damaged) <= len(files) - damaged
+
+
+def whole(path) -> bool:
+    """Does a shared file pass every check a host makes?"""
+    with open(path, "rb") as f:
+        f.seek(len(b"serve-shared 1\n"))
+        header = json.loads(f.read(int.from_bytes(f.read(4), "little")))
+    return SharedDir(str(path.parent), 1 << 30, header["identity"]).read_whole(path.name) is not None
