@@ -136,6 +136,8 @@ class SharedDir:
         with nothing left behind."""
         header = json.dumps({"kind": kind, "identity": self.identity, "body_bytes": body_bytes,
                              **extra}, sort_keys=True).encode()
+        if len(MAGIC) + _LEN.size + len(header) + body_bytes + DIGEST > self.capacity_bytes:
+            return False   # larger than the whole directory: it would only evict itself
         tmp = self.file(f"{TMP}{socket.gethostname()}-{os.getpid()}-{threading.get_ident()}"
                         f"-{os.urandom(4).hex()}")
         try:

@@ -506,3 +506,10 @@ def whole(path) -> bool:
         f.seek(len(b"serve-shared 1\n"))
         header = json.loads(f.read(int.from_bytes(f.read(4), "little")))
     return SharedDir(str(path.parent), 1 << 30, header["identity"]).read_whole(path.name) is not None
+
+
+def test_a_file_larger_than_the_whole_tier_is_not_published(tmp_path):
+    files = SharedDir(str(tmp_path), 1000)
+    assert files.publish("small", "test", {}, [b"x" * 100], 100)
+    assert not files.publish("big", "test", {}, [b"x" * 1000], 1000)
+    assert files.names() == ["small"] and files.counters.evicted == 0
