@@ -25,7 +25,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
-from serve.formats.xtml.render import Segment
+from serve.core.segment import Segment
 from serve.snapshots.keys import ID_BYTES, ids_of, raw_ids
 from serve.snapshots.shared_dir import Rejected, SharedDir
 

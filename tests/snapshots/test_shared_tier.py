@@ -26,7 +26,7 @@ from serve.snapshots.policy import SnapshotPolicy
 from serve.snapshots.reply_memory import ReplyMemory
 from serve.snapshots.shared import SharedTier
 from serve.snapshots.shared_dir import DIGEST, Rejected, SharedDir
-from serve.formats.xtml.render import Segment
+from serve.core.segment import Segment
 
 IDENTITY = '{"model": "test"}'
 
