@@ -32,6 +32,7 @@ from serve.snapshots.policy import SnapshotPolicy
 from serve.app.warm import WarmError, Warmer, warm_requests
 from serve.app import team as shared_tier
 from serve.service.response_store import ResponseStore
+from serve.app import work_flags
 from serve.version import version
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
@@ -170,6 +171,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--heartbeat", type=seconds, default=DEFAULT_HEARTBEAT, metavar="SECONDS",
                    help="seconds a stream may stay silent (waiting, prefilling) before it sends "
                         f"a sign of life its client counts (default {DEFAULT_HEARTBEAT:g})")
+    work_flags.add_flags(p, positive, seconds)
     return p.parse_args(argv)
 
 
@@ -226,6 +228,7 @@ def banner(lib: Library, engine: Engine, fmt: ChatFormat, args: argparse.Namespa
          if args.no_finish_abandoned else
          "abandon  a prefill whose client left goes on for its retry while no one waits"),
         structure_line(),
+        *work_flags.banner_lines(args, lib.build_info(), service.options.prefix_cache is not None),
         f"listen   {url}",
     ]
     if args.host not in LOOPBACK and not args.api_key:
@@ -342,7 +345,8 @@ def serve(lib: Library, engine: Engine, args: argparse.Namespace, warm: list,
                                  responses=ResponseStore(shared=team.responses if team else None),
                                  keep_reasoning=args.keep_reasoning, max_queue=args.max_queue,
                                  context_beyond=beyond(lib, args.model, engine.info.ctx_max,
-                                                       args.budget, args.vision))
+                                                       args.budget, args.vision),
+                                 **work_flags.options(args, lib.build_info()))
         return run_server(lib, engine, fmt, options, args, log, warm, context)
     finally:
         if cache is not None:
