@@ -88,7 +88,7 @@ def count_tokens(handler: Handler, method: str, rest: str) -> None:
     translation = anthropic.parse_request(handler.read_json(), counting=True)
     translation.request.request_id = handler.request_id
     try:
-        count = handler.server.service.count_chat(translation.request, handler.client_gone)
+        count = handler.server.service.count_chat(translation.request, handler.hangup)
     except ApiError as e:
         raise translation.error(e) from None
     handler.send_json(200, {"input_tokens": count})
