@@ -20,6 +20,7 @@ class Exchange(Protocol):
     request: ChatRequest | CompletionRequest   # the body, parsed
     left_out: list[str]                        # tools the server cannot run, named for the log
     ignored: list[str]                         # body fields the server does not read, for the log
+    model: str                                 # the id replies name: the model that answers
 
     def error(self, error: ApiError) -> ApiError:
         """The error naming request fields as the client named them."""

@@ -45,8 +45,8 @@ class ChatExchange(_OpenAIStream):
     def __init__(self, body: dict, model: str):
         self.request = api.parse_chat_request(body)
         self.ignored = api.unknown_fields(body, api.CHAT_FIELDS)
-        self._id, self._created, self._model = api.new_id("chatcmpl"), api.now(), model
-        super().__init__(lambda delta: api.chat_chunk(self._id, self._created, self._model, delta))
+        self._id, self._created, self.model = api.new_id("chatcmpl"), api.now(), model
+        super().__init__(lambda delta: api.chat_chunk(self._id, self._created, self.model, delta))
 
     def opening(self, start: ReplyStart) -> bytes:
         return self.delta({"role": "assistant", "content": ""})
@@ -57,17 +57,17 @@ class ChatExchange(_OpenAIStream):
         if "logprobs" in delta:  # serve/service/logprobs.py: the entries go beside the delta, not in it
             delta = dict(delta)
             entries = delta.pop("logprobs")
-            return sse_event(api.chat_chunk(self._id, self._created, self._model, delta,
+            return sse_event(api.chat_chunk(self._id, self._created, self.model, delta,
                                             logprobs=chat_logprobs(entries)))
         return self._encode(delta)
 
     def closing(self, reply: ChatReply) -> bytes:
-        return self._close(api.chat_chunk(self._id, self._created, self._model, {}, reply.finish_reason),
-                           api.usage_chunk(self._id, self._created, self._model,
+        return self._close(api.chat_chunk(self._id, self._created, self.model, {}, reply.finish_reason),
+                           api.usage_chunk(self._id, self._created, self.model,
                                            "chat.completion.chunk", reply.usage))
 
     def body(self, reply: ChatReply) -> dict:
-        return api.chat_completion(self._id, self._created, self._model, reply.message,
+        return api.chat_completion(self._id, self._created, self.model, reply.message,
                                    reply.finish_reason, reply.usage, reply.logprobs)
 
 
@@ -75,9 +75,9 @@ class CompletionExchange(_OpenAIStream):
     def __init__(self, body: dict, model: str):
         self.request = api.parse_completion_request(body)
         self.ignored = api.unknown_fields(body, api.COMPLETION_FIELDS)
-        self._id, self._created, self._model = api.new_id("cmpl"), api.now(), model
+        self._id, self._created, self.model = api.new_id("cmpl"), api.now(), model
         self._offset = 0   # text_offset continues from chunk to chunk
-        super().__init__(lambda text: api.text_completion(self._id, self._created, self._model,
+        super().__init__(lambda text: api.text_completion(self._id, self._created, self.model,
                                                           text, None))
 
     def opening(self, start: ReplyStart) -> bytes:
@@ -91,15 +91,15 @@ class CompletionExchange(_OpenAIStream):
         entries = delta["logprobs"]
         logprobs = completion_logprobs(entries, self._offset)
         self._offset += sum(text_length(e) for e in entries)
-        return sse_event(api.text_completion(self._id, self._created, self._model, delta["text"],
+        return sse_event(api.text_completion(self._id, self._created, self.model, delta["text"],
                                              None, logprobs=logprobs))
 
     def closing(self, reply: CompletionReply) -> bytes:
-        return self._close(api.text_completion(self._id, self._created, self._model, "",
+        return self._close(api.text_completion(self._id, self._created, self.model, "",
                                                reply.finish_reason),
-                           api.usage_chunk(self._id, self._created, self._model, "text_completion",
+                           api.usage_chunk(self._id, self._created, self.model, "text_completion",
                                            reply.usage))
 
     def body(self, reply: CompletionReply) -> dict:
-        return api.text_completion(self._id, self._created, self._model, reply.text,
+        return api.text_completion(self._id, self._created, self.model, reply.text,
                                    reply.finish_reason, reply.usage, reply.logprobs)

@@ -39,6 +39,7 @@ from serve.http.json_body import MAX_BODY_BYTES, parse_body
 from serve.http.page import CONTENT_TYPE as PAGE_TYPE, chat_page
 from serve.dialects.response_store import Stored
 from serve.service.facade import Service
+from serve.service.models import Models
 from serve.http.sinks import Answer, BlockingSink, ExchangeSink
 from serve.http.sse import DEFAULT_HEARTBEAT, EventWriter
 
@@ -49,12 +50,16 @@ _HANGUP = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0)
 class Server(ConnectionServer):
     """The service's HTTP server: its handler, key and timeouts."""
 
-    def __init__(self, address: tuple[str, int], service: Service, *, api_key: Optional[str] = None,
+    def __init__(self, address: tuple[str, int], service: Service | Models, *,
+                 api_key: Optional[str] = None,
                  log: Optional[Callable[[str], None]] = None, socket_timeout: float = 30.0,
                  max_connections: int = DEFAULT_MAX_CONNECTIONS,
                  request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
                  heartbeat: float = DEFAULT_HEARTBEAT):
-        self.service = service
+        # Several models (serve/service/models.py) or one; `service` is the main model's,
+        # which counts HTTP requests and keeps stored responses for all of them.
+        self.models = service if isinstance(service, Models) else Models([service])
+        self.service = self.models.main
         self.api_key = api_key
         self.heartbeat = heartbeat  # seconds a stream may stay silent (serve/http/sse.py)
         self.socket_timeout = socket_timeout  # bounds each send to a client that stopped reading
@@ -225,11 +230,9 @@ class Handler(BaseHTTPRequestHandler):
     # -- the endpoints: (method, the path after the route's own) ------------------------
 
     def _health(self, method: str, rest: str) -> None:
-        service = self.server.service
         # A warm is idle-time work and requests are served meanwhile, so the answer is 200; its
         # "warming" member tells a router to send this host no new conversations until it is done.
-        self._send_json(200, {"status": "ok", "warming": service.warming,
-                              **service.activity().as_json()})
+        self._send_json(200, self.server.models.health())
 
     def _page(self, method: str, rest: str) -> None:
         page, policy = chat_page()
@@ -239,49 +242,54 @@ class Handler(BaseHTTPRequestHandler):
                                           "Cache-Control": "no-cache"})
 
     def _metrics(self, method: str, rest: str) -> None:
-        self._send(200, metrics.CONTENT_TYPE, self.server.service.metrics.render())
+        self._send(200, metrics.CONTENT_TYPE, self.server.models.render_metrics())
 
     def _models(self, method: str, rest: str) -> None:
-        self._send_json(200, {"object": "list", "data": [self.server.service.model()]})
+        self._send_json(200, {"object": "list", "data": self.server.models.listing()})
 
     def _model(self, method: str, model_id: str) -> None:
-        model = self.server.service.model()
-        if model_id != model["id"]:
+        service = self.server.models.named(model_id)
+        if service is None:
             raise ApiError(404, f"the model {model_id!r} does not exist", param="model",
                            code="model_not_found")
-        self._send_json(200, model)
+        self._send_json(200, service.model())
+
+    # Each exchange is made naming the main model; _generate names the one that answers.
 
     def _chat(self, method: str, rest: str) -> None:
-        service = self.server.service
-        self._generate(openai.ChatExchange(self._read_json(), service.options.model_id), service.chat)
+        body = self._read_json()
+        self._generate(body, openai.ChatExchange(body, self.server.service.options.model_id),
+                       Service.chat)
 
     def _complete(self, method: str, rest: str) -> None:
-        service = self.server.service
-        self._generate(openai.CompletionExchange(self._read_json(), service.options.model_id),
-                       service.complete)
+        body = self._read_json()
+        self._generate(body, openai.CompletionExchange(body, self.server.service.options.model_id),
+                       Service.complete)
 
     def _messages(self, method: str, rest: str) -> None:
-        service = self.server.service
-        exchange = anthropic.Exchange(self._read_json(), service.options.model_id)
+        body = self._read_json()
+        exchange = anthropic.Exchange(body, self.server.service.options.model_id)
         if exchange.billing is not None:
             self.server.log_once("billing", f"/v1/messages: {exchange.billing} is Claude Code's "
                                  "billing header, which changes on every request: it is left out "
                                  "of the prompt (logged once)")
-        self._generate(exchange, service.chat)
+        self._generate(body, exchange, Service.chat)
 
     def _responses(self, method: str, rest: str) -> None:
-        service = self.server.service
-        exchange = responses.Exchange(self._read_json(), service.responses, service.options.model_id)
+        service, body = self.server.service, self._read_json()
+        exchange = responses.Exchange(body, service.responses, service.options.model_id)
         # The id the reply is stored under, for a router to remember this host by: the
         # response's next turn and its retrieval find it only here (docs/serving-a-team.md).
-        self._generate(exchange, service.chat,
+        self._generate(body, exchange, Service.chat,
                        {"X-Serve-Response-Id": exchange.id} if exchange.stored else {})
 
     def _count_tokens(self, method: str, rest: str) -> None:
-        translation = anthropic.parse_request(self._read_json(), counting=True)
+        body = self._read_json()
+        translation = anthropic.parse_request(body, counting=True)
         translation.request.request_id = self.request_id
+        service = self.server.models.pick(body.get("model"), translation.request)
         try:
-            count = self.server.service.count_chat(translation.request, BlockingSink(self))
+            count = service.count_chat(translation.request, BlockingSink(self))
         except ApiError as e:
             raise translation.error(e) from None
         self._send_json(200, {"input_tokens": count})
@@ -312,17 +320,21 @@ class Handler(BaseHTTPRequestHandler):
             raise _not_stored(response_id)
         return stored
 
-    def _generate(self, exchange: Exchange, run: Callable[[Any, Any], Any],
+    def _generate(self, body: dict, exchange: Exchange, run: Callable[[Service, Any, Any], Any],
                   headers: Optional[dict[str, str]] = None) -> None:
-        """One generation: blocking (one JSON body) or streamed, as the exchange's request says;
-        `headers` go with the reply, not with an error in its place."""
+        """One generation: blocking (one JSON body) or streamed, as the exchange's request says,
+        by the model the body and its request pick; `headers` go with the reply, not with an
+        error in its place."""
         self._reply_headers = headers or {}
         if exchange.left_out and self.server.log is not None:
             self.server.log(f"{self.path.split('?', 1)[0]}: tools left out (the server cannot "
                             f"run them): {', '.join(exchange.left_out)}")
         self.server.note_unread(self.path.split('?', 1)[0], exchange.ignored)
         exchange.request.request_id = self.request_id
-        answer: Answer = ExchangeSink(self, exchange).run(lambda sink: run(exchange.request, sink))
+        service = self.server.models.pick(body.get("model"), exchange.request)
+        exchange.model = service.options.model_id
+        answer: Answer = ExchangeSink(self, exchange).run(
+            lambda sink: run(service, exchange.request, sink))
         self.tokens = answer.tokens
         if answer.body is not None:
             self._send_json(answer.status, answer.body, self._reply_headers)
