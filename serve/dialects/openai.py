@@ -6,7 +6,7 @@ that ends with `data: [DONE]`.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 from serve.core import api
 from serve.core.api import ApiError, ChatRequest, CompletionRequest
@@ -21,7 +21,15 @@ class _OpenAIStream:
     left_out: list[str] = []
 
     def __init__(self, chunk: Callable[[object], dict]):
-        self._encode = sse_encoder(chunk)  # the varying part -> the SSE event of its chunk
+        self._chunk = chunk
+        self._encoder: Optional[Callable[[object], bytes]] = None
+
+    def _encode(self, part: object) -> bytes:
+        """The varying part -> the SSE event of its chunk. The encoder is made at the first
+        part: by then `model` names the model that answers (the server sets it after parsing)."""
+        if self._encoder is None:
+            self._encoder = sse_encoder(self._chunk)
+        return self._encoder(part)
 
     def error(self, error: ApiError) -> ApiError:
         return error   # the request's fields are OpenAI's own
