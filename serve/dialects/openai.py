@@ -6,7 +6,7 @@ that ends with `data: [DONE]`.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from serve.core import api
 from serve.core.api import ApiError, ChatRequest, CompletionRequest
@@ -20,13 +20,17 @@ class _OpenAIStream:
     request: ChatRequest | CompletionRequest
     left_out: list[str] = []
 
-    def __init__(self, chunk: Callable[[object], dict]):
-        self._chunk = chunk
-        self._encoder: Optional[Callable[[object], bytes]] = None
+    model: str
+    _encoder: Optional[Callable[[object], bytes]] = None
+
+    def _chunk(self, part: Any) -> dict:
+        """The chunk that carries one varying part (a chat delta, a completion's text)."""
+        raise NotImplementedError
 
     def _encode(self, part: object) -> bytes:
         """The varying part -> the SSE event of its chunk. The encoder is made at the first
-        part: by then `model` names the model that answers (the server sets it after parsing)."""
+        part: by then `model` names the model that answers (the server sets it after parsing).
+        It keeps bytes only, not this exchange: no cycle holds a request past its reply."""
         if self._encoder is None:
             self._encoder = sse_encoder(self._chunk)
         return self._encoder(part)
@@ -54,7 +58,9 @@ class ChatExchange(_OpenAIStream):
         self.request = api.parse_chat_request(body)
         self.ignored = api.unknown_fields(body, api.CHAT_FIELDS)
         self._id, self._created, self.model = api.new_id("chatcmpl"), api.now(), model
-        super().__init__(lambda delta: api.chat_chunk(self._id, self._created, self.model, delta))
+
+    def _chunk(self, part: Any) -> dict:
+        return api.chat_chunk(self._id, self._created, self.model, part)
 
     def opening(self, start: ReplyStart) -> bytes:
         return self.delta({"role": "assistant", "content": ""})
@@ -85,8 +91,9 @@ class CompletionExchange(_OpenAIStream):
         self.ignored = api.unknown_fields(body, api.COMPLETION_FIELDS)
         self._id, self._created, self.model = api.new_id("cmpl"), api.now(), model
         self._offset = 0   # text_offset continues from chunk to chunk
-        super().__init__(lambda text: api.text_completion(self._id, self._created, self.model,
-                                                          text, None))
+
+    def _chunk(self, part: Any) -> dict:
+        return api.text_completion(self._id, self._created, self.model, part, None)
 
     def opening(self, start: ReplyStart) -> bytes:
         return b""

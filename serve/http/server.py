@@ -156,6 +156,7 @@ class Handler(BaseHTTPRequestHandler):
         self.request_id = api.new_id("req")
         self.connection.settimeout(self.timeout)  # sends are bounded per send, not by the deadline
         self._body_read = False
+        self._named_model: Optional[str] = None   # the body's `model`
         self._body_bytes = 0
         self.streaming = False   # an event stream's headers have gone out
         self._reply_headers: dict[str, str] = {}   # what a generation's reply carries
@@ -254,40 +255,37 @@ class Handler(BaseHTTPRequestHandler):
                            code="model_not_found")
         self._send_json(200, service.model())
 
-    # Each exchange is made naming the main model; _generate names the one that answers.
+    # Each exchange is made naming the main model; _generate names the one that answers. The
+    # body is not held past its parsing: it may be tens of megabytes.
 
     def _chat(self, method: str, rest: str) -> None:
-        body = self._read_json()
-        self._generate(body, openai.ChatExchange(body, self.server.service.options.model_id),
-                       Service.chat)
+        main = self.server.service.options.model_id
+        self._generate(openai.ChatExchange(self._read_json(), main), Service.chat)
 
     def _complete(self, method: str, rest: str) -> None:
-        body = self._read_json()
-        self._generate(body, openai.CompletionExchange(body, self.server.service.options.model_id),
-                       Service.complete)
+        main = self.server.service.options.model_id
+        self._generate(openai.CompletionExchange(self._read_json(), main), Service.complete)
 
     def _messages(self, method: str, rest: str) -> None:
-        body = self._read_json()
-        exchange = anthropic.Exchange(body, self.server.service.options.model_id)
+        exchange = anthropic.Exchange(self._read_json(), self.server.service.options.model_id)
         if exchange.billing is not None:
             self.server.log_once("billing", f"/v1/messages: {exchange.billing} is Claude Code's "
                                  "billing header, which changes on every request: it is left out "
                                  "of the prompt (logged once)")
-        self._generate(body, exchange, Service.chat)
+        self._generate(exchange, Service.chat)
 
     def _responses(self, method: str, rest: str) -> None:
-        service, body = self.server.service, self._read_json()
-        exchange = responses.Exchange(body, service.responses, service.options.model_id)
+        service = self.server.service
+        exchange = responses.Exchange(self._read_json(), service.responses, service.options.model_id)
         # The id the reply is stored under, for a router to remember this host by: the
         # response's next turn and its retrieval find it only here (docs/serving-a-team.md).
-        self._generate(body, exchange, Service.chat,
+        self._generate(exchange, Service.chat,
                        {"X-Serve-Response-Id": exchange.id} if exchange.stored else {})
 
     def _count_tokens(self, method: str, rest: str) -> None:
-        body = self._read_json()
-        translation = anthropic.parse_request(body, counting=True)
+        translation = anthropic.parse_request(self._read_json(), counting=True)
         translation.request.request_id = self.request_id
-        service = self.server.models.pick(body.get("model"), translation.request)
+        service = self.server.models.pick(self._named_model, translation.request)
         try:
             count = service.count_chat(translation.request, BlockingSink(self))
         except ApiError as e:
@@ -320,7 +318,7 @@ class Handler(BaseHTTPRequestHandler):
             raise _not_stored(response_id)
         return stored
 
-    def _generate(self, body: dict, exchange: Exchange, run: Callable[[Service, Any, Any], Any],
+    def _generate(self, exchange: Exchange, run: Callable[[Service, Any, Any], Any],
                   headers: Optional[dict[str, str]] = None) -> None:
         """One generation: blocking (one JSON body) or streamed, as the exchange's request says,
         by the model the body and its request pick; `headers` go with the reply, not with an
@@ -331,7 +329,7 @@ class Handler(BaseHTTPRequestHandler):
                             f"run them): {', '.join(exchange.left_out)}")
         self.server.note_unread(self.path.split('?', 1)[0], exchange.ignored)
         exchange.request.request_id = self.request_id
-        service = self.server.models.pick(body.get("model"), exchange.request)
+        service = self.server.models.pick(self._named_model, exchange.request)
         exchange.model = service.options.model_id
         answer: Answer = ExchangeSink(self, exchange).run(
             lambda sink: run(service, exchange.request, sink))
@@ -379,7 +377,10 @@ class Handler(BaseHTTPRequestHandler):
     # -- request bodies -----------------------------------------------------------------
 
     def _read_json(self) -> dict:
-        return parse_body(self._read_body())
+        body = parse_body(self._read_body())
+        named = body.get("model")
+        self._named_model = named if isinstance(named, str) else None   # which model answers
+        return body
 
     def _read_body(self) -> bytes:
         # Any refusal here leaves unread bytes on the connection, so it is closed;
