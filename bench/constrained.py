@@ -34,7 +34,7 @@ from pathlib import Path
 
 from common import ROOT, machine  # noqa: I001 (puts the repository on sys.path)
 
-from serve import grammar  # noqa: E402
+from serve.formats import grammar  # noqa: E402
 from serve.core.api import parse_chat_request  # noqa: E402
 from serve.formats.choice import resolve_chat_format  # noqa: E402
 from serve.engine.decode import Decoder  # noqa: E402

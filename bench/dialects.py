@@ -17,7 +17,7 @@ from typing import Callable
 from common import ROOT, container_args, machine
 from serve.dialects import anthropic
 from serve.dialects import responses
-from serve.dialects.response_store import ResponseStore
+from serve.service.response_store import ResponseStore
 from serve.core.api import ChatRequest
 from serve.engine.binding import Engine, EngineConfig, load_library
 from serve.formats.xtml.render import build_chat_segments

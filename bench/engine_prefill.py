@@ -32,7 +32,7 @@ from pathlib import Path
 
 from common import DEMO, PREVIOUS_ENGINE, ROOT, build_engine_at, machine
 
-from serve import anthropic  # noqa: E402
+from serve.dialects import anthropic  # noqa: E402
 from serve.engine.binding import Engine, EngineConfig, load_library  # noqa: E402
 from serve.formats.xtml.render import build_chat_segments  # noqa: E402
 

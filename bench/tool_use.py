@@ -31,7 +31,7 @@ import jsonschema
 
 from common import ROOT, Quiet, machine
 
-from serve import api  # noqa: E402
+from serve.core import api  # noqa: E402
 from serve.engine.binding import Engine, EngineConfig, GenParams, load_library  # noqa: E402
 from serve.formats.choice import resolve_chat_format  # noqa: E402
 from serve.service.facade import Service, ServiceOptions  # noqa: E402

@@ -26,7 +26,7 @@ from serve.http.server import DEFAULT_REQUEST_TIMEOUT, Server
 from serve.snapshots.identity import state_identity
 from serve.snapshots.cache import DEFAULT_MAX_ENTRIES, PrefixCache, PrefixCacheError, default_directory
 from serve.snapshots.reply_memory import ReplyMemory
-from serve.http.sse import DEFAULT_HEARTBEAT
+from serve.dialects.sse import DEFAULT_HEARTBEAT
 from serve.service.facade import Service, ServiceOptions
 from serve.service.models import Models
 from serve.snapshots.policy import SnapshotPolicy

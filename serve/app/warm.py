@@ -21,8 +21,8 @@ from serve.core import api
 from serve.dialects import responses
 from serve.core.api import ApiError, ChatRequest
 from serve.engine.binding import WasteError
-from serve.engine.prefill import PrefillCancelled
-from serve.dialects.response_store import ResponseStore
+from serve.service.prefill import PrefillCancelled
+from serve.service.response_store import ResponseStore
 from serve.service.facade import Service
 
 # Keys only an Anthropic Messages body has (a chat completions body has none of them).

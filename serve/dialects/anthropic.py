@@ -32,7 +32,7 @@ from serve.core.api import ApiError, invalid, parse_reasoning_effort, unknown_fi
 from serve.dialects.shared import (Block, Blocks, Conversation, Parts, Translation, chat_request,
                       string_field, tool_call)
 from serve.service.replies import ChatReply, ReplyStart
-from serve.http.sse import sse_named
+from serve.dialects.sse import sse_named
 
 BUDGET_EFFORTS = ((8192, "low"), (24576, "high"))   # budget_tokens below the bound -> effort
 MIN_BUDGET = 1024   # Anthropic's own lower bound for budget_tokens

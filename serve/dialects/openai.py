@@ -12,7 +12,7 @@ from serve.core import api
 from serve.core.api import ApiError, ChatRequest, CompletionRequest
 from serve.service.logprobs import chat_logprobs, completion_logprobs, text_length
 from serve.service.replies import ChatReply, CompletionReply, ReplyStart
-from serve.http.sse import SSE_DONE, sse_comment, sse_encoder, sse_event
+from serve.dialects.sse import SSE_DONE, sse_comment, sse_encoder, sse_event
 
 
 class _OpenAIStream:

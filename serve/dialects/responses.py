@@ -30,9 +30,9 @@ from serve.core.api import ApiError, invalid, parse_reasoning_effort, unknown_fi
 from serve.dialects.shared import (Block, Blocks, Conversation, Parts, Translation, chat_request,
                       string_field, tool_call)
 from serve.dialects.input_items import stored_items
-from serve.dialects.response_store import ResponseStore, Stored
+from serve.service.response_store import ResponseStore, Stored
 from serve.service.replies import ChatReply, ReplyStart
-from serve.http.sse import sse_named
+from serve.dialects.sse import sse_named
 
 INCLUDE_REASONING = "reasoning.encrypted_content"
 TOP_FIELDS = {"messages": "input", "max_tokens": "max_output_tokens",

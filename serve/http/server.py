@@ -25,7 +25,7 @@ from serve.core import api
 
 from serve.http import heap
 
-from serve.app import metrics
+from serve.service import metrics
 
 from serve.dialects import openai
 
@@ -37,11 +37,11 @@ from serve.dialects.exchange import Exchange
 from serve.dialects.input_items import listing
 from serve.http.json_body import MAX_BODY_BYTES, parse_body
 from serve.http.page import CONTENT_TYPE as PAGE_TYPE, chat_page
-from serve.dialects.response_store import Stored
+from serve.service.response_store import Stored
 from serve.service.facade import Service
 from serve.service.models import Models
 from serve.http.sinks import Answer, BlockingSink, ExchangeSink
-from serve.http.sse import DEFAULT_HEARTBEAT, EventWriter
+from serve.dialects.sse import DEFAULT_HEARTBEAT, EventWriter
 
 DEFAULT_REQUEST_TIMEOUT = 60.0  # seconds for a whole request's headers and body, idle time included
 _HANGUP = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0)
@@ -61,7 +61,7 @@ class Server(ConnectionServer):
         self.models = service if isinstance(service, Models) else Models([service])
         self.service = self.models.main
         self.api_key = api_key
-        self.heartbeat = heartbeat  # seconds a stream may stay silent (serve/http/sse.py)
+        self.heartbeat = heartbeat  # seconds a stream may stay silent (serve/dialects/sse.py)
         self.socket_timeout = socket_timeout  # bounds each send to a client that stopped reading
         self.request_timeout = request_timeout
         self._unread: set[tuple[str, str]] = set()   # (endpoint, field) already named in the log

@@ -18,7 +18,7 @@ from serve.core.api import ApiError
 from serve.engine.queue import ClientGone
 from serve.dialects.exchange import Exchange
 from serve.service.replies import ReplyStart
-from serve.http.sse import EventWriter, sse_comment
+from serve.dialects.sse import EventWriter, sse_comment
 
 
 class Connection(Protocol):

@@ -28,14 +28,14 @@ from serve.engine.queue import EngineQueue, Turn, shutting_down
 from serve.service.generation import Generation
 from serve.service.images import StagedImages, image_parts
 from serve.service.logprobs import chat_logprobs, completion_logprobs
-from serve.app.metrics import Metrics
-from serve.engine.prefill import DEFAULT_CHUNK, Prefill, PrefillCancelled, start_empty
+from serve.service.metrics import Metrics
+from serve.service.prefill import DEFAULT_CHUNK, Prefill, PrefillCancelled, start_empty
 from serve.snapshots.cache import PrefixCache
 from serve.service.prompt import ChatCheck, Prompt, PromptBuilder, check_fits, too_long
 from serve.service.replies import ChatReply, CompletionReply, ReplySink
 from serve.snapshots.reply_memory import ReplyMemory
 from serve.service.reply_reader import ChatReader, TextReader
-from serve.dialects.response_store import ResponseStore
+from serve.service.response_store import ResponseStore
 from serve.service.settle import Settler
 from serve.snapshots.policy import SnapshotPolicy
 

@@ -19,8 +19,8 @@ from serve.core.api import Sampling, Usage, invalid
 from serve.engine.binding import GenParams, GenResult, Stats, TokenInfo
 from serve.engine.api import EngineApi
 from serve.service.logprobs import LogprobTrail
-from serve.app.metrics import Metrics
-from serve.engine.prefill import DEFAULT_CHUNK, Prefill, PrefillCancelled
+from serve.service.metrics import Metrics
+from serve.service.prefill import DEFAULT_CHUNK, Prefill, PrefillCancelled
 from serve.snapshots.cache import PrefixCache
 from serve.service.prompt import Prompt, too_long
 from serve.service.replies import ReplySink

@@ -20,7 +20,7 @@ from serve.engine.api import EngineApi
 from serve.engine.queue import EngineQueue
 from serve.service.generation import Outcome
 from serve.snapshots.history_ids import overlay
-from serve.engine.prefill import Prefill, PrefillCancelled, start_empty, store
+from serve.service.prefill import Prefill, PrefillCancelled, start_empty, store
 from serve.snapshots.cache import PrefixCache
 from serve.service.prompt import Prompt
 from serve.snapshots.reply_memory import ReplyMemory

@@ -19,7 +19,7 @@ import pytest
 from scripted import (ScriptedEngine, block_data, call, scripted_service, serving, timed_blocks,
                       xtml_answer, xtml_tool_call)
 from serve.dialects import seal
-from serve.http.sse import EventWriter
+from serve.dialects.sse import EventWriter
 
 BEAT = 0.3        # the servers' heartbeat here, in seconds
 HOLD = 1.5        # how long the scripted engine holds the first token: several heartbeats

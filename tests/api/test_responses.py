@@ -13,7 +13,7 @@ from scripted import (ScriptedEngine, assert_error, call, data_url, real_server_
                       scripted_service, serving, tiny_png, xtml_answer, xtml_tool_call)
 from serve.dialects import seal
 from serve.formats.xtml import render as xtml
-from serve.dialects.response_store import ResponseStore
+from serve.service.response_store import ResponseStore
 
 RESPONSES = "/v1/responses"
 TOOLS = [{"type": "function", "name": "get_weather", "description": "Current weather for a city",

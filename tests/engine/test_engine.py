@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from serve import engine as eng
+from serve.engine import binding as eng
 from serve.engine.binding import (Engine, EngineConfig, GenParams, LibraryNotFound, WasteError,
                           load_library)
 from serve.formats.xtml.render import Segment
@@ -410,7 +410,7 @@ def test_a_snapshot_of_the_old_state_layout_is_dropped_and_prefilled(fresh, k3_c
                                                                      snapshot_cache, tmp_path):
     """A persistent prefix snapshot written by engine 0.6.0 (state version 1) is refused by
     the engine as WASTE_E_FORMAT; prefill drops the entry and evaluates the prompt itself."""
-    from serve.engine.prefill import prefill
+    from serve.service.prefill import prefill
     from state_layout import v2_to_v1
     m = manifest(k3_container)
     tokens = fresh.tokenize(PROMPT_TEXT * 4, add_bos=True)

@@ -8,7 +8,7 @@ import pytest
 from scripted import (ScriptedEngine, assert_error, call, held_engine, real_service, samples, scrape,
                       scripted_service, serving, xtml_answer)
 from serve.core.activity import Activity
-from serve.app.metrics import Metrics
+from serve.service.metrics import Metrics
 from serve.snapshots.cache import PrefixCache
 
 CHAT = "/v1/chat/completions"

@@ -23,7 +23,7 @@ from scripted import (ScriptedEngine, SlowEnginePolicy, call, real_service, scra
                       serving, wait_idle, xtml_answer)
 from serve.core.api import parse_chat_request
 from serve.snapshots.identity import SMALL_FILE, container_digest, state_identity
-from serve.engine.prefill import prefill
+from serve.service.prefill import prefill
 from serve.snapshots.cache import PrefixCache
 from serve.snapshots.policy import SnapshotPolicy
 from serve.app.warm import Warmer, dialect_of

@@ -12,7 +12,7 @@ import pytest
 from scripted import SlowEnginePolicy, call, scrape, wait_idle
 from served import serve
 from serve.engine.binding import Engine, EngineConfig, load_library
-from serve.engine.prefill import prefill
+from serve.service.prefill import prefill
 from serve.snapshots.cache import PrefixCache
 from serve.snapshots.policy import PROGRESS_FACTOR, Costs, SnapshotPolicy
 from test_abandoned_prefill import SENTENCE
