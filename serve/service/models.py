@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from serve.app import metrics
+from serve.service import metrics
 from serve.core.activity import Activity
 from serve.service.facade import Service
 
