@@ -260,11 +260,11 @@ class Handler(BaseHTTPRequestHandler):
 
     def _chat(self, method: str, rest: str) -> None:
         main = self.server.service.options.model_id
-        self._generate(openai.ChatExchange(self._read_json(), main), Service.chat)
+        self._generate(openai.ChatExchange(self._read_json(), main), _chat_on)
 
     def _complete(self, method: str, rest: str) -> None:
         main = self.server.service.options.model_id
-        self._generate(openai.CompletionExchange(self._read_json(), main), Service.complete)
+        self._generate(openai.CompletionExchange(self._read_json(), main), _complete_on)
 
     def _messages(self, method: str, rest: str) -> None:
         exchange = anthropic.Exchange(self._read_json(), self.server.service.options.model_id)
@@ -272,14 +272,14 @@ class Handler(BaseHTTPRequestHandler):
             self.server.log_once("billing", f"/v1/messages: {exchange.billing} is Claude Code's "
                                  "billing header, which changes on every request: it is left out "
                                  "of the prompt (logged once)")
-        self._generate(exchange, Service.chat)
+        self._generate(exchange, _chat_on)
 
     def _responses(self, method: str, rest: str) -> None:
         service = self.server.service
         exchange = responses.Exchange(self._read_json(), service.responses, service.options.model_id)
         # The id the reply is stored under, for a router to remember this host by: the
         # response's next turn and its retrieval find it only here (docs/serving-a-team.md).
-        self._generate(exchange, Service.chat,
+        self._generate(exchange, _chat_on,
                        {"X-Serve-Response-Id": exchange.id} if exchange.stored else {})
 
     def _count_tokens(self, method: str, rest: str) -> None:
@@ -318,7 +318,7 @@ class Handler(BaseHTTPRequestHandler):
             raise _not_stored(response_id)
         return stored
 
-    def _generate(self, exchange: Exchange, run: Callable[[Service, Any, Any], Any],
+    def _generate(self, exchange: Exchange, run: Callable[[Service], Callable[[Any, Any], Any]],
                   headers: Optional[dict[str, str]] = None) -> None:
         """One generation: blocking (one JSON body) or streamed, as the exchange's request says,
         by the model the body and its request pick; `headers` go with the reply, not with an
@@ -332,7 +332,7 @@ class Handler(BaseHTTPRequestHandler):
         service = self.server.models.pick(self._named_model, exchange.request)
         exchange.model = service.options.model_id
         answer: Answer = ExchangeSink(self, exchange).run(
-            lambda sink: run(service, exchange.request, sink))
+            lambda sink: run(service)(exchange.request, sink))
         self.tokens = answer.tokens
         if answer.body is not None:
             self._send_json(answer.status, answer.body, self._reply_headers)
@@ -476,6 +476,14 @@ class Handler(BaseHTTPRequestHandler):
 # Every method a client may send comes to _dispatch, which answers 404 or 405 as the routes say.
 for _method in ("GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"):  # HEAD: _send omits the body
     setattr(Handler, f"do_{_method}", lambda self, method=_method: self._dispatch(method))
+
+
+def _chat_on(service: Service) -> Callable[[Any, Any], Any]:
+    return service.chat
+
+
+def _complete_on(service: Service) -> Callable[[Any, Any], Any]:
+    return service.complete
 
 
 def _not_stored(response_id: str) -> ApiError:

@@ -25,9 +25,9 @@ from serve.service.facade import Service
 
 def is_background(request: Any) -> bool:
     """Is this request a chore? The seam to the classification of requests (issue 28, item
-    1), which names the request's class of work on the request itself; a request that
-    carries no class is interactive."""
-    return getattr(request, "work_class", "interactive") == "background"
+    1), which decides the request's class of work at the edge, before the model is picked,
+    and puts it on the request as `work`; a request that carries none is interactive."""
+    return getattr(request, "work", "interactive") == "background"
 
 
 class Models:
