@@ -23,7 +23,7 @@ DEMO_PY  := $(DEMO_VENV)/bin/python
 HOST     ?= 127.0.0.1
 PORT     ?= 8000
 
-.PHONY: all demo demo-k3 demo-chores check test asan bench soak agents clean chromium router cluster
+.PHONY: all demo demo-k3 demo-chores check typecheck test asan bench soak agents clean chromium router cluster
 
 all: $(LIB)
 
@@ -107,7 +107,11 @@ asan: build/libwaste-asan.so $(VENV)/.ok
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	$(VPY) -m pytest -q -p no:cacheprovider tests/engine/test_abi.py
 
-check: test asan
+# mypy over serve/ (its settings: pyproject.toml's [tool.mypy]).
+typecheck: $(VENV)/.ok
+	$(VPY) -m mypy
+
+check: typecheck test asan
 
 # The soak and fault tests at full scale (make check runs them short).
 soak: $(LIB) $(VENV)/.ok

@@ -87,7 +87,7 @@ def directory(text: str) -> str:
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:
+    def error(self, message: str) -> NoReturn:
         # One line, not argparse's usage block: the mistake is what the user needs to see.
         self.exit(2, f"serve: {message} (see --help)\n")
 

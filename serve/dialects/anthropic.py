@@ -245,7 +245,8 @@ def _tools(tools: Any, left_out: list[str]) -> tuple[Optional[list[dict]], dict[
         return None, {}
     if not isinstance(tools, list):
         raise invalid("tools", "tools must be a list")
-    out, fields = [], {}
+    out: list[dict] = []
+    fields: dict[str, str] = {}
     for j, tool in enumerate(tools):
         at = f"tools[{j}]"
         if not isinstance(tool, dict):

@@ -8,19 +8,23 @@ server-sent events. serve/http/sinks.py drives every exchange the same way.
 """
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from serve.core.api import ApiError, ChatRequest, CompletionRequest
 from serve.service.replies import ChatReply, CompletionReply, ReplyStart
 
 Reply = ChatReply | CompletionReply
+R = TypeVar("R", ChatReply, CompletionReply, contravariant=True)   # the reply an exchange writes
 
 
-class Exchange(Protocol):
-    request: ChatRequest | CompletionRequest   # the body, parsed
+class Exchange(Protocol[R]):
     left_out: list[str]                        # tools the server cannot run, named for the log
     ignored: list[str]                         # body fields the server does not read, for the log
     model: str                                 # the id replies name: the model that answers
+
+    @property
+    def request(self) -> ChatRequest | CompletionRequest:
+        """The body, parsed."""
 
     def error(self, error: ApiError) -> ApiError:
         """The error naming request fields as the client named them."""
@@ -40,7 +44,7 @@ class Exchange(Protocol):
         the stream has been silent for a while (from the stream's writer thread, under the
         sink's lock)."""
 
-    def closing(self, reply: Reply) -> bytes:
+    def closing(self, reply: R) -> bytes:
         """The stream's last events, after the reply is done."""
 
     def failed(self, error: ApiError) -> bytes:
@@ -48,9 +52,9 @@ class Exchange(Protocol):
 
     # -- a blocking reply
 
-    def body(self, reply: Reply) -> dict:
+    def body(self, reply: R) -> dict:
         """The whole reply as one JSON body."""
 
-    def keep(self, reply: Reply) -> None:
+    def keep(self, reply: R) -> None:
         """The reply is done and about to reach the client: keep what outlives the request
         (a stored response), before the client can refer to it."""

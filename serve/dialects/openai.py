@@ -21,13 +21,13 @@ class _OpenAIStream:
     left_out: list[str] = []
 
     model: str
-    _encoder: Optional[Callable[[object], bytes]] = None
+    _encoder: Optional[Callable[[Any], bytes]] = None
 
     def _chunk(self, part: Any) -> dict:
         """The chunk that carries one varying part (a chat delta, a completion's text)."""
         raise NotImplementedError
 
-    def _encode(self, part: object) -> bytes:
+    def _encode(self, part: Any) -> bytes:
         """The varying part -> the SSE event of its chunk. The encoder is made at the first
         part: by then `model` names the model that answers (the server sets it after parsing).
         It keeps bytes only, not this exchange: no cycle holds a request past its reply."""

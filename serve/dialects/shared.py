@@ -33,7 +33,7 @@ def renamed(error: ApiError, fields: dict[str, str]) -> ApiError:
     if not path:
         return error
     name = fields[path] + suffix
-    return ApiError(error.status, error.message.replace(param, name), param=name,
+    return ApiError(error.status, error.message.replace(param or "", name), param=name,
                     code=error.code, kind=error.kind, headers=error.headers)
 
 
@@ -172,8 +172,10 @@ class Blocks:
         return steps + self._append(piece)
 
     def _append(self, piece: str) -> list[tuple[str, Block, str]]:
-        self._open.text += piece
-        return [("add", self._open, piece)]
+        block = self._open
+        assert block is not None   # _add opened it
+        block.text += piece
+        return [("add", block, piece)]
 
     def _switch(self, block: Optional[Block]) -> list[tuple[str, Block, str]]:
         steps = [] if self._open is None else [("close", self._open, "")]

@@ -9,11 +9,12 @@ never leaves the client in silence long enough to give up.
 """
 from __future__ import annotations
 
+import io
 import json
 import queue
 import threading
 import time
-from typing import Any, BinaryIO, Callable, Optional
+from typing import IO, Any, Callable, Optional
 
 SEND_GAP = 0.01  # seconds between two sends of one stream, at most (see EventWriter)
 # Seconds of silence before a stream's heartbeat: well under the 300 s after which Claude Code
@@ -64,7 +65,7 @@ class EventWriter(threading.Thread):
     from this thread, to queue one.
     """
 
-    def __init__(self, wfile: BinaryIO, chunked: bool = False, *, heartbeat: float = 0.0,
+    def __init__(self, wfile: IO[bytes] | io.BufferedIOBase, chunked: bool = False, *, heartbeat: float = 0.0,
                  on_silence: Optional[Callable[[], None]] = None):
         super().__init__(name="sse-writer", daemon=True)
         self._wfile = wfile

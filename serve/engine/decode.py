@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 try:
     import numpy as np
 except ImportError as _e:  # the server runs without it: logprobs and structure are then off
-    np = None
+    np = None  # type: ignore[assignment]
     _IMPORT_ERROR: Optional[str] = f"numpy is not installed ({_e})"
 else:
     _IMPORT_ERROR = None
@@ -167,6 +167,7 @@ class Decoder:
 
     def _mask(self, n_vocab: int) -> "np.ndarray":
         started = time.perf_counter()
+        assert self.grammar is not None   # a mask is asked for only under a grammar
         bits = np.frombuffer(self.grammar.compute_bitmask(), dtype=np.uint8)
         allowed = np.unpackbits(bits, bitorder="little")[:n_vocab].view(bool)
         ms = (time.perf_counter() - started) * 1000.0
@@ -186,7 +187,7 @@ class Decoder:
         norm = float(top) + math.log(float(np.exp(scaled - top).sum(dtype=np.float64)))
         entry = self._entry(token, float(scaled[token]) - norm)
         entry["top_logprobs"] = [self._entry(int(t), float(scaled[t]) - norm)
-                                 for t in _best(scaled, self.top_logprobs)]
+                                 for t in _best(scaled, self.top_logprobs or 0)]
         return entry
 
     def _entry(self, token: int, logprob: float) -> dict:

@@ -79,15 +79,27 @@ class ReplyParser(Protocol):
 
 class ChatFormat(Protocol):
     name: str                        # "xtml", "chat.json"; "" when there is none
-    description: str                 # one line for the banner
-    refusal: Optional[str]           # why no chat request can be served, or None
     supports_tools: bool
     supports_reasoning: bool         # a think channel the reply can open
     supports_images: bool
     prompts_response_format: bool    # the prompt tells the model which format to answer in
     prompts_tools: bool              # the prompt alone can get calls (else tools need a grammar)
-    stop_tokens: Sequence[int]       # the ids that end a reply
-    media_pad: Optional[int]         # where an image's positions go in the prompt
+
+    @property
+    def stop_tokens(self) -> Sequence[int]:
+        """The ids that end a reply."""
+
+    @property
+    def description(self) -> str:
+        """One line for the banner."""
+
+    @property
+    def refusal(self) -> Optional[str]:
+        """Why no chat request can be served, or None."""
+
+    @property
+    def media_pad(self) -> Optional[int]:
+        """Where an image's positions go in the prompt."""
 
     def render(self, messages: Sequence[Mapping[str, Any]], *, tools: Any = None,
                tool_choice: Any = None, response_format: Any = None, thinking: bool,

@@ -17,12 +17,12 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 try:
     import llguidance
 except ImportError as _e:  # the server runs without it: structured output is then off
-    llguidance = None
+    llguidance = None  # type: ignore[assignment]
     _IMPORT_ERROR: Optional[str] = f"llguidance is not installed ({_e})"
 else:
     _IMPORT_ERROR = None
@@ -478,7 +478,7 @@ def _answer(g: Lark, req: ChatRequest, forced_call: bool) -> str:
     return '""' if forced_call else g.add("/(?s:.*)/")
 
 
-def _numbered(g: Lark, call: str, at_most: int) -> str:
+def _numbered(g: Lark, call: Callable[[int], str], at_most: int) -> str:
     """One to `at_most` of `call(index)` in a row, numbered from 1."""
     more = ""
     for index in range(at_most, 0, -1):
@@ -488,7 +488,7 @@ def _numbered(g: Lark, call: str, at_most: int) -> str:
 
 def _format_field(req: ChatRequest) -> str:
     fmt = req.response_format
-    return "response_format.json_schema.schema" if fmt["type"] == "json_schema" else "response_format"
+    return "response_format.json_schema.schema" if fmt and fmt["type"] == "json_schema" else "response_format"
 
 
 def xtml_grammar(req: ChatRequest, markup: Markup, thinking: bool) -> Lark:

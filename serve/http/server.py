@@ -33,12 +33,13 @@ from serve.dialects import responses
 from serve.core.api import ApiError
 from serve.http.connections import DEFAULT_MAX_CONNECTIONS, ConnectionServer
 from serve.engine.queue import ClientGone
-from serve.dialects.exchange import Exchange
+from serve.dialects.exchange import R, Exchange
 from serve.dialects.input_items import listing
 from serve.http.json_body import MAX_BODY_BYTES, parse_body
 from serve.http.page import CONTENT_TYPE as PAGE_TYPE, chat_page
 from serve.service.response_store import Stored
 from serve.service.facade import Service
+from serve.service.replies import ChatReply, CompletionReply
 from serve.service.models import Models
 from serve.http.sinks import Answer, BlockingSink, ExchangeSink
 from serve.dialects.sse import DEFAULT_HEARTBEAT, EventWriter
@@ -122,7 +123,7 @@ class Handler(BaseHTTPRequestHandler):
     server: Server
 
     def setup(self) -> None:
-        self.timeout = self.server.socket_timeout
+        self.timeout = self.server.socket_timeout  # type: ignore[misc]  # per server, not per class
         super().setup()
         self.deadline = 0.0
         self.request_id = "-"
@@ -212,7 +213,7 @@ class Handler(BaseHTTPRequestHandler):
         if method not in route.methods:
             raise ApiError(405, f"{path} accepts {', '.join(route.methods)} only",
                            code="method_not_allowed")
-        route.answer(self, method, route.match(path))
+        route.answer(self, method, route.match(path) or "")   # it matched: a str
 
     def _check_auth(self) -> None:
         key = self.server.api_key
@@ -318,7 +319,7 @@ class Handler(BaseHTTPRequestHandler):
             raise _not_stored(response_id)
         return stored
 
-    def _generate(self, exchange: Exchange, run: Callable[[Service], Callable[[Any, Any], Any]],
+    def _generate(self, exchange: Exchange[R], run: Callable[[Service], Callable[[Any, Any], R]],
                   headers: Optional[dict[str, str]] = None) -> None:
         """One generation: blocking (one JSON body) or streamed, as the exchange's request says,
         by the model the body and its request pick; `headers` go with the reply, not with an
@@ -382,7 +383,7 @@ class Handler(BaseHTTPRequestHandler):
         self._named_model = named if isinstance(named, str) else None   # which model answers
         return body
 
-    def _read_body(self) -> bytes:
+    def _read_body(self) -> bytearray:
         # Any refusal here leaves unread bytes on the connection, so it is closed;
         # a body read whole leaves it as the client asked (HTTP/1.0, Connection: close).
         self._body_read = True
@@ -478,11 +479,11 @@ for _method in ("GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"):  # 
     setattr(Handler, f"do_{_method}", lambda self, method=_method: self._dispatch(method))
 
 
-def _chat_on(service: Service) -> Callable[[Any, Any], Any]:
+def _chat_on(service: Service) -> Callable[[Any, Any], ChatReply]:
     return service.chat
 
 
-def _complete_on(service: Service) -> Callable[[Any, Any], Any]:
+def _complete_on(service: Service) -> Callable[[Any, Any], CompletionReply]:
     return service.complete
 
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Generic, Optional, Protocol
 
 from serve.core.api import ApiError
 from serve.engine.queue import ClientGone
-from serve.dialects.exchange import Exchange
+from serve.dialects.exchange import R, Exchange
 from serve.service.replies import ReplyStart
 from serve.dialects.sse import EventWriter, sse_comment
 
@@ -41,10 +41,10 @@ class Answer:
     body: Optional[dict] = None    # a blocking reply's body, still to send
 
 
-class ExchangeSink:
-    def __init__(self, connection: Connection, exchange: Exchange):
+class ExchangeSink(Generic[R]):
+    def __init__(self, connection: Connection, exchange: Exchange[R]):
         self._connection = connection
-        self._exchange = exchange
+        self._exchange: Exchange[R] = exchange
         self._stream = exchange.request.stream
         self._writer: Optional[EventWriter] = None
         # The exchange's events are made and queued under one lock: the engine thread's

@@ -218,11 +218,12 @@ class Service:
                         or self.options.prefix_cache is None:   # nothing to keep it in
                     return True
                 abandoned = True
+                assert watched.held is not None   # prefill runs inside the turn
                 watched.held.to_idle()
                 if self.options.log is not None:
                     self.options.log(f"{label} client left mid-prefill: finishing the prompt "
                                      "for a retry while no one waits")
-            return watched.held.requested()
+            return watched.held is not None and watched.held.requested()
         return stop
 
     # -- idle time ------------------------------------------------------------

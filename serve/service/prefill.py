@@ -135,6 +135,7 @@ class Prefill:
             if kind != "progress":   # considered at every chunk: its skips say nothing
                 self.policy.count(kind, False)
             return
+        assert self.cache is not None   # _snapshots says there is one
         snap = store(self.engine, self.cache, self.policy, self.tokens[:self.pos], kind)
         if snap is None:
             return

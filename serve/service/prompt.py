@@ -182,7 +182,7 @@ class PromptBuilder:
             return Prompt(ids, snapshot_at, generation=generation,
                           conversation=conversation.segments, thinking=check.thinking)
         return Prompt(self.engine.image_expand(ids), snapshot_at, text_ids=ids,
-                      image_start=ids.index(self.chat_format.media_pad), image_paths=paths,
+                      image_start=ids.index(self._media_pad()), image_paths=paths,
                       generation=generation, conversation=conversation.segments,
                       thinking=check.thinking)
 
@@ -207,6 +207,11 @@ class PromptBuilder:
             return []
 
     # -- the parts --------------------------------------------------------------------
+
+    def _media_pad(self) -> int:
+        pad = self.chat_format.media_pad
+        assert pad is not None   # images reach the prompt only under a format that places them
+        return pad
 
     def _render(self, req: ChatRequest, messages: list, thinking: bool,
                 prompts: list[str]) -> Rendering:
@@ -236,7 +241,8 @@ class PromptBuilder:
         memory = self.reply_memory
         if memory is None or not len(memory):
             return messages, conversation, []
-        replies, restored = [], False
+        replies: list[tuple[list[Segment], Sequence[int]]] = []
+        restored = False
         for i, message in enumerate(messages):
             if not isinstance(message, dict) or message.get("role") != "assistant":
                 continue

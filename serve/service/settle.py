@@ -93,6 +93,7 @@ class Settler:
         if not self.policy.worth("reply", len(tokens) - outcome.saved):
             self.policy.count("reply", False)
             return 0
+        assert self.cache is not None   # settle() asks only with a cache
         return held if store(self.engine, self.cache, self.policy, tokens, "reply") else 0
 
     def drop(self) -> None:

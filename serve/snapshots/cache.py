@@ -398,8 +398,8 @@ class PrefixCache:
             self._entries.clear()
             self._anchor_count.clear()
             self._bytes = 0
-        for _, entry in found:
-            self._add(entry)
+        for _, scanned in found:
+            self._add(scanned)
 
     def _reclaim_orphans(self) -> int:
         """Remove the work directories of processes that died (their `owner` lock is free)."""

@@ -133,8 +133,8 @@ class SnapshotPolicy:
         if last is not None and last / 2 < spacing < last * 2:
             return
         self._logged_spacing = spacing
-        self._log(f"snapshots: a prefilled position costs {costs.token_seconds * 1e3:.3g} ms, a save "
-                  f"{costs.save_seconds * 1e3:.3g} ms ({(costs.snapshot_bytes or 0) / 1e6:.3g} MB): "
+        self._log(f"snapshots: a prefilled position costs {(costs.token_seconds or 0) * 1e3:.3g} ms, a save "
+                  f"{(costs.save_seconds or 0) * 1e3:.3g} ms ({(costs.snapshot_bytes or 0) / 1e6:.3g} MB): "
                   f"a progress snapshot every {spacing:,} positions of prefill, a checkpoint when it "
                   f"spares more than {costs.break_even():,}")
 

@@ -126,6 +126,6 @@ class ReplyMemory:
         with self._lock:
             key = contexts.get(before)
             entry = self._by_rendering.get(key) if key is not None else None
-            if entry is not None:
+            if key is not None and entry is not None:
                 self._by_rendering.move_to_end(key)
             return entry

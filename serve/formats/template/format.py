@@ -140,7 +140,7 @@ class TemplateFormat:
         segments: list[Segment] = []
         if tools and tool_choice != "none":
             prefix, suffix = self._tools_turn("tools")["system"]
-            segments += _present([Segment(prefix, True), *self.tools.declaration(tools),
+            segments += _present([Segment(prefix, True), *self._tool_format().declaration(tools),
                                   Segment(suffix, True)])
         default = self.template.default_system
         if default is not None and (not messages or system_role(messages[0]).get("role") != "system"):
@@ -158,6 +158,11 @@ class TemplateFormat:
     def generation_prompt(self, thinking: bool) -> list[Segment]:
         return [Segment(self.template.open, True)]
 
+    def _tool_format(self) -> TemplateTools:
+        """The template's tools, once `_tools_turn` has let the request through."""
+        assert self.tools is not None
+        return self.tools
+
     def _tools_turn(self, field: str) -> dict[str, tuple[str, str]]:
         """The template's turns, when it can carry tools; else a 400 naming `field`."""
         if self.tools is None:
@@ -170,7 +175,7 @@ class TemplateFormat:
         content = Segment(self._content_text(i, message.get("content")), False)
         if role == "tool":   # a result, in the user turn every template has
             prefix, suffix = self._tools_turn(where)["user"]
-            return [Segment(prefix, True), Segment(self.tools.result(results[i]), False),
+            return [Segment(prefix, True), Segment(self._tool_format().result(results[i]), False),
                     content, Segment(suffix, True)]
         if role not in self.template.turns:
             raise ChatFormatError(f"this chat.json has no {role!r} turn", where)
@@ -180,7 +185,7 @@ class TemplateFormat:
             return [Segment(prefix, True), content, Segment(suffix, True)]
         self._tools_turn(f"{where}.tool_calls")
         return [Segment(prefix, True), content,
-                *self.tools.calls(calls, f"{where}.tool_calls"), Segment(suffix, True)]
+                *self._tool_format().calls(calls, f"{where}.tool_calls"), Segment(suffix, True)]
 
     @staticmethod
     def _result_names(messages: Sequence[Mapping[str, Any]]) -> dict[int, str]:

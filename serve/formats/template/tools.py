@@ -53,7 +53,9 @@ _NAME = re.compile(r'"(?:[^"\\]|\\.)*"')
 class TemplateTools(Protocol):
     """How a chat.json container declares tools, writes calls and results, and reads calls."""
 
-    marker: Sequence[int | str]   # what opens a call: special token ids and text, in order
+    @property
+    def marker(self) -> Sequence[int | str]:
+        """What opens a call: special token ids and text, in order."""
 
     def declaration(self, tools: Sequence[Mapping[str, Any]]) -> list[Segment]:
         """The system turn's content that declares `tools`."""

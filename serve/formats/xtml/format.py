@@ -38,7 +38,7 @@ class XtmlFormat:
         if absent:
             raise FormatRefused(f"no XTML markers: {', '.join(absent)} "
                                 f"{'is not a single token' if len(absent) == 1 else 'are not single tokens'}")
-        markers = Markers(*(ids[text] for text in XTML_MARKERS))
+        markers = Markers(*(token for token in ids.values() if token is not None))   # all, in order
         return cls(markers, frozenset(engine.specials.values()), engine.token_id(xtml.MEDIA_PAD))
 
     def render(self, messages: Sequence[Mapping[str, Any]], *, tools: Any = None,

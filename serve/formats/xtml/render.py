@@ -328,18 +328,18 @@ def resolve_tool_results(run: Sequence[Mapping[str, Any]], calls: Sequence[Mappi
     by `tool_call_id` is re-sorted; a run with any other result stays as sent,
     since its results can only be matched by position.
     """
-    position_by_id: dict[str, int] = {}
+    position_by_id: dict[Any, int] = {}   # keyed by what clients send as tool_call_id
     for i, call in enumerate(calls):
         if isinstance(call.get("id"), str):
             position_by_id.setdefault(call["id"], i)
     matched = [position_by_id.get(message.get("tool_call_id")) for message in run]
     order = list(range(len(run)))
     if None not in matched:
-        order.sort(key=lambda k: matched[k])
+        order.sort(key=lambda k: matched[k] or 0)   # none is None here
     resolved = []
     for place, k in enumerate(order):
-        message, at = run[k], answered + place
-        name = ((_call_name(calls[matched[k]]) if matched[k] is not None else None)
+        message, at, call_at = run[k], answered + place, matched[k]
+        name = ((_call_name(calls[call_at]) if call_at is not None else None)
                 or message.get("tool") or message.get("name")
                 or (_call_name(calls[at]) if at < len(calls) else None))
         if not name:
@@ -513,7 +513,7 @@ def _response_format_text(response_format: Optional[Mapping[str, Any]],
         if kind != "text":
             raise ValueError("give response_format or response_schema, not both")
         kind, schema = "json_schema", response_schema
-    elif kind == "json_schema":
+    elif kind == "json_schema" and response_format is not None:
         schema = _schema_of(response_format)
     if kind == "text":
         return None

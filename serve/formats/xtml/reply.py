@@ -79,7 +79,7 @@ class Deltas:
         if last is not None and getattr(last, channel):
             setattr(last, channel, getattr(last, channel) + text)
         else:
-            self._out.append(Delta(**{channel: text}))
+            self._out.append(Delta(content=text) if channel == "content" else Delta(reasoning_content=text))
 
     def call(self, index: int, call_id: str, name: str) -> None:
         self._out.append(Delta(tool_call={"index": index, "id": call_id, "type": "function",
@@ -129,7 +129,7 @@ class _Argument:
 
 def _parse_header(header: str) -> tuple[str, dict[str, str]]:
     """`name key="value" ...` -> (name, attributes); text that is not an attribute is ignored."""
-    name, rest = _HEADER.match(header).groups()
+    name, rest = _HEADER.match(header).groups()   # type: ignore[union-attr]  # matches any text
     return name, {key: unescape_attr(value) for key, value in _ATTRIBUTE.findall(rest)}
 
 
@@ -276,10 +276,10 @@ class ReplyParser:
         elif sink == _JSON:
             self._emit_arguments(text)
         elif sink == _ARGUMENT:
-            if self._argument.type == "string":
+            if self._current_argument.type == "string":
                 self._emit_arguments(json.dumps(text, ensure_ascii=False)[1:-1])
             else:
-                self._argument.pending.append(text)
+                self._current_argument.pending.append(text)
 
     # -- structure ----------------------------------------------------------------------
 
@@ -297,22 +297,22 @@ class ReplyParser:
 
     def _claim_call_body(self, child: str) -> bool:
         """A call holds either argument elements or one json element; the first child decides."""
-        if not self._call.body:
-            self._call.body = child
+        if not self._current_call.body:
+            self._current_call.body = child
             return True
-        return self._call.body == child == "argument"
+        return self._current_call.body == child == "argument"
 
     def _start_call(self, name: str) -> None:
         self._call = _Call(index=len(self._calls))
         call_id = self._new_call_id()
         self._calls.append({"id": call_id, "name": name})
         self._arguments.append([])
-        self._out.call(self._call.index, call_id, name)
+        self._out.call(self._current_call.index, call_id, name)
 
     def _start_argument(self, key: str, value_type: str) -> None:
         self._argument = _Argument(value_type)
-        opening = "{" if self._call.arguments == 0 else ", "
-        self._call.arguments += 1
+        opening = "{" if self._current_call.arguments == 0 else ", "
+        self._current_call.arguments += 1
         quote = '"' if value_type == "string" else ""
         self._emit_arguments(opening + json.dumps(key, ensure_ascii=False) + ": " + quote)
 
@@ -334,7 +334,7 @@ class ReplyParser:
                 self._end_call()
 
     def _end_argument(self) -> None:
-        argument, self._argument = self._argument, None
+        argument, self._argument = self._current_argument, None
         if self._cut:   # as generated: an open string stays open, a value stays unparsed
             if argument.type != "string" and argument.pending:
                 self._emit_arguments("".join(argument.pending))
@@ -347,15 +347,27 @@ class ReplyParser:
         if self._cut:   # no closing brace the model did not write
             self._call = None
             return
-        if self._call.body == "argument":
+        if self._current_call.body == "argument":
             self._emit_arguments("}")
-        elif not self._call.body:
+        elif not self._current_call.body:
             self._emit_arguments("{}")
         self._call = None   # a json body was passed through as written
 
     def _end_message(self) -> None:
         self._ended = True
         self._closed = True
+
+    @property
+    def _current_call(self) -> _Call:
+        """The call being read: asked for only inside one."""
+        assert self._call is not None
+        return self._call
+
+    @property
+    def _current_argument(self) -> _Argument:
+        """The argument being read: asked for only inside one."""
+        assert self._argument is not None
+        return self._argument
 
     # -- output -------------------------------------------------------------------------
 
@@ -364,8 +376,8 @@ class ReplyParser:
         self._out.text(channel, text)
 
     def _emit_arguments(self, fragment: str) -> None:
-        self._arguments[self._call.index].append(fragment)
-        self._out.arguments(self._call.index, fragment)
+        self._arguments[self._current_call.index].append(fragment)
+        self._out.arguments(self._current_call.index, fragment)
 
     def _take(self) -> list[Delta]:
         return self._out.take()
