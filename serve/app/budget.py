@@ -58,8 +58,8 @@ def split_budget(lib: Planner, main: str, chores: str, *, budget: int, ctx: int,
         raise BudgetError(f"--chores-budget {gib(chores_budget)} leaves nothing of the "
                           f"{gib(total)} budget ({origin}) for {main}")
     # The chores model's context is its own choice: no smaller than it would be alone.
-    chores_context = choose_context(lib, chores, chores_ctx,
-                                    chores_budget or total // CHORES_SHARE, False)
+    chores_context = (ContextChoice(chores_ctx, "--chores-ctx") if chores_ctx else
+                      choose_context(lib, chores, 0, chores_budget or total // CHORES_SHARE, False))
     chores_plan = _plan(lib, chores, chores_context)
     if chores_budget is not None:
         mine, why = chores_budget, "--chores-budget"

@@ -121,6 +121,18 @@ def test_plan_prints_both_models_and_the_split(lib_path, k3_container, kimi_line
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("memory plan for") == 2
     assert "split    2.00 GiB (--budget): the chores model" in out.stdout
+    chores = run_cli(str(k3_container), "--chores-model", str(kimi_linear_container),
+                     "--chores-ctx", "8192", "--chores-budget", "100M", "--plan", lib_path=lib_path)
+    assert f"memory plan for {kimi_linear_container} (ctx 8192: --chores-ctx; budget 100.0 MiB: " \
+           "--chores-budget)" in chores.stdout, chores.stdout
+
+
+def test_a_chores_model_that_cannot_be_planned_is_refused_in_one_line(lib_path, k3_container,
+                                                                      tmp_path):
+    out = run_cli(str(k3_container), "--chores-model", str(tmp_path), "--port", "0",
+                  lib_path=lib_path)
+    assert out.returncode == 1 and out.stderr.count("\n") == 1
+    assert out.stderr.startswith(f"serve: cannot plan {tmp_path}: "), out.stderr
 
 
 @pytest.mark.parametrize("flags, says", [
