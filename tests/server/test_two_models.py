@@ -17,7 +17,7 @@ from scripted import (ScriptedEngine, call, held_engine, post_open, read_all, re
                       scripted_service, serving, sse_data, wait_idle, xtml_answer)
 from served import run_cli, serve
 from serve.app.budget import split_budget
-from serve.engine.binding import Engine, EngineConfig
+from serve.engine.binding import Engine, EngineConfig, MemPlan
 from serve.service import models
 from serve.service.models import Models
 
@@ -113,6 +113,39 @@ def test_the_plan_splits_the_budget_and_each_engine_keeps_to_its_share(lib, k3_c
         with Engine(lib, share.model, cfg) as engine:
             assert engine.memory_used().recommended_bytes <= share.budget
             assert engine.info.ctx_max == share.context.tokens
+
+
+class Planned:
+    """A planner whose every model has the same floor and recommended size at any context."""
+
+    def __init__(self, floor: int, recommended: int):
+        self.floor, self.recommended = floor, recommended
+
+    def plan_memory(self, model_path: str, ctx: int = 0) -> MemPlan:
+        return MemPlan(0, 0, 0, 0, self.floor, self.recommended, 0, 0)
+
+    def usable_ram(self) -> int:
+        return 64 << 30
+
+
+@pytest.mark.parametrize("floor, recommended, chores, why", [
+    (10, 100, 100, "its recommended size"),            # it fits a quarter: all it recommends
+    (10, 600, 250, "1/4 of the budget"),               # a quarter at most
+    (300, 600, 300, "its floor"),                       # never below its floor
+])
+def test_the_chores_model_takes_its_recommended_size_at_most_a_quarter_never_below_its_floor(
+        floor, recommended, chores, why):
+    split = split_budget(Planned(floor, recommended), "main", "small", budget=1000, ctx=4096,
+                         chores_ctx=4096, chores_budget=None, vision=False)
+    assert (split.chores.budget, split.main.budget) == (chores, 1000 - chores)
+    assert split.chores.reason.startswith(why) and split.main.reason == "the rest"
+
+
+def test_without_a_budget_the_two_share_half_the_usable_ram():
+    split = split_budget(Planned(10, 100), "main", "small", budget=0, ctx=4096, chores_ctx=4096,
+                         chores_budget=None, vision=False)
+    assert split.total == 32 << 30 and split.origin == "half the usable RAM"
+    assert split.main.budget + split.chores.budget == split.total
 
 
 def test_plan_prints_both_models_and_the_split(lib_path, k3_container, kimi_linear_container):
