@@ -345,7 +345,7 @@ def serve(lib: Library, engine: Engine, args: argparse.Namespace, warm: list,
 def run_server(lib: Library, engine: Engine, fmt: ChatFormat, models: Models,
                args: argparse.Namespace, log, warm: list, context: ContextChoice,
                split: Optional[Split]) -> int:
-    service, options = models.main, models.main.options
+    service = models.main
     try:
         server = Server((args.host, args.port), models, api_key=args.api_key or None, log=log,
                         max_connections=args.max_connections, request_timeout=args.request_timeout,
@@ -386,7 +386,7 @@ def run_server(lib: Library, engine: Engine, fmt: ChatFormat, models: Models,
     # An engine may be closed only once no call runs on it: wait for the requests holding them.
     while not models.wait_idle(0.1):
         if hurry.is_set():
-            abandon(options.prefix_cache)
+            abandon(models)
     # Then give cut replies a moment to send their last events.
     drained_by = time.monotonic() + DRAIN_SECONDS
     while not server.wait_requests(0.1) and not hurry.is_set() and time.monotonic() < drained_by:
@@ -394,7 +394,7 @@ def run_server(lib: Library, engine: Engine, fmt: ChatFormat, models: Models,
     while warmer is not None and warmer.is_alive():  # it stops at its next chunk
         warmer.join(0.1)
         if hurry.is_set():
-            abandon(options.prefix_cache)
+            abandon(models)
     models.close()    # deferred snapshots stop before the engines close
     try:
         engine.save_usage()  # what this run learned warms the expert cache of the next
@@ -404,10 +404,12 @@ def run_server(lib: Library, engine: Engine, fmt: ChatFormat, models: Models,
     return 0
 
 
-def abandon(cache: Optional[PrefixCache]) -> NoReturn:
-    """A second signal while a request still runs on the engine: leave without closing it."""
-    if cache is not None:
-        cache.close()
+def abandon(models: Models) -> NoReturn:
+    """A second signal while a request still runs on an engine: leave without closing it (the
+    prefix caches are closed: their work directories go)."""
+    for service in models.services:
+        if service.options.prefix_cache is not None:
+            service.options.prefix_cache.close()
     print("serve: stopped without waiting for the running request", file=sys.stderr, flush=True)
     os._exit(1)  # returning would close the engine under the running call
 

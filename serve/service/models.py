@@ -65,13 +65,12 @@ class Models:
         """/health: the whole server's activity (idle only when every engine is), and with
         several models each one's own under `models`."""
         states = [s.activity() for s in self.services]
+        if len(states) == 1:
+            return {"status": "ok", "warming": self.main.warming, **states[0].as_json()}
         whole = Activity(any(a.busy for a in states), sum(a.queue for a in states),
                          any(a.deferred for a in states), any(a.warming for a in states))
-        body = {"status": "ok", "warming": self.main.warming, **whole.as_json()}
-        if len(self.services) > 1:
-            body["models"] = {s.options.model_id: a.as_json()
-                              for s, a in zip(self.services, states)}
-        return body
+        return {"status": "ok", "warming": self.main.warming, **whole.as_json(),
+                "models": {s.options.model_id: a.as_json() for s, a in zip(self.services, states)}}
 
     def render_metrics(self) -> bytes:
         """/metrics: one model's as they always were; several with a `model` label on each
