@@ -158,6 +158,7 @@ class Handler(BaseHTTPRequestHandler):
         self.connection.settimeout(self.timeout)  # sends are bounded per send, not by the deadline
         self._body_read = False
         self._named_model: Optional[str] = None   # the body's `model`
+        self._answered_by = ""
         self._body_bytes = 0
         self.streaming = False   # an event stream's headers have gone out
         self._reply_headers: dict[str, str] = {}   # what a generation's reply carries
@@ -332,6 +333,8 @@ class Handler(BaseHTTPRequestHandler):
         exchange.request.request_id = self.request_id
         service = self.server.models.pick(self._named_model, exchange.request)
         exchange.model = service.options.model_id
+        if len(self.server.models.services) > 1:
+            self._answered_by = f" model={exchange.model}"   # for the log line
         answer: Answer = ExchangeSink(self, exchange).run(
             lambda sink: run(service)(exchange.request, sink))
         self.tokens = answer.tokens
@@ -470,7 +473,8 @@ class Handler(BaseHTTPRequestHandler):
         if self.server.log is not None:
             ms = (time.monotonic() - self._started) * 1000.0
             self.server.log(f"{self.address_string()} {method} {path} {self.status} "
-                            f"tokens={self.tokens} {ms:.0f}ms id={self.request_id}")
+                            f"tokens={self.tokens} {ms:.0f}ms id={self.request_id}"
+                            f"{self._answered_by}")
 
 
 

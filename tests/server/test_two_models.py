@@ -254,6 +254,18 @@ def test_a_chore_goes_to_the_chores_model_whatever_main_or_unknown_name_it_gives
     assert main_engine.prompts == [] and len(small.prompts) == 1
 
 
+def test_with_two_models_the_log_line_names_the_one_that_answered(monkeypatch):
+    lines: list[str] = []
+    main = scripted_service(ScriptedEngine([xtml_answer("big")]), model_id="big", thinking=False)
+    small = scripted_service(ScriptedEngine([xtml_answer("small")]), model_id="small",
+                             thinking=False)
+    with serving(Models([main, small], chores=small), log=lines.append) as srv:
+        call(srv.port, "POST", CHAT, {"model": "small", "messages": USER})
+        call(srv.port, "POST", CHAT, {"model": "gpt-4", "messages": USER})
+    answered = [line for line in lines if " POST " in line]
+    assert [line.rsplit(" ", 1)[1] for line in answered] == ["model=small", "model=big"]
+
+
 def test_a_chore_is_answered_while_the_main_engine_is_held(pair):
     srv, main_engine, small, held, release = pair
     person = threading.Thread(target=call, args=(srv.port, "POST", CHAT, {"messages": USER}))
