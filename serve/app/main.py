@@ -295,7 +295,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"memory plan for {args.model} (ctx {context.tokens or 'default'}: {context.reason}):"
               f"\n{describe_plan(plan)}")
         return 0
-    cfg = EngineConfig(budget=args.budget if split is None else split.main.budget, ctx=context.tokens, threads=args.threads, cpus=args.cpus,
+    budget = args.budget if split is None else split.main.budget
+    cfg = EngineConfig(budget=budget, ctx=context.tokens, threads=args.threads, cpus=args.cpus,
                        cache_policy=args.cache, direct_io=not args.no_direct_io, vision=args.vision,
                        verify=args.verify, usage_path=args.usage, exclusive_open=args.exclusive_open)
     try:
