@@ -11,7 +11,7 @@ from __future__ import annotations
 import bisect
 import math
 import threading
-from typing import Callable, Optional, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence
 
 from serve.core.activity import Activity
 from serve.engine.binding import Stats
@@ -38,16 +38,26 @@ def _labels(pairs: Sequence[tuple[str, str]]) -> str:
     return "{" + ",".join(f'{name}="{value}"' for (name, _), value in zip(pairs, escaped)) + "}"
 
 
-# (name, type, help, samples); a sample is (name suffix, labels, value).
-Sample = tuple[str, Sequence[tuple[str, str]], float]
-Family = tuple[str, str, str, list[Sample]]
+Sample = tuple[str, Sequence[tuple[str, str]], float]   # (name suffix, labels, value)
 
 
-def _format(family: Family) -> str:
-    name, kind, help_text, samples = family
-    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
-    lines += [f"{name}{suffix}{_labels(labels)} {_number(value)}" for suffix, labels, value in samples]
-    return "\n".join(lines) + "\n"
+class Family(NamedTuple):
+    """One metric family: kept as values until rendered, so that several engines' families
+    can be merged under one name (render_models)."""
+    name: str
+    kind: str
+    help_text: str
+    samples: list[Sample]
+
+    def text(self) -> str:
+        lines = [f"# HELP {self.name} {self.help_text}", f"# TYPE {self.name} {self.kind}"]
+        lines += [f"{self.name}{suffix}{_labels(labels)} {_number(value)}"
+                  for suffix, labels, value in self.samples]
+        return "\n".join(lines) + "\n"
+
+
+def _family(name: str, kind: str, help_text: str, samples: list[Sample]) -> Family:
+    return Family(name, kind, help_text, samples)
 
 
 class _Histogram:
@@ -121,16 +131,15 @@ class Metrics:
     # -- exposition -----------------------------------------------------------------------
 
     def render(self) -> bytes:
-        return (_format(self.requests_family())
-                + "".join(_format(f) for f in self.engine_families())).encode()
+        return "".join(f.text() for f in [self.requests_family(), *self.engine_families()]).encode()
 
     def requests_family(self) -> Family:
         """What the HTTP side counts: one per server, whatever the number of models."""
         with self._lock:
             requests = sorted(self._requests.items())
-        return ("serve_requests_total", "counter", "HTTP requests answered, by endpoint and "
-                "status (499: the client left before its answer)",
-                [("", [("endpoint", e), ("status", s)], n) for (e, s), n in requests])
+        return _family("serve_requests_total", "counter", "HTTP requests answered, by endpoint and "
+                       "status (499: the client left before its answer)",
+                       [("", [("endpoint", e), ("status", s)], n) for (e, s), n in requests])
 
     def engine_families(self) -> list[Family]:
         """What one engine and its service did and hold."""
@@ -143,41 +152,45 @@ class Metrics:
         for kind, what in (("prompt", "Prompt tokens of finished generations"),
                            ("cached", "Prompt tokens restored from a prefix snapshot, not prefilled"),
                            ("completion", "Tokens generated")):
-            parts.append((f"serve_{kind}_tokens_total", "counter", what, [("", [], tokens[kind])]))
+            parts.append(_family(f"serve_{kind}_tokens_total", "counter", what, [("", [], tokens[kind])]))
         parts += [
-            ("serve_time_to_first_token_seconds", "histogram",
-             "From the start of prefill (after any queue wait) to the first generated token", ttft),
-            ("serve_decode_tokens_per_second", "histogram",
-             "Decode rate of each generation of two tokens or more", rate),
-            ("serve_queue_length", "gauge", "Requests waiting for the engine", [("", [], now.queue)]),
-            ("serve_busy", "gauge", "1 while a request holds the engine", [("", [], int(now.busy))]),
-            ("serve_idle", "gauge", "1 when nothing runs or waits, idle-time work included",
-             [("", [], int(now.idle))]),
-            ("serve_engine_evaluated_tokens_total", "counter",
-             "Positions the engine evaluated: prompts prefilled, tokens generated, "
-             "idle-time work (positions restored from snapshots are not)",
-             [("", [], self._evaluated())]),
+            _family("serve_time_to_first_token_seconds", "histogram",
+                    "From the start of prefill (after any queue wait) to the first generated token",
+                    ttft),
+            _family("serve_decode_tokens_per_second", "histogram",
+                    "Decode rate of each generation of two tokens or more", rate),
+            _family("serve_queue_length", "gauge", "Requests waiting for the engine",
+                    [("", [], now.queue)]),
+            _family("serve_busy", "gauge", "1 while a request holds the engine",
+                    [("", [], int(now.busy))]),
+            _family("serve_idle", "gauge", "1 when nothing runs or waits, idle-time work included",
+                    [("", [], int(now.idle))]),
         ]
+        parts.append(_family("serve_engine_evaluated_tokens_total", "counter",
+                             "Positions the engine evaluated: prompts prefilled, tokens generated, "
+                             "idle-time work (positions restored from snapshots are not)",
+                             [("", [], self._evaluated())]))
         for name, what, value in (
                 ("expert_hits", "Expert lookups served from the expert cache", engine.experts_hit),
                 ("expert_misses", "Expert lookups read from disk", engine.experts_missed),
                 ("bytes_read", "Bytes of expert weights read from disk", engine.bytes_read)):
-            parts.append((f"serve_engine_{name}_total", "counter",
-                          f"{what} (waste_get_stats, as of the last finished request)",
-                          [("", [], value)]))
+            parts.append(_family(f"serve_engine_{name}_total", "counter",
+                                 f"{what} (waste_get_stats, as of the last finished request)",
+                                 [("", [], value)]))
         if cache is not None:
             parts += [
-                ("serve_prefix_cache_entries", "gauge", "Prefix snapshots held", [("", [], len(cache))]),
-                ("serve_prefix_cache_bytes", "gauge", "Disk bytes held by prefix snapshots",
-                 [("", [], cache.used_bytes)]),
-                ("serve_prefix_cache_hits_total", "counter",
-                 "Prompts that restored a prefix snapshot", [("", [], prefix["hits"])]),
-                ("serve_prefix_cache_misses_total", "counter",
-                 "Prompts prefilled without a snapshot", [("", [], prefix["misses"])]),
-                ("serve_prefix_cache_restored_tokens_total", "counter",
-                 "Positions restored from persistent prefix snapshots (requests, "
-                 "--warm and idle-time work) instead of prefilled",
-                 [("", [], cache.stats()["restored_tokens"])]),
+                _family("serve_prefix_cache_entries", "gauge", "Prefix snapshots held",
+                        [("", [], len(cache))]),
+                _family("serve_prefix_cache_bytes", "gauge", "Disk bytes held by prefix snapshots",
+                        [("", [], cache.used_bytes)]),
+                _family("serve_prefix_cache_hits_total", "counter",
+                        "Prompts that restored a prefix snapshot", [("", [], prefix["hits"])]),
+                _family("serve_prefix_cache_misses_total", "counter",
+                        "Prompts prefilled without a snapshot", [("", [], prefix["misses"])]),
+                _family("serve_prefix_cache_restored_tokens_total", "counter",
+                        "Positions restored from persistent prefix snapshots (requests, "
+                        "--warm and idle-time work) instead of prefilled",
+                        [("", [], cache.stats()["restored_tokens"])]),
             ]
             if self._policy is not None:
                 parts += self._policy_families(self._policy)
@@ -201,15 +214,15 @@ class Metrics:
              "checkpoint that spares fewer is not saved (but a conversation's first)",
              costs.break_even()),
         ]
-        parts: list[Family] = [(f"serve_{name}", "gauge", what, [("", [], value)])
-                               for name, what, value in gauges if value is not None]
+        parts = [_family(f"serve_{name}", "gauge", what, [("", [], value)])
+                 for name, what, value in gauges if value is not None]
         with policy.lock:
             saved, skipped = dict(policy.saved), dict(policy.skipped)
         parts += [
-            ("serve_snapshots_total", "counter", "Snapshots saved, by why: checkpoint, progress, "
+            _family("serve_snapshots_total", "counter", "Snapshots saved, by why: checkpoint, progress, "
                     "stopped (where a prefill stopped), reply (the state a reply leaves)",
                     [("", [("kind", kind)], saved[kind]) for kind in KINDS]),
-            ("serve_snapshots_skipped_total", "counter", "Snapshots considered and not saved "
+            _family("serve_snapshots_skipped_total", "counter", "Snapshots considered and not saved "
                     "(not worth their cost, or the save failed), by why",
                     [("", [("kind", kind)], skipped[kind]) for kind in KINDS if kind != "progress"]),
         ]
@@ -221,9 +234,8 @@ def render_models(http: Metrics, models: Sequence[tuple[str, Metrics]]) -> bytes
     the engines' once, its samples labelled with their model's id."""
     merged: dict[str, Family] = {}
     for model_id, each in models:
-        for name, kind, help_text, samples in each.engine_families():
+        for family in each.engine_families():
             labelled = [(suffix, [("model", model_id), *labels], value)
-                        for suffix, labels, value in samples]
-            merged.setdefault(name, (name, kind, help_text, []))[3].extend(labelled)
-    return (_format(http.requests_family())
-            + "".join(_format(family) for family in merged.values())).encode()
+                        for suffix, labels, value in family.samples]
+            merged.setdefault(family.name, family._replace(samples=[])).samples.extend(labelled)
+    return "".join(f.text() for f in [http.requests_family(), *merged.values()]).encode()
