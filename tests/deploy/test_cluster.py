@@ -37,37 +37,68 @@ needs_router = pytest.mark.skipif(HAPROXY is None, reason="haproxy is not instal
 GREEDY = {"temperature": 0, "seed": 1}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(count: int) -> int:
+    """The first of `count` consecutive loopback ports nothing listens on (router k's is +k-1)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            first = s.getsockname()[1]
+        if first + count > 65536:
+            continue
+        try:
+            for port in range(first + 1, first + count):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
 
 
 class Cluster:
-    """`deploy/cluster.py` as a user runs it, its hosts and router read from what it prints."""
+    """`deploy/cluster.py` as a user runs it, its hosts and routers read from what it prints."""
 
     def __init__(self, containers: list[Path], work: Path, lib: Path, *, serve_args: str = "",
-                 host_args: tuple[str, ...] = (), env: Optional[dict] = None):
-        self.port = free_port()
+                 host_args: tuple[str, ...] = (), env: Optional[dict] = None, routers: int = 1,
+                 restart_hosts: bool = False):
+        self.port = free_ports(routers)
+        self.ports = [self.port + k for k in range(routers)]  # router k + 1's
         self.dir = work
         command = [sys.executable, str(SCRIPT), *map(str, containers), "--port", str(self.port),
                    "--dir", str(work), f"--serve-args=--quiet --lib {lib} --prefix-cache-min 16 {serve_args}",
-                   *(f"--host-args={spec}" for spec in host_args)]
+                   *(f"--host-args={spec}" for spec in host_args), "--routers", str(routers),
+                   *(["--restart-hosts"] if restart_hosts else [])]
         environment = {k: v for k, v in os.environ.items() if not k.startswith(("WASTE_", "SERVE_ROUTER"))}
         self.proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, env={**environment, **(env or {})})
-        self.hosts: dict[str, tuple[int, int]] = {}  # name -> (port, pid)
+        self.hosts: dict[str, tuple[int, int]] = {}    # name -> (port, pid)
+        self.routers: dict[int, int] = {}              # port -> pid
         self.lines: list[str] = []
+        self.changed = threading.Condition()
         for line in self.proc.stdout:
-            self.lines.append(line)
-            found = re.match(r"host (h\d+) http://127\.0\.0\.1:(\d+) .*pid=(\d+)", line)
-            if found:
-                self.hosts[found.group(1)] = (int(found.group(2)), int(found.group(3)))
+            self.read(line)
             if line.strip() == "ready":
                 break
         else:
             raise AssertionError("the cluster did not start:\n" + "".join(self.lines))
-        threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True).start()
+        threading.Thread(target=lambda: [self.read(line) for line in self.proc.stdout], daemon=True).start()
+
+    def read(self, line: str) -> None:
+        """One line the script printed: a host or router (again) and its pid."""
+        with self.changed:
+            self.lines.append(line)
+            found = re.match(r"host (h\d+) (?:restarted )?http://127\.0\.0\.1:(\d+) .*pid=(\d+)", line)
+            if found:
+                self.hosts[found.group(1)] = (int(found.group(2)), int(found.group(3)))
+            found = re.match(r"router (?:r\d+ \w+ )?http://127\.0\.0\.1:(\d+) pid=(\d+)", line)
+            if found:
+                self.routers[int(found.group(1))] = int(found.group(2))
+            self.changed.notify_all()
+
+    def wait_line(self, pattern: str, since: int = 0, timeout: float = 120) -> None:
+        """Until the script prints a line that matches, after its first `since` lines."""
+        with self.changed:
+            assert self.changed.wait_for(lambda: any(re.match(pattern, line) for line in self.lines[since:]),
+                                         timeout), (pattern, "".join(self.lines))
 
     def host_of(self, reply_headers: dict) -> str:
         """The router's name for the host that wrote a reply, from its X-Serve-Host."""
@@ -78,6 +109,7 @@ class Cluster:
         return (self.dir / "router" / "haproxy.log").read_text()
 
     def admin(self, command: str) -> str:
+        """A command on the (first) router's admin socket."""
         with socket.socket(socket.AF_UNIX) as s:
             s.connect(str(self.dir / "router" / "admin.sock"))
             s.sendall(command.encode() + b"\n")
@@ -386,9 +418,8 @@ def test_a_killed_host_moves_its_conversations_and_loses_nothing_sent_after(star
     # The streamed reply was cut: the client sees a broken body, never a finished-looking one.
     assert cut["stream"].status == 200 and cut["stream"].error == "IncompleteRead"
     assert b"message_stop" not in cut["stream"].body
-    # The blocking one had no answer yet: a 502 the clients retry.
-    assert cut["blocking"].status == 502 and cut["blocking"].headers["retry-after"] == "5"
-    assert cut["blocking"].json()["error"]["code"] == "upstream_failed"
+    # The blocking one had no answer yet, not a byte: the router sent it to another host.
+    assert cut["blocking"].status == 200 and cluster.host_of(cut["blocking"].headers) != victim
     # Nothing sent after the failure was lost; the victim's conversations moved and were
     # prefilled again there (nothing cached), the others stayed where they were.
     assert [r.status for r in after] == [200] * 6, [r.body[-200:] for r in after]
@@ -406,6 +437,102 @@ def test_a_killed_host_moves_its_conversations_and_loses_nothing_sent_after(star
         assert cluster.host_of(again.headers) == cluster.host_of(after[i].headers)
         assert again.json()["usage"]["cache_read_input_tokens"] > 0
     assert any(f"host {victim} exited (-9)" in line for line in cluster.lines)
+
+
+def messages_turn(port: int, key: str, text: str = "hello") -> Reply:
+    return send(port, "/v1/messages", {"model": "k3", "max_tokens": 2, **GREEDY,
+                                       "messages": [{"role": "user", "content": text}]},
+                {"x-claude-code-session-id": key})
+
+
+@needs_router
+@pytest.mark.soak
+def test_a_turn_sent_as_its_host_is_killed_is_served_by_another(start, k3_container, soak):
+    cluster = start(k3_container, k3_container, k3_container, restart_hosts=True)
+    # The host accepted the connection (its kernel did) and died without reading it or
+    # answering a byte: what a request meets a few ms after a SIGKILL, here every time.
+    key = f"stopped-{time.monotonic_ns()}"
+    home = cluster.host_of(messages_turn(cluster.port, key).headers)
+    pid = cluster.hosts[home][1]
+    since = len(cluster.lines)
+    os.kill(pid, signal.SIGSTOP)
+    replies: list[Reply] = []
+    sent = threading.Thread(target=lambda: replies.append(messages_turn(cluster.port, key)))
+    sent.start()
+    while home not in in_flight(cluster):
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+    sent.join()
+    assert replies[0].status == 200 and cluster.host_of(replies[0].headers) != home
+    # Sent again by the router, to another host (`+`: redispatched); logged as the reply ends.
+    deadline = time.monotonic() + 30
+    while not re.search(rf"POST /v1/messages 200 conv={key} .* retries=\+1", cluster.router_log()):
+        assert time.monotonic() < deadline, cluster.router_log()
+        time.sleep(0.05)
+    cluster.wait_line(rf"host {home} restarted", since)
+    # A turn sent 0 to 10 ms after its host's SIGKILL: refused, or accepted and reset.
+    trials = 20 if soak else 4
+    for trial in range(trials):
+        deadline = time.monotonic() + 60
+        while any(cluster.state(name) != "UP" for name in cluster.hosts):  # the last one back
+            assert time.monotonic() < deadline, cluster.admin("show stat")
+            time.sleep(0.05)
+        key = f"killed-{trial}-{time.monotonic_ns()}"
+        home = cluster.host_of(messages_turn(cluster.port, key).headers)
+        since = len(cluster.lines)
+        os.kill(cluster.hosts[home][1], signal.SIGKILL)
+        time.sleep(0.010 * trial / (trials - 1))
+        reply = messages_turn(cluster.port, key)
+        assert reply.status == 200, (trial, reply.status, reply.body[-300:])
+        assert cluster.host_of(reply.headers) != home
+        cluster.wait_line(rf"host {home} restarted", since)
+
+
+# ---- several routers --------------------------------------------------------------------
+
+@needs_router
+def test_two_routers_keep_each_conversation_and_stored_response_on_its_host_through_restarts(start, k3_container):
+    cluster = start(k3_container, k3_container, k3_container, routers=2)
+    keys = [f"routers-{i}-{time.monotonic_ns()}" for i in range(4)]
+    homes: dict[str, str] = {}     # conversation key or stored response id -> its host
+    previous = None
+
+    def turns(ports: list[int], number: int) -> None:
+        """One turn of every conversation, each through the next router in `ports`, and the
+        stored responses read back by id; all on their homes (the first turn sets them)."""
+        nonlocal previous
+        for n, key in enumerate(keys):
+            reply = messages_turn(ports[(n + number) % len(ports)], key, f"{key} turn {number}")
+            assert reply.status == 200, reply.body[-300:]
+            assert homes.setdefault(key, cluster.host_of(reply.headers)) == cluster.host_of(reply.headers), (number, key)
+        # A Responses chain without a key: only its stored response says where it lives.
+        reply, response = chain_turn(ports[number % len(ports)], f"chain turn {number}", previous)
+        if previous:
+            assert cluster.host_of(reply.headers) == homes[previous]
+        previous = response["id"]
+        homes[previous] = cluster.host_of(reply.headers)
+        for n, stored in enumerate(k for k in homes if k.startswith("resp_")):
+            got = send(ports[n % len(ports)], f"/v1/responses/{stored}", {}, method="GET")
+            assert got.status == 200 and cluster.host_of(got.headers) == homes[stored], (number, stored)
+
+    turns(cluster.ports, 0)
+    turns(cluster.ports, 1)   # each conversation through the other router now
+    assert len(set(homes.values())) >= 2, homes   # spread: a router without the tables would move some
+    # The first router dies and is started again: it learns the tables from the second.
+    since = len(cluster.lines)
+    os.kill(cluster.routers[cluster.ports[0]], signal.SIGKILL)
+    cluster.wait_line(r"router r1 restarted", since)
+    turns(cluster.ports[:1], 2)
+    # Both reloaded in turn (SIGHUP): each new process gets the tables from its old one, and
+    # takes over its listening socket: a client sending meanwhile sees nothing of it.
+    since = len(cluster.lines)
+    cluster.proc.send_signal(signal.SIGHUP)
+    during = []
+    while not any(line.startswith("router r2 reloaded") for line in cluster.lines[since:]):
+        during.append(messages_turn(cluster.ports[0], keys[0], "during the reload"))
+    assert during and all(r.status == 200 and cluster.host_of(r.headers) == homes[keys[0]] for r in during)
+    turns(cluster.ports, 3)
+    turns(cluster.ports[1:], 4)
 
 
 # ---- models and access ------------------------------------------------------------------
