@@ -42,12 +42,14 @@ $(DEMO): tools/make_container.py
 
 $(VENV)/.ok: requirements-dev.txt requirements-optional.txt
 	$(PYTHON) -m venv $(VENV)
+	@echo "installing the test tools into $(VENV) (requirements-dev.txt): a few minutes the first time"
 	$(VPY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	@touch $@
 
 # pyproject.toml's build backend, kept locally: the install test builds the package without an index.
 WHEELHOUSE := build/wheelhouse
 $(WHEELHOUSE)/.ok: pyproject.toml $(VENV)/.ok
+	@echo "fetching the package's build backend into $(WHEELHOUSE), for the install test"
 	$(VPY) -m pip download --quiet --disable-pip-version-check --no-deps -d $(WHEELHOUSE) \
 	  $$($(VPY) -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['build-system']['requires'])")
 	@touch $@
@@ -56,6 +58,7 @@ $(WHEELHOUSE)/.ok: pyproject.toml $(VENV)/.ok
 # index answers; the server starts without them all the same.
 $(DEMO_VENV)/.ok: requirements-optional.txt
 	$(PYTHON) -m venv $(DEMO_VENV)
+	@echo "demo: installing the optional packages into $(DEMO_VENV) (requirements-optional.txt: llguidance, numpy)"
 	@$(DEMO_PY) -m pip install --quiet --disable-pip-version-check --timeout 15 --retries 1 \
 	  -r requirements-optional.txt 2>/dev/null \
 	  || echo "demo: optional packages (requirements-optional.txt) not installed: no package index"

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Agent sessions replayed on 1, 2 and 3 hosts behind the router, affinity against round robin.
 
     .venv/bin/python bench/cluster.py [--sessions 6] [--turns 4] [--delay-ms 2]

@@ -17,8 +17,7 @@ from typing import Iterator, Optional
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from serve.engine.binding import Engine, EngineConfig, GenParams, load_library  # noqa: E402
-from serve.formats.xtml.render import build_chat_segments  # noqa: E402
+from serve import Engine, EngineConfig, GenParams, build_chat_segments, load_library  # noqa: E402
 
 DEMO = ROOT / "build" / "demo.waste"
 

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Decoding in serve (grammar, logprobs) against the engine's own waste_generate, per token,
 on a container with K3's vocabulary size (163,840 ids).
 
@@ -34,11 +35,9 @@ from pathlib import Path
 
 from common import ROOT, machine  # noqa: I001 (puts the repository on sys.path)
 
-from serve.formats import grammar  # noqa: E402
-from serve.core.api import parse_chat_request  # noqa: E402
-from serve.formats.choice import resolve_chat_format  # noqa: E402
-from serve.engine.decode import Decoder  # noqa: E402
-from serve.engine.binding import Engine, EngineConfig, GenParams, load_library  # noqa: E402
+from serve import (Decoder, Engine, EngineConfig, GenParams, Markup, Vocabulary,
+                   compile_grammar, load_library, parse_chat_request,
+                   resolve_chat_format, xtml_grammar)  # noqa: E402
 
 K3_VOCAB = 163_840
 TOOLS = [{"type": "function", "function": {
@@ -61,7 +60,7 @@ class Bench:
         self.ids = engine.tokenize_segments(self.fmt.render(ASK, tools=TOOLS, thinking=False).segments)
         n_vocab = len(engine.eval(engine.tokenize("x")))
         started = time.perf_counter()
-        self.vocabulary = grammar.Vocabulary(engine, n_vocab, self.fmt.stop_tokens)
+        self.vocabulary = Vocabulary(engine, n_vocab, self.fmt.stop_tokens)
         self.vocabulary_s = time.perf_counter() - started
         self.eval_s = 0.0
         evaluate = engine.eval
@@ -91,8 +90,8 @@ class Bench:
         if body is not None:
             req = parse_chat_request({"messages": ASK, **body})
             m = self.fmt.markers
-            lark = grammar.xtml_grammar(req, grammar.Markup(m.open, m.sep, m.close), False)
-            compiled = grammar.compile_grammar(lark)
+            lark = xtml_grammar(req, Markup(m.open, m.sep, m.close), False)
+            compiled = compile_grammar(lark)
             matcher = lambda n_vocab: self.vocabulary.matcher(compiled)  # noqa: E731
         decoder = Decoder(self.engine, temperature=temperature, top_k=0, top_p=1.0, grammar=matcher,
                           top_logprobs=5 if logprobs else None)

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """What translating an agent's request costs, next to rendering and tokenizing it.
 
     .venv/bin/python bench/dialects.py [CONTAINER] [--repeat N]
@@ -15,12 +16,8 @@ import time
 from typing import Callable
 
 from common import ROOT, container_args, machine
-from serve.dialects import anthropic
-from serve.dialects import responses
-from serve.service.response_store import ResponseStore
-from serve.core.api import ChatRequest
-from serve.engine.binding import Engine, EngineConfig, load_library
-from serve.formats.xtml.render import build_chat_segments
+from serve import (ChatRequest, Engine, EngineConfig, ResponsesExchange, ResponseStore,
+                   build_chat_segments, load_library, parse_anthropic_request)
 
 sys.path.insert(0, str(ROOT / "tests"))
 from agents import (claude_code_first_message, claude_code_request, codex_first_input,  # noqa: E402
@@ -52,8 +49,8 @@ def codex_session(turns: int) -> dict:
 def translations() -> dict[str, Callable[[], ChatRequest]]:
     store = ResponseStore()
     claude_code, codex = claude_code_session(5), codex_session(5)   # built once, outside the timing
-    return {"claude code": lambda: anthropic.parse_request(claude_code).request,
-            "codex": lambda: responses.Exchange(codex, store, "k3").request}
+    return {"claude code": lambda: parse_anthropic_request(claude_code).request,
+            "codex": lambda: ResponsesExchange(codex, store, "k3").request}
 
 
 def main() -> None:

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """How far batched prefill moved the logits: the old engine and the new, on every test container.
 
     .venv/bin/python bench/engine_agreement.py [--positions 1,512,4096,16384] [--smollm2-positions 1,512]
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from common import PREVIOUS_ENGINE, ROOT, build_engine_at, machine
 
-from serve.engine.binding import Engine, EngineConfig, GenParams, load_library  # noqa: E402
+from serve import Engine, EngineConfig, GenParams, load_library  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "tests"))
 from gguf_writer import tiny_llama  # noqa: E402

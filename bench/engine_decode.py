@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Greedy decode speed of libwaste through ctypes, at 1 thread and at one per core.
 
     .venv/bin/python bench/engine_decode.py [CONTAINER] [--lib PATH] [--tokens N]

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Prefill speed of the reference engine by position, before and after batched prefill, in one run.
 
     .venv/bin/python bench/engine_prefill.py [CONTAINER] [--ctx N] [--threads N] [--before COMMIT]
@@ -32,9 +33,8 @@ from pathlib import Path
 
 from common import DEMO, PREVIOUS_ENGINE, ROOT, build_engine_at, machine
 
-from serve.dialects import anthropic  # noqa: E402
-from serve.engine.binding import Engine, EngineConfig, load_library  # noqa: E402
-from serve.formats.xtml.render import build_chat_segments  # noqa: E402
+from serve import (Engine, EngineConfig, build_chat_segments, load_library,
+                   parse_anthropic_request)  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "tests"))
 from agents import claude_code_first_message, claude_code_request  # noqa: E402
@@ -104,7 +104,7 @@ def expert_bytes(lib, container: Path, tokens: list[int]) -> tuple[float, float,
 
 def agent_prompt(engine: Engine) -> list[int]:
     body = claude_code_request([claude_code_first_message("Tidy up the README and run the tests.")])
-    req = anthropic.parse_request(body).request
+    req = parse_anthropic_request(body).request
     segments = build_chat_segments(req.messages, req.tools, thinking=True,
                                    thinking_effort=req.thinking_effort)
     return engine.tokenize_segments(segments)

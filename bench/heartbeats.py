@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """The longest silence before the first token, per dialect, as each dialect's clients count it.
 
     .venv/bin/python bench/heartbeats.py [CONTAINER] [--delay-ms 9] [--heartbeat 1]

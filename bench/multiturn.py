@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Multi-turn chat with and without prefix reuse: per turn, the prompt tokens
 prefilled, the tokens reused from a snapshot, and the time to first token.
 

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """An agent's preamble across restarts: time to first token and positions prefilled.
 
     .venv/bin/python bench/preamble.py [CONTAINER] [--lib PATH] [--ctx N]
@@ -84,7 +85,7 @@ def cost_model(lib: str | None, container: str, ctx: int, body: dict, positions:
                chunk: int = 512) -> dict:
     """Prefill time of the preamble's first `positions`, and the size, write and load
     time of a snapshot of them, in-process."""
-    from serve.formats.choice import resolve_chat_format
+    from serve import resolve_chat_format
     with Engine(load_library(lib), container, EngineConfig(ctx=ctx)) as engine:
         fmt = resolve_chat_format(engine, container)
         ids = engine.tokenize_segments(fmt.render(body["messages"], tools=body["tools"],

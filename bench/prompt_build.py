@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Prompt building cost per request: render and tokenize a large agent prompt.
 
     .venv/bin/python bench/prompt_build.py [CONTAINER] [--repeat N]
@@ -13,8 +14,7 @@ import statistics
 import time
 
 from common import container_args, machine
-from serve.engine.binding import Engine, EngineConfig, load_library
-from serve.formats.xtml.render import build_chat_segments
+from serve import Engine, EngineConfig, build_chat_segments, load_library
 
 
 def agent_tools(n: int) -> list[dict]:

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Decode and prefill speed of the reference engine on SmolLM2-135M-Instruct, one thread.
 
     .venv/bin/python bench/real_model.py [CONTAINER] [--lib PATH] [--tokens N]
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from common import ROOT, machine
 
-from serve.engine.binding import Engine, EngineConfig, GenParams, load_library  # noqa: E402
+from serve import Engine, EngineConfig, GenParams, load_library  # noqa: E402
 
 PROMPT = ("<|im_start|>user\nWrite a long story about a lighthouse keeper who counts the ships "
           "that pass his island every night.<|im_end|>\n<|im_start|>assistant\n")

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """How often one chat request renders and tokenizes its conversation, with reply memory on.
 
     .venv/bin/python bench/renders.py [CONTAINER] [--turns 0 1 3 6] [--lib PATH]
@@ -16,12 +17,8 @@ import collections
 import tempfile
 
 from common import DEMO, Quiet
-from serve.core.api import parse_chat_request
-from serve.engine.binding import Engine, EngineConfig, load_library
-from serve.formats.choice import resolve_chat_format
-from serve.snapshots.cache import PrefixCache
-from serve.snapshots.reply_memory import ReplyMemory
-from serve.service.facade import Service, ServiceOptions
+from serve import (Engine, EngineConfig, PrefixCache, ReplyMemory, Service, ServiceOptions,
+                   load_library, parse_chat_request, resolve_chat_format)
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
 

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Which router: nginx, HAProxy, vllm-router and sglang-router measured against the same serve hosts.
 
     .venv/bin/python bench/routers.py [--only NAME ...] [--rv VENV]

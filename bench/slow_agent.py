@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """An agent's tool loop at a scaled K3 clock, its client timing out once a turn: positions evaluated
 against the positions the conversation holds.
 

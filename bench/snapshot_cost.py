@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """What a state snapshot costs against the prefill it spares, by conversation length.
 
     .venv/bin/python bench/snapshot_cost.py [CONTAINER] [--lib PATH] [--runs N]
@@ -20,7 +21,7 @@ import time
 
 from common import DEMO, Engine, EngineConfig, load_library, machine
 
-from serve.snapshots.policy import Costs
+from serve import Costs
 
 TEXT = "The harbour master kept a ledger of every ship that passed the breakwater. "
 

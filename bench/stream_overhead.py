@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Streaming overhead: decode tokens/s through /v1/chat/completions (SSE) versus a bare
 ctypes waste_generate loop on the same library and container.
 

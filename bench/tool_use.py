@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Tool use on SmolLM2-135M-Instruct, a model never taught serve's call format: free against constrained.
 
     .venv/bin/python bench/tool_use.py [CONTAINER] [--lib PATH]
@@ -31,10 +32,8 @@ import jsonschema
 
 from common import ROOT, Quiet, machine
 
-from serve.core import api  # noqa: E402
-from serve.engine.binding import Engine, EngineConfig, GenParams, load_library  # noqa: E402
-from serve.formats.choice import resolve_chat_format  # noqa: E402
-from serve.service.facade import Service, ServiceOptions  # noqa: E402
+from serve import (Engine, EngineConfig, GenParams, Service, ServiceOptions,  # noqa: E402
+                   load_library, parse_chat_request, resolve_chat_format)
 
 CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}},
         "required": ["city"]}
@@ -161,7 +160,7 @@ def free(service: Service, engine: Engine, question: str) -> tuple[list, list]:
 def constrained(service: Service, question: str, choice: str) -> list:
     body = {"messages": [{"role": "user", "content": question}], "tools": TOOLS,
             "tool_choice": choice, "temperature": 0, "max_tokens": MAX_TOKENS}
-    reply = service.chat(api.parse_chat_request(body), Quiet())
+    reply = service.chat(parse_chat_request(body), Quiet())
     return [(c["function"]["name"], c["function"]["arguments"])
             for c in reply.message.get("tool_calls") or []]
 

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """The reference engine next to llama.cpp on the same SmolLM2 Q4_1 GGUF, in one run.
 
     .venv/bin/python bench/vs_llamacpp.py [--threads N] [--decode N]
@@ -95,7 +96,7 @@ def llama_worker(gguf: str, threads: int, prompts: dict[str, list[int]], decode:
 def waste_side(container: Path, threads: int, prompts: dict[str, list[int]], decode: int,
                lib_path: str | None) -> dict:
     sys.path.insert(0, str(ROOT))
-    from serve.engine.binding import Engine, EngineConfig, GenParams, load_library
+    from serve import Engine, EngineConfig, GenParams, load_library
     n_ctx = max(len(ids) for ids in prompts.values()) + decode + 16
     lib = load_library(lib_path)
     result: dict = {"version": lib.version(), "prefill": {}}
@@ -117,7 +118,7 @@ def waste_side(container: Path, threads: int, prompts: dict[str, list[int]], dec
 
 def prompt_ids(container: Path, lib_path: str | None) -> dict[str, list[int]]:
     sys.path.insert(0, str(ROOT))
-    from serve.engine.binding import Engine, EngineConfig, load_library
+    from serve import Engine, EngineConfig, load_library
     with Engine(load_library(lib_path), container, EngineConfig(ctx=64)) as engine:
         ids = engine.tokenize(TEXT * 200)
     assert len(ids) >= max(PROMPTS)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from serve.app.context import ContextChoice, Planner, choose_context
-from serve.engine.binding import MemPlan, WasteError
+from serve.engine.types import MemPlan, WasteError
 
 CHORES_SHARE = 4   # the chores model takes at most 1/CHORES_SHARE of the budget unless told
 

@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 from serve.app.budget import Split, gib, split_budget
-from serve.engine.binding import Engine, EngineConfig, Library, WasteError
+from serve.app.context import beyond
+from serve.engine.binding import Engine, Library
+from serve.engine.types import EngineConfig, WasteError
 from serve.formats.choice import resolve_chat_format
 from serve.service.facade import Service, ServiceOptions
 from serve.snapshots.cache import PrefixCache, PrefixCacheError
@@ -99,7 +101,9 @@ def opened(lib: Library, args: argparse.Namespace, split: Optional[Split],
             options, model_id=model_id, vision=False, prefix_cache=cache,
             snapshot_policy=SnapshotPolicy(args.prefix_cache_min, args.prefix_cache_spacing,
                                            options.log),
-            reply_memory=ReplyMemory()))
+            reply_memory=ReplyMemory(),
+            context_beyond=beyond(lib, path, engine.info.ctx_max, split.chores.budget,
+                                  False).replace("--ctx", "--chores-ctx")))
         yield [service]
         try:
             engine.save_usage()

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from serve.engine.binding import MemPlan, WasteError
+from serve.engine.types import MemPlan, WasteError
 
 CAP = 131072
 SMALLEST = 4096     # the ABI's own default: below it, the engine's default is as good
@@ -75,12 +75,41 @@ def choose_context(lib: Planner, model: str, asked: int, budget: int, vision: bo
         elif too_big:
             why = (f"the largest whose state fits a quarter of the {_gib(ram)} budget "
                    f"({too_big:,} would not)")
-        else:
-            why = f"the largest the model takes ({refused})"
+        else:   # below CAP and not for the budget: the model refused the candidate above
+            most = model_limit(lib, model, n, 2 * n)
+            why = ("the most the model takes" if most == n else
+                   f"the largest of serve's candidates the model takes (it takes up to {most:,}; "
+                   "--ctx for more)")
         return ContextChoice(n, why)
     why = ("no candidate context fits a quarter of the budget" if too_big
            else f"the model takes none of {SMALLEST:,} to {CAP:,}" + (f" ({refused})" if refused else ""))
     return ContextChoice(0, f"the engine's default: {why}")
+
+
+def model_limit(lib: Planner, model: str, taken: int, refused: int) -> int:
+    """The largest context the model takes, between one it takes and one it refuses
+    (a plan loads no weights: a few are cheap)."""
+    while refused - taken > 1:
+        middle = (taken + refused) // 2
+        try:
+            lib.plan_memory(model, middle)
+            taken = middle
+        except WasteError:
+            refused = middle
+    return taken
+
+
+def beyond(lib: Planner, model: str, ctx: int, budget: int, vision: bool) -> str:
+    """What a prompt too long for the `ctx` the engine opened with is told of a larger context:
+    --ctx only when the model takes more and the memory holds it."""
+    try:
+        plan = lib.plan_memory(model, ctx + 1)
+    except WasteError:
+        return "the most this model takes"
+    ram = budget or lib.usable_ram()
+    if ram and plan.floor_bytes + (plan.vision_bytes if vision else 0) > ram:
+        return f"the most the {_gib(ram)} {'budget' if budget else 'of memory'} holds"
+    return "a server started with a larger --ctx takes more"
 
 
 def _gib(n: int) -> str:

@@ -17,20 +17,23 @@ from serve.engine import decode
 from serve.formats import grammar
 from serve.formats.base import ChatFormat
 from serve.formats.choice import resolve_chat_format
-from serve.engine.binding import Engine, EngineConfig, Library, LibraryNotFound, MemPlan, WasteError, load_library
+from serve.engine.binding import Engine, Library, LibraryNotFound, load_library
+from serve.engine.types import EngineConfig, MemPlan, WasteError
 from serve.http.connections import DEFAULT_MAX_CONNECTIONS, stderr_log
 from serve.app import chores
 from serve.app.budget import BudgetError, Split, gib
-from serve.app.context import CAP, ContextChoice, choose_context
+from serve.app.context import CAP, ContextChoice, beyond, choose_context
 from serve.http.server import DEFAULT_REQUEST_TIMEOUT, Server
 from serve.snapshots.identity import state_identity
-from serve.snapshots.cache import DEFAULT_MAX_ENTRIES, PrefixCache, PrefixCacheError, default_directory
+from serve.snapshots.cache import (DEFAULT_MAX_ENTRIES, default_directory, PrefixCache,
+                                   PrefixCacheError)
 from serve.snapshots.reply_memory import ReplyMemory
 from serve.dialects.sse import DEFAULT_HEARTBEAT
 from serve.service.facade import Service, ServiceOptions
 from serve.service.models import Models
 from serve.snapshots.policy import SnapshotPolicy
 from serve.app.warm import WarmError, Warmer, warm_requests
+from serve.version import version
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 DRAIN_SECONDS = 10.0  # at shutdown, for cut replies to reach their clients
@@ -97,6 +100,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p = _Parser(prog="serve" if Path(sys.argv[0]).name == "serve" else "python3 -m serve",
                 description="OpenAI-compatible server for a libwaste model.")
     p.add_argument("model", help="container directory (e.g. ~/models/k3.waste)")
+    p.add_argument("--version", action="version", version=f"serve {version()}")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=port, default=8000, help="port (default 8000; 0 = any free)")
     p.add_argument("--model-id", help="id reported to clients (default: the directory name)")
@@ -329,7 +333,9 @@ def serve(lib: Library, engine: Engine, args: argparse.Namespace, warm: list,
                                                                 args.prefix_cache_spacing, log),
                                  finish_abandoned=not args.no_finish_abandoned,
                                  log=log, reply_memory=ReplyMemory(),
-                                 keep_reasoning=args.keep_reasoning, max_queue=args.max_queue)
+                                 keep_reasoning=args.keep_reasoning, max_queue=args.max_queue,
+                                 context_beyond=beyond(lib, args.model, engine.info.ctx_max,
+                                                       cfg.budget, args.vision))
         with chores.opened(lib, args, split, default_model_id, cfg, options,
                            lambda chores_engine, path: open_prefix_cache(
                                args, lib, chores_engine, path)) as extra:

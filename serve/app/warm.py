@@ -14,13 +14,13 @@ import json
 import threading
 from typing import Callable, Optional
 
-from serve.dialects import anthropic
+from serve.dialects import anthropic, responses
 
-from serve.core import api
+from serve.dialects.openai_request import parse_chat_request
 
-from serve.dialects import responses
-from serve.core.api import ApiError, ChatRequest
-from serve.engine.binding import WasteError
+from serve.core.errors import ApiError
+from serve.core.request import ChatRequest
+from serve.engine.types import WasteError
 from serve.service.prefill import PrefillCancelled
 from serve.service.response_store import ResponseStore
 from serve.service.facade import Service
@@ -52,7 +52,7 @@ def parse_body(body: dict) -> ChatRequest:
         return responses.parse_request(body, ResponseStore()).request
     if kind == "anthropic":
         return anthropic.parse_request(body).request
-    return api.parse_chat_request(body)
+    return parse_chat_request(body)
 
 
 def load_request(path: str) -> ChatRequest:

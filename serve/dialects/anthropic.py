@@ -7,7 +7,7 @@ content blocks and stream events. Any `model` name is answered by the one model.
 Claude Code's billing header (a `system` text block starting
 `x-anthropic-billing-header:`) is metadata and stays out of the prompt.
 
-Thinking onto K3's effort levels (`api.parse_reasoning_effort` is the rule):
+Thinking onto K3's effort levels (`parse_reasoning_effort` is the rule):
 
 | request                                   | K3                              |
 |-------------------------------------------|---------------------------------|
@@ -15,7 +15,7 @@ Thinking onto K3's effort levels (`api.parse_reasoning_effort` is the rule):
 | `{"type": "disabled"}`                    | thinking off                    |
 | `{"type": "adaptive"}`                    | thinking on, no effort given    |
 | `{"type": "enabled", "budget_tokens": N}` | N < 8192: low; N < 24576: high; otherwise max |
-| `output_config.effort`                    | as `reasoning_effort` (`api.REASONING_EFFORTS`: medium is high, xhigh max), over a budget |
+| `output_config.effort`                    | as `reasoning_effort` (`REASONING_EFFORTS`: medium is high, xhigh max), over a budget |
 
 `tool_choice.disable_parallel_tool_use: true` is `parallel_tool_calls: false`: one call at most.
 Thinking blocks carry a `signature` (serve/dialects/seal.py); history thinking whose
@@ -27,8 +27,11 @@ import json
 import uuid
 from typing import Any, Callable, Optional
 
+from serve.core.client_json import Json
+from serve.core.reply import Delta
 from serve.dialects import seal
-from serve.core.api import ApiError, invalid, parse_reasoning_effort, unknown_fields
+from serve.core.errors import ApiError, invalid
+from serve.dialects.openai_request import parse_reasoning_effort, unknown_fields
 from serve.dialects.shared import (Block, Blocks, Conversation, Parts, Translation, chat_request,
                       string_field, tool_call)
 from serve.service.replies import ChatReply, ReplyStart
@@ -91,7 +94,7 @@ def parse_request(body: dict, *, counting: bool = False) -> Translation:
     return translation
 
 
-def _blocks(value: Any, where: str) -> list[dict]:
+def _blocks(value: Json, where: str) -> list[dict]:
     if not isinstance(value, list):
         raise invalid(where, "content must be a string or a list of content blocks")
     for b, block in enumerate(value):
@@ -100,8 +103,7 @@ def _blocks(value: Any, where: str) -> list[dict]:
     return value
 
 
-
-def is_billing_block(block: Any) -> bool:
+def is_billing_block(block: Json) -> bool:
     """Claude Code's billing header, sent as a system text block: metadata, not prompt. Its
     version suffix and `cch` change on every request, so in the prompt it would make every
     turn's prefix differ from the last one's at the first system token."""
@@ -116,7 +118,7 @@ def billing_block(body: dict) -> Optional[str]:
     return next((f"system[{b}]" for b, block in enumerate(blocks) if is_billing_block(block)), None)
 
 
-def _text_blocks(value: Any, where: str, skip: Callable[[dict], bool] = lambda block: False
+def _text_blocks(value: Json, where: str, skip: Callable[[dict], bool] = lambda block: False
                  ) -> Optional[str]:
     """`system` content: a string, or text blocks (cache_control is ignored); blocks `skip`
     names are left out, and None is returned when they were all there was."""
@@ -136,7 +138,7 @@ def _text_blocks(value: Any, where: str, skip: Callable[[dict], bool] = lambda b
     return parts.content()  # type: ignore[return-value]  # text alone is a string
 
 
-def _messages(conversation: Conversation, messages: Any) -> None:
+def _messages(conversation: Conversation, messages: Json) -> None:
     if not isinstance(messages, list) or not messages:
         raise invalid("messages", "messages must be a non-empty list")
     for i, message in enumerate(messages):
@@ -158,7 +160,7 @@ def _messages(conversation: Conversation, messages: Any) -> None:
                       "supported: the last message must be the user's")
 
 
-def _user(conversation: Conversation, content: Any, where: str) -> None:
+def _user(conversation: Conversation, content: Json, where: str) -> None:
     if isinstance(content, str):
         conversation.add({"role": "user", "content": content}, where)
         return
@@ -208,7 +210,7 @@ def _tool_result(block: dict, at: str) -> Parts:
     return result
 
 
-def _assistant(content: Any, where: str) -> dict:
+def _assistant(content: Json, where: str) -> dict:
     if isinstance(content, str):
         return {"role": "assistant", "content": content}
     texts: list[str] = []
@@ -239,7 +241,7 @@ def _assistant(content: Any, where: str) -> dict:
     return message
 
 
-def _tools(tools: Any, left_out: list[str]) -> tuple[Optional[list[dict]], dict[str, str]]:
+def _tools(tools: Json, left_out: list[str]) -> tuple[Optional[list[dict]], dict[str, str]]:
     """Client tools as chat tools; server tools (typed, e.g. web_search_*) are left out."""
     if tools is None:
         return None, {}
@@ -268,7 +270,7 @@ def _tools(tools: Any, left_out: list[str]) -> tuple[Optional[list[dict]], dict[
     return out, fields
 
 
-def _tool_choice(choice: Any) -> Any:
+def _tool_choice(choice: Json) -> Json:
     if choice is None:
         return None
     kind = choice.get("type") if isinstance(choice, dict) else None
@@ -281,7 +283,7 @@ def _tool_choice(choice: Any) -> Any:
     raise invalid("tool_choice", "tool_choice.type must be auto, any, tool or none")
 
 
-def _parallel(choice: Any) -> bool:
+def _parallel(choice: Json) -> bool:
     """Messages says it the other way round: disable_parallel_tool_use, on tool_choice."""
     disable = choice.get("disable_parallel_tool_use") if isinstance(choice, dict) else None
     if disable is not None and not isinstance(disable, bool):
@@ -290,7 +292,7 @@ def _parallel(choice: Any) -> bool:
     return not disable
 
 
-def _thinking(thinking: Any, output_config: Any) -> tuple[Optional[bool], Optional[str]]:
+def _thinking(thinking: Json, output_config: Json) -> tuple[Optional[bool], Optional[str]]:
     """(thinking, effort) by the table in the module's docstring."""
     on: Optional[bool] = None
     effort: Optional[str] = None
@@ -316,7 +318,7 @@ def _thinking(thinking: Any, output_config: Any) -> tuple[Optional[bool], Option
     return on, effort
 
 
-def _output_format(output_config: Any) -> Optional[dict]:
+def _output_format(output_config: Json) -> Optional[dict]:
     output_format = output_config.get("format") if isinstance(output_config, dict) else None
     if output_format is None:
         return None
@@ -389,7 +391,7 @@ class Exchange:
         return sse_named([event for step in steps for event in self._events(*step)]
                          + [{"type": "ping"}])
 
-    def delta(self, delta: dict) -> bytes:
+    def delta(self, delta: Delta) -> bytes:
         return sse_named([event for step in self._blocks.feed(delta) for event in self._events(*step)])
 
     def closing(self, reply: ChatReply) -> bytes:

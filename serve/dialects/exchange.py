@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Protocol, TypeVar
 
-from serve.core.api import ApiError, ChatRequest, CompletionRequest
+from serve.core.reply import Delta
+from serve.core.errors import ApiError
+from serve.core.request import ChatRequest, CompletionRequest
 from serve.service.replies import ChatReply, CompletionReply, ReplyStart
 
 Reply = ChatReply | CompletionReply
@@ -35,7 +37,7 @@ class Exchange(Protocol[R]):
         """The stream's first events, once the prompt's size is known (or once a heartbeat is
         due while the request still waits, whatever comes first); `start` says what is known."""
 
-    def delta(self, delta: dict) -> bytes:
+    def delta(self, delta: Delta) -> bytes:
         """One delta of the service's output. Called streaming or not: a blocking reply's
         body may be built from the deltas too."""
 

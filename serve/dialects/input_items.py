@@ -9,16 +9,17 @@ message), so a listing names the same ids every time.
 from __future__ import annotations
 
 import uuid
-from typing import Any, Optional
+from typing import Optional
 
-from serve.core.api import invalid
+from serve.core.client_json import Json
+from serve.core.errors import invalid
 
 DEFAULT_LIMIT, MAX_LIMIT = 20, 100
 ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco",
                "reasoning": "rs"}
 
 
-def stored_items(value: Any, earlier: list[dict]) -> list[dict]:
+def stored_items(value: Json, earlier: list[dict]) -> list[dict]:
     """The items a response lists: `earlier` (its chain's), then the request's `input`
     (already validated), each with an id unique in the list, for cursors to find."""
     items = list(earlier)

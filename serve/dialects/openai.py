@@ -1,6 +1,6 @@
 """OpenAI's chat completions and completions (`POST /v1/chat/completions`, `/v1/completions`).
 
-The body is the internal request as it is (serve/core/api.py validates it); the
+The body is the internal request as it is (serve/dialects/openai_request.py validates it); the
 reply is a chat.completion or text_completion, or their chunks on a stream
 that ends with `data: [DONE]`.
 """
@@ -8,11 +8,25 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from serve.core import api
-from serve.core.api import ApiError, ChatRequest, CompletionRequest
+from serve.core.ids import new_id, now
+from serve.dialects.openai_request import (CHAT_FIELDS, COMPLETION_FIELDS, parse_chat_request,
+                                           parse_completion_request, unknown_fields)
+from serve.dialects.openai_shapes import chat_chunk, chat_completion, text_completion, usage_chunk
+from serve.core.errors import ApiError
+from serve.core.reply import Delta
+from serve.core.request import ChatRequest, CompletionRequest
 from serve.service.logprobs import chat_logprobs, completion_logprobs, text_length
 from serve.service.replies import ChatReply, CompletionReply, ReplyStart
 from serve.dialects.sse import SSE_DONE, sse_comment, sse_encoder, sse_event
+
+
+def _chat_delta(delta: Delta) -> dict:
+    """A delta as a chat.completion.chunk's `delta`."""
+    if delta.reasoning_content:
+        return {"reasoning_content": delta.reasoning_content}
+    if delta.tool_call is not None:
+        return {"tool_calls": [delta.tool_call]}
+    return {"content": delta.content}
 
 
 class _OpenAIStream:
@@ -55,66 +69,64 @@ class _OpenAIStream:
 
 class ChatExchange(_OpenAIStream):
     def __init__(self, body: dict, model: str):
-        self.request = api.parse_chat_request(body)
-        self.ignored = api.unknown_fields(body, api.CHAT_FIELDS)
-        self._id, self._created, self.model = api.new_id("chatcmpl"), api.now(), model
+        self.request = parse_chat_request(body)
+        self.ignored = unknown_fields(body, CHAT_FIELDS)
+        self._id, self._created, self.model = new_id("chatcmpl"), now(), model
 
     def _chunk(self, part: Any) -> dict:
-        return api.chat_chunk(self._id, self._created, self.model, part)
+        return chat_chunk(self._id, self._created, self.model, part)
 
     def opening(self, start: ReplyStart) -> bytes:
-        return self.delta({"role": "assistant", "content": ""})
+        return self._encode({"role": "assistant", "content": ""}) if self.request.stream else b""
 
-    def delta(self, delta: dict) -> bytes:
+    def delta(self, delta: Delta) -> bytes:
         if not self.request.stream:
             return b""   # the blocking body is the reply's message
-        if "logprobs" in delta:  # serve/service/logprobs.py: the entries go beside the delta, not in it
-            delta = dict(delta)
-            entries = delta.pop("logprobs")
-            return sse_event(api.chat_chunk(self._id, self._created, self.model, delta,
-                                            logprobs=chat_logprobs(entries)))
-        return self._encode(delta)
+        if delta.logprobs is not None:  # the entries go beside the delta, not in it
+            return sse_event(chat_chunk(self._id, self._created, self.model, _chat_delta(delta),
+                                        logprobs=chat_logprobs(delta.logprobs)))
+        return self._encode(_chat_delta(delta))
 
     def closing(self, reply: ChatReply) -> bytes:
-        return self._close(api.chat_chunk(self._id, self._created, self.model, {}, reply.finish_reason),
-                           api.usage_chunk(self._id, self._created, self.model,
-                                           "chat.completion.chunk", reply.usage))
+        return self._close(chat_chunk(self._id, self._created, self.model, {}, reply.finish_reason),
+                           usage_chunk(self._id, self._created, self.model,
+                                       "chat.completion.chunk", reply.usage))
 
     def body(self, reply: ChatReply) -> dict:
-        return api.chat_completion(self._id, self._created, self.model, reply.message,
-                                   reply.finish_reason, reply.usage, reply.logprobs)
+        return chat_completion(self._id, self._created, self.model, reply.message,
+                               reply.finish_reason, reply.usage, reply.logprobs)
 
 
 class CompletionExchange(_OpenAIStream):
     def __init__(self, body: dict, model: str):
-        self.request = api.parse_completion_request(body)
-        self.ignored = api.unknown_fields(body, api.COMPLETION_FIELDS)
-        self._id, self._created, self.model = api.new_id("cmpl"), api.now(), model
+        self.request = parse_completion_request(body)
+        self.ignored = unknown_fields(body, COMPLETION_FIELDS)
+        self._id, self._created, self.model = new_id("cmpl"), now(), model
         self._offset = 0   # text_offset continues from chunk to chunk
 
     def _chunk(self, part: Any) -> dict:
-        return api.text_completion(self._id, self._created, self.model, part, None)
+        return text_completion(self._id, self._created, self.model, part, None)
 
     def opening(self, start: ReplyStart) -> bytes:
         return b""
 
-    def delta(self, delta: dict) -> bytes:
+    def delta(self, delta: Delta) -> bytes:
         if not self.request.stream:
             return b""
-        if "logprobs" not in delta:
-            return self._encode(delta["text"])
-        entries = delta["logprobs"]
+        if delta.logprobs is None:
+            return self._encode(delta.content)
+        entries = delta.logprobs
         logprobs = completion_logprobs(entries, self._offset)
         self._offset += sum(text_length(e) for e in entries)
-        return sse_event(api.text_completion(self._id, self._created, self.model, delta["text"],
-                                             None, logprobs=logprobs))
+        return sse_event(text_completion(self._id, self._created, self.model, delta.content,
+                                         None, logprobs=logprobs))
 
     def closing(self, reply: CompletionReply) -> bytes:
-        return self._close(api.text_completion(self._id, self._created, self.model, "",
-                                               reply.finish_reason),
-                           api.usage_chunk(self._id, self._created, self.model, "text_completion",
-                                           reply.usage))
+        return self._close(text_completion(self._id, self._created, self.model, "",
+                                           reply.finish_reason),
+                           usage_chunk(self._id, self._created, self.model, "text_completion",
+                                       reply.usage))
 
     def body(self, reply: CompletionReply) -> dict:
-        return api.text_completion(self._id, self._created, self.model, reply.text,
-                                   reply.finish_reason, reply.usage, reply.logprobs)
+        return text_completion(self._id, self._created, self.model, reply.text,
+                               reply.finish_reason, reply.usage, reply.logprobs)

@@ -9,7 +9,7 @@ inside a `namespace` tool are shown to the model as `namespace.name` and
 their calls come back with `namespace` set. Hosted tools (web_search,
 file_search, ...) and custom tools are left out and logged.
 
-`reasoning.effort` maps by `api.REASONING_EFFORTS`, as `reasoning_effort` does.
+`reasoning.effort` maps by `REASONING_EFFORTS` (serve/core/request.py), as `reasoning_effort` does.
 `parallel_tool_calls: false` allows one call at most.
 
 Reasoning comes back into a prompt only when the server can vouch for it: an
@@ -25,8 +25,11 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from serve.core.client_json import Json
+from serve.core.reply import Delta
 from serve.dialects import seal
-from serve.core.api import ApiError, invalid, parse_reasoning_effort, unknown_fields
+from serve.core.errors import ApiError, invalid
+from serve.dialects.openai_request import parse_reasoning_effort, unknown_fields
 from serve.dialects.shared import (Block, Blocks, Conversation, Parts, Translation, chat_request,
                       string_field, tool_call)
 from serve.dialects.input_items import stored_items
@@ -64,7 +67,6 @@ class _Request:
     history: list[dict]                 # the conversation without instructions, for the store
     namespaced: dict[str, tuple[str, str]]  # model-facing name -> (namespace, name)
     previous: Optional[Stored]          # the response it continues (previous_response_id)
-
 
 
 def _parse(body: dict, store: ResponseStore) -> _Request:
@@ -110,7 +112,7 @@ def parse_request(body: dict, store: ResponseStore) -> Translation:
     return _parse(body, store).translation
 
 
-def _input(conversation: Conversation, value: Any, store: ResponseStore,
+def _input(conversation: Conversation, value: Json, store: ResponseStore,
            qualified: dict[tuple[str, str], str]) -> None:
     if isinstance(value, str):
         conversation.add({"role": "user", "content": value}, "input")
@@ -157,7 +159,7 @@ def _input(conversation: Conversation, value: Any, store: ResponseStore,
                 raise invalid(f"{where}.type", f"unsupported input item type {kind!r}")
 
 
-def _assistant_text(content: Any, where: str) -> str:
+def _assistant_text(content: Json, where: str) -> str:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -172,7 +174,7 @@ def _assistant_text(content: Any, where: str) -> str:
     return "".join(texts)
 
 
-def _parts(content: Any, where: str, images: bool) -> Parts:
+def _parts(content: Json, where: str, images: bool) -> Parts:
     parts = Parts()
     if isinstance(content, str):
         parts.text(content, where)
@@ -221,7 +223,7 @@ def _function(tool: dict, at: str, name: str) -> dict:
     return {"type": "function", "function": function}
 
 
-def _tools(tools: Any, left_out: list[str]
+def _tools(tools: Json, left_out: list[str]
            ) -> tuple[Optional[list[dict]], dict[str, str], dict[str, tuple[str, str]]]:
     """Function tools (namespaced ones too) as chat tools; the rest is left out."""
     if tools is None:
@@ -264,7 +266,7 @@ def _tools(tools: Any, left_out: list[str]
     return out, fields, namespaced
 
 
-def _tool_choice(choice: Any) -> Any:
+def _tool_choice(choice: Json) -> Json:
     if choice is None or choice in ("none", "auto", "required"):
         return choice
     kind = choice.get("type") if isinstance(choice, dict) else None
@@ -276,7 +278,7 @@ def _tool_choice(choice: Any) -> Any:
                                  "or allowed_tools; hosted tools cannot be chosen here")
 
 
-def _text_format(text: Any) -> Optional[dict]:
+def _text_format(text: Json) -> Optional[dict]:
     if text is None:
         return None
     if not isinstance(text, dict):
@@ -356,7 +358,7 @@ class Exchange:
                                       response=self._response("in_progress", output,
                                                               self._usage_at(start)))])
 
-    def delta(self, delta: dict) -> bytes:
+    def delta(self, delta: Delta) -> bytes:
         return sse_named([event for step in self._blocks.feed(delta) for event in self._events(*step)])
 
     def keep(self, reply: ChatReply) -> None:

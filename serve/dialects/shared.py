@@ -2,7 +2,7 @@
 
 Both turn a request into the one internal `ChatRequest` and the service's
 chat deltas back into their own wire format. Requests go through
-`api.parse_chat_request`, so every dialect gets the chat endpoint's
+`parse_chat_request`, so every dialect gets the chat endpoint's
 validation and limits; `Translation.error` then renames the internal field a
 400 names (`messages[3].content[1]`, `stop`) to the one the client sent.
 Replies are grouped by `Blocks` into what both formats send as separate
@@ -13,10 +13,13 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
-from serve.core import api
-from serve.core.api import ApiError, ChatRequest
+from serve.core.client_json import Json
+from serve.core.errors import ApiError, invalid
+from serve.core.reply import Delta
+from serve.dialects.openai_request import parse_chat_request
+from serve.core.request import ChatRequest
 
 # `messages[3].content[1]` -> `messages[3]` -> `messages`: a field, then its parents.
 _LAST_STEP = re.compile(r"(\.[^.\[]+|\[\d+\])$")
@@ -51,7 +54,7 @@ class Translation:
 def chat_request(body: dict, fields: dict[str, str], left_out: list[str]) -> Translation:
     """`body` in OpenAI chat shape -> the internal request, its errors in the dialect's names."""
     try:
-        return Translation(api.parse_chat_request(body), fields, left_out)
+        return Translation(parse_chat_request(body), fields, left_out)
     except ApiError as e:
         raise renamed(e, fields) from None
 
@@ -60,11 +63,11 @@ def string_field(obj: dict, key: str, where: str) -> str:
     """obj[key], which must be a string; a 400 naming `where.key` otherwise."""
     value = obj.get(key)
     if not isinstance(value, str):
-        raise api.invalid(f"{where}.{key}", f"{key} must be a string")
+        raise invalid(f"{where}.{key}", f"{key} must be a string")
     return value
 
 
-def tool_call(call_id: str, name: str, arguments: Any) -> dict:
+def tool_call(call_id: str, name: str, arguments: Json) -> dict:
     """An assistant tool call in OpenAI chat shape (what the renderer reads)."""
     text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": text}}
@@ -129,21 +132,22 @@ class Block:
 
 
 class Blocks:
-    """Chat deltas -> ("open" | "add" | "close", block, piece) steps, in reply order."""
+    """Deltas -> ("open" | "add" | "close", block, piece) steps, in reply order."""
 
     def __init__(self) -> None:
         self.blocks: list[Block] = []
         self.reasoning_pieces = 0   # deltas of reasoning: one per generated token that had any
         self._open: Optional[Block] = None
 
-    def feed(self, delta: dict) -> list[tuple[str, Block, str]]:
-        if "reasoning_content" in delta:
+    def feed(self, delta: Delta) -> list[tuple[str, Block, str]]:
+        if delta.reasoning_content:
             self.reasoning_pieces += 1
-            return self._add("reasoning", delta["reasoning_content"])
-        if "content" in delta:
-            return self._add("text", delta["content"])
+            return self._add("reasoning", delta.reasoning_content)
+        if delta.content:
+            return self._add("text", delta.content)
         steps: list[tuple[str, Block, str]] = []
-        for call in delta.get("tool_calls") or []:
+        call = delta.tool_call
+        if call is not None:
             function = call.get("function") or {}
             if "id" in call:
                 steps += self._switch(Block("tool", len(self.blocks), call_id=call["id"],

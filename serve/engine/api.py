@@ -6,8 +6,8 @@ import array
 import os
 from typing import Callable, Optional, Protocol, Sequence
 
-from serve.engine.binding import GenParams, GenResult, ModelInfo, Stats, TokenInfo
-from serve.formats.xtml.render import Segment
+from serve.engine.types import GenParams, GenResult, ModelInfo, Stats, TokenInfo
+from serve.core.segment import Segment
 
 
 class EngineApi(Protocol):

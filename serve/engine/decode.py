@@ -33,7 +33,7 @@ except ImportError as _e:  # the server runs without it: logprobs and structure 
 else:
     _IMPORT_ERROR = None
 
-from serve.engine.binding import GenParams, GenResult, TokenInfo
+from serve.engine.types import GenParams, GenResult, TokenInfo
 from serve.engine.api import EngineApi
 
 DRAW_BLOCK = 1024     # weights summed per block when drawing
@@ -125,7 +125,8 @@ class Decoder:
 
     # -- sampling ---------------------------------------------------------------------------
 
-    def _choose(self, logits: "np.ndarray", rng: "np.random.Generator") -> tuple[int, Any]:
+    def _choose(self, logits: "np.ndarray", rng: "np.random.Generator"
+                ) -> tuple[int, Optional["np.ndarray"]]:
         """(token, allowed-mask or None when no mask was computed)."""
         u = rng.random()   # one draw per token on every path: same seed, same answer
         candidates, weights = self._candidates(logits)
@@ -177,7 +178,7 @@ class Decoder:
 
     # -- logprobs ---------------------------------------------------------------------------
 
-    def _logprobs(self, logits: "np.ndarray", allowed: Any, token: int) -> dict:
+    def _logprobs(self, logits: "np.ndarray", allowed: Optional["np.ndarray"], token: int) -> dict:
         """The chosen token's entry: the log-softmax of the logits the sampler drew from
         (masked by the grammar, divided by the temperature; greedy divides by 1)."""
         scaled = logits * np.float32(1.0 / (self.temperature or 1.0))

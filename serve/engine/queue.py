@@ -21,7 +21,7 @@ from collections import deque
 from contextlib import contextmanager
 from typing import Callable, Iterator, Optional, Protocol
 
-from serve.core.api import ApiError
+from serve.core.errors import ApiError
 
 RETRY_AFTER_SECONDS = 5
 POLL_SECONDS = 0.25  # how often a waiting request asks whether its client is still there

@@ -11,12 +11,13 @@ with its reasons. The service asks the format, never which format it is.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Protocol, Sequence
+from typing import Mapping, Optional, Protocol, Sequence
 
-from serve.core.api import ChatRequest
+from serve.core.client_json import Json, JsonObject
+from serve.core.request import ChatRequest
 from serve.formats.grammar import Lark
-from serve.formats.xtml.render import Segment
-from serve.formats.xtml.reply import Delta, Reply
+from serve.core.segment import Segment
+from serve.core.reply import Delta, Reply
 
 
 class ChatFormatError(Exception):
@@ -27,11 +28,19 @@ class ChatFormatError(Exception):
         self.field = field
 
 
+class PromptError(ValueError):
+    """A conversation a chat format cannot render; `field` names the request field at fault."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field} {message}")
+        self.field = field
+
+
 class FormatRefused(Exception):
     """Why a format does not apply to this container (one line, for the banner and the 400)."""
 
 
-def system_role(message: Mapping[str, Any]) -> Mapping[str, Any]:
+def system_role(message: JsonObject) -> JsonObject:
     """OpenAI's `developer` role is the system role under another name."""
     return {**message, "role": "system"} if message.get("role") == "developer" else message
 
@@ -84,6 +93,7 @@ class ChatFormat(Protocol):
     supports_images: bool
     prompts_response_format: bool    # the prompt tells the model which format to answer in
     prompts_tools: bool              # the prompt alone can get calls (else tools need a grammar)
+    image_placeholder: str           # what a client may write where an image goes ("": nothing)
 
     @property
     def stop_tokens(self) -> Sequence[int]:
@@ -101,8 +111,8 @@ class ChatFormat(Protocol):
     def media_pad(self) -> Optional[int]:
         """Where an image's positions go in the prompt."""
 
-    def render(self, messages: Sequence[Mapping[str, Any]], *, tools: Any = None,
-               tool_choice: Any = None, response_format: Any = None, thinking: bool,
+    def render(self, messages: Sequence[JsonObject], *, tools: Json = None,
+               tool_choice: Json = None, response_format: Json = None, thinking: bool,
                thinking_effort: Optional[str] = None,
                image_prompts: Optional[Sequence[str]] = None,
                add_generation_prompt: bool = True) -> Rendering:
@@ -110,6 +120,9 @@ class ChatFormat(Protocol):
 
     def generation_prompt(self, thinking: bool) -> list[Segment]:
         """The markup that opens the model's turn."""
+
+    def image_prompt(self, width: int, height: int) -> str:
+        """The prompt text for one image of that size (asked only when `supports_images`)."""
 
     def new_parser(self, thinking: bool) -> ReplyParser:
         """A parser for one reply that follows this format's generation prompt."""

@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from serve.core.api import ChatRequest
+from serve.core.client_json import JsonObject
+from serve.core.request import ChatRequest
 from serve.formats.base import ChatFormat, ChatFormatError, FormatRefused, Rendering, ReplyParser
 from serve.engine.api import EngineApi
 from serve.formats.grammar import Lark
-from serve.formats.xtml.render import Segment
+from serve.core.segment import Segment
 from serve.formats.template.format import TemplateFormat
 from serve.formats.xtml.format import XtmlFormat
 
@@ -29,6 +30,7 @@ class NoChatFormat:
     name = ""
     supports_images = supports_tools = supports_reasoning = prompts_response_format = False
     prompts_tools = False
+    image_placeholder = ""
     stop_tokens: tuple[int, ...] = ()
     media_pad = None
 
@@ -40,10 +42,13 @@ class NoChatFormat:
     def refusal(self) -> str:
         return "; ".join(self.reasons)
 
-    def render(self, messages: Sequence[Mapping[str, Any]], **options: Any) -> Rendering:
+    def render(self, messages: Sequence[JsonObject], **options: Any) -> Rendering:
         raise ChatFormatError(self.refusal)
 
     def generation_prompt(self, thinking: bool) -> list[Segment]:
+        raise ChatFormatError(self.refusal)
+
+    def image_prompt(self, width: int, height: int) -> str:
         raise ChatFormatError(self.refusal)
 
     def new_parser(self, thinking: bool) -> ReplyParser:

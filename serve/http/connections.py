@@ -13,10 +13,11 @@ import socket
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from http.server import ThreadingHTTPServer
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
-from serve.core import api
+from serve.core.errors import error_body
 from serve.engine.queue import RETRY_AFTER_SECONDS
 
 DEFAULT_MAX_CONNECTIONS = 64
@@ -91,9 +92,9 @@ class ConnectionServer(ThreadingHTTPServer):
 
     def _refuse(self, request: socket.socket) -> None:
         """A 503 without a thread: written whole into the empty send buffer, then closed."""
-        body = json.dumps(api.error_body(f"the server has {self.max_connections} connections open; "
-                                         "try again later", "server_error",
-                                         code="too_many_connections")).encode()
+        body = json.dumps(error_body(f"the server has {self.max_connections} connections open; "
+                                     "try again later", "server_error",
+                                     code="too_many_connections")).encode()
         head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(body)}\r\nRetry-After: {RETRY_AFTER_SECONDS}\r\n"
                 "Connection: close\r\n\r\n")
@@ -118,21 +119,23 @@ class ConnectionServer(ThreadingHTTPServer):
 
     # -- requests, for shutdown ---------------------------------------------------------
 
-    def request_started(self) -> None:
+    @contextmanager
+    def answering(self) -> Iterator[None]:
+        """Around each request from its request line to its log line: the one place the count
+        that shutdown waits for is taken and given back."""
         with self._count:
             self._requests += 1
-
-    def request_finished(self) -> None:
-        with self._count:
-            self._requests -= 1
-            self._count.notify_all()
+        try:
+            yield
+        finally:
+            with self._count:
+                self._requests -= 1
+                self._count.notify_all()
 
     def wait_requests(self, timeout: float) -> bool:
         """Wait until no request is being answered (cut streams send their last events)."""
         with self._count:
             return self._count.wait_for(lambda: self._requests == 0, timeout)
-
-
 
 
 def stderr_log(line: str) -> None:

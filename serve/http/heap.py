@@ -14,14 +14,14 @@ Other C libraries (musl, macOS) have neither call: there this does nothing.
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Optional
+from typing import Optional
 
 M_MMAP_THRESHOLD = -3        # mallopt's parameter number, from glibc's malloc.h
 MMAP_THRESHOLD = 1 << 20     # blocks this large get their own mapping
 TRIM_AFTER_BYTES = 1 << 20   # bodies this large are followed by a trim, once the reply has gone
 
 
-def _libc() -> Optional[Any]:
+def _libc() -> Optional[ctypes.CDLL]:
     try:
         libc = ctypes.CDLL(None)   # the process's own C library
         libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int

@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
+from serve.core.client_json import Json
 from serve.http import wellformed
-from serve.core.api import ApiError
+from serve.core.errors import ApiError
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 MAX_JSON_DEPTH = 64
@@ -22,7 +22,7 @@ def parse_body(raw: bytearray) -> dict:
     return parse_json_text(text)
 
 
-def json_depth(value: Any) -> int:
+def json_depth(value: Json) -> int:
     """Nesting depth of a parsed JSON value, without recursion.
 
     One iterator per open level, so the walk costs memory in the depth, not
@@ -60,7 +60,7 @@ def decode_body(raw: bytes | bytearray) -> str:
         raise ApiError(400, "request body is not valid UTF-8", code="invalid_body") from None
 
 
-def _not_json(constant: str) -> Any:
+def _not_json(constant: str) -> Json:
     raise ValueError(f"{constant} is not a JSON value")
 
 

@@ -1,4 +1,5 @@
-"""HTTP for the service: routes, auth, request bodies and responses (connections: serve/http/connections.py).
+"""HTTP for the service: each request from its request line to its log line (connections:
+serve/http/connections.py; routes: serve/http/routes.py; endpoints: serve/http/endpoints.py).
 
 One thread per connection (ThreadingHTTPServer); generations serialize on the
 engine queue inside the service, so /health and /v1/models still answer while
@@ -7,42 +8,31 @@ a reply is being written. What a generation sends goes through its exchange
 """
 from __future__ import annotations
 
-import hmac
-import io
 import json
 import select
 import socket
+import io
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable, Optional
-from urllib.parse import parse_qsl
 
-from serve.dialects import anthropic
-
-from serve.core import api
-
-from serve.http import heap
-
-from serve.service import metrics
-
-from serve.dialects import openai
-
-from serve.dialects import responses
-from serve.core.api import ApiError
-from serve.http.connections import DEFAULT_MAX_CONNECTIONS, ConnectionServer
-from serve.engine.queue import ClientGone
+from serve.core.ids import new_id
+from serve.core.errors import ApiError
 from serve.dialects.exchange import R, Exchange
-from serve.dialects.input_items import listing
-from serve.http.json_body import MAX_BODY_BYTES, parse_body
-from serve.http.page import CONTENT_TYPE as PAGE_TYPE, chat_page
-from serve.service.response_store import Stored
-from serve.service.facade import Service
-from serve.service.replies import ChatReply, CompletionReply
-from serve.service.models import Models
-from serve.http.sinks import Answer, BlockingSink, ExchangeSink
+from serve.engine.queue import ClientGone
+from serve.http import heap, request_line
+from serve.http.auth import authorized, unauthorized
+from serve.http.connections import DEFAULT_MAX_CONNECTIONS, ConnectionServer
+from serve.http.json_body import parse_body
+from serve.http.request_body import DeadlineReader, declared_length, has_body, read_exactly
+from serve.http.request_line import ASTERISK, MAX_LINE, ROUTED_METHODS, SERVER_METHODS, origin_form
+from serve.http.routes import allowed, endpoint_label, find_route, nearest_route
+from serve.http.sinks import Answer, ExchangeSink
 from serve.dialects.sse import DEFAULT_HEARTBEAT, EventWriter
+from serve.service.facade import Service
+from serve.service.models import Models
 
 DEFAULT_REQUEST_TIMEOUT = 60.0  # seconds for a whole request's headers and body, idle time included
 _HANGUP = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0)
@@ -95,29 +85,55 @@ class Server(ConnectionServer):
                      f"once): {', '.join(new)}")
 
 
-class _DeadlineReader(io.RawIOBase):
-    """The connection's reads, each bounded by what is left of the request's deadline.
-
-    A per-read timeout lets a client that trickles a byte at a time hold its
-    thread forever (slowloris); this bounds the whole request instead.
-    """
-
-    def __init__(self, handler: "Handler"):
-        super().__init__()
-        self._handler = handler
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        left = self._handler.deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("the request took longer than its deadline")
-        self._handler.connection.settimeout(left)
-        return self._handler.connection.recv_into(buffer)
+@dataclass
+class Ongoing:
+    """One request's record, from its request line to its log line (Handler.current)."""
+    request_id: str
+    started: float = field(default_factory=time.monotonic)
+    path: str = "-"              # as routed and logged: the origin form, without its query
+    endpoint: str = "other"      # what /metrics counts it under
+    shape: Callable[[ApiError], dict] = ApiError.body   # its errors, as its API writes them
+    status: int = 0              # what was sent (a stream's 200), or 499 for a client that left
+    tokens: int = 0              # generated
+    timing: str = ""             # a generation's: where its time went (sinks.py's Answer)
+    streaming: bool = False      # an event stream's headers have gone out
+    reply_headers: dict[str, str] = field(default_factory=dict)   # what a generation's reply carries
+    body_read: bool = False      # an endpoint read the body (else it is discarded before replying)
+    body_bytes: int = 0
+    counted: bool = False        # in /metrics already
+    named_model: Optional[str] = None   # the body's `model`, which picks the model that answers
+    answered_by: str = ""        # with several models: the one that answered, for the log line
 
 
 class Handler(BaseHTTPRequestHandler):
+    """A connection's requests, one at a time, each answered once, logged once, counted once.
+
+    A request goes through, in this order:
+
+    1. `handle_one_request` reads the request line within the request's deadline
+       (`deadline`: the idle wait, the headers and the body share it). No line: the
+       connection ends, and there is nothing to answer.
+    2. `server.answering()` takes the in-flight count that shutdown waits for, around
+       everything that follows; it is taken and given back there and nowhere else.
+    3. `_answer` opens the request's record (`current`: its id, clock, status) and
+       `_parse` has the standard library read the line and headers; what it refuses
+       comes to `send_error`, which keeps it to be raised. The method must be one the
+       routes answer and the target one of RFC 9112's forms, made a path
+       (serve/http/request_line.py); `OPTIONS *` is answered here.
+    4. `_route` finds the route (serve/http/routes.py), checks the API key and the
+       method, and calls its endpoint (serve/http/endpoints.py), which reads the body
+       (`read_json`) and answers with `send` or `send_json`, or runs a generation
+       through `generate`, whose sink (serve/http/sinks.py) calls back `open_stream`,
+       `client_gone` and `public_error`.
+    5. Whatever is raised becomes an error response in the shape of the route's API
+       (`current.shape`), or ends a stream already open; then, always, one log line,
+       one count in /metrics, and the heap trimmed after a large body.
+
+    Attributes it sets besides BaseHTTPRequestHandler's own (command, path,
+    headers, request_version, close_connection, ...): `timeout`, `rfile` (reads
+    that keep the deadline), `deadline`, `current`, `_refused` (the standard
+    library's refusal while it parses) and `_hangup` (a poll of the socket).
+    """
     protocol_version = "HTTP/1.1"
     server_version = "serve"
     server: Server
@@ -126,73 +142,131 @@ class Handler(BaseHTTPRequestHandler):
         self.timeout = self.server.socket_timeout  # type: ignore[misc]  # per server, not per class
         super().setup()
         self.deadline = 0.0
-        self.request_id = "-"
+        self.current = Ongoing("-")
+        self._refused: Optional[ApiError] = None
         self.rfile.close()  # the plain socket file, replaced by one that keeps the deadline
-        self.rfile = io.BufferedReader(_DeadlineReader(self))
+        self.rfile = io.BufferedReader(DeadlineReader(self.connection, lambda: self.deadline))
         # Asked once per generated token, so registered once per connection; poll,
         # because select() cannot watch a descriptor numbered 1024 or above.
         self._hangup = select.poll()
         self._hangup.register(self.connection, select.POLLIN | _HANGUP)
 
+    @property
+    def request_id(self) -> str:
+        return self.current.request_id
+
     def handle_one_request(self) -> None:
-        # Headers and body, and the idle wait before them, share one deadline.
         self.deadline = time.monotonic() + self.server.request_timeout
-        super().handle_one_request()
+        try:
+            self.raw_requestline = self.rfile.readline(MAX_LINE + 1)
+            while self.raw_requestline in (b"\r\n", b"\n"):  # RFC 9112 2.2: ignored before a request
+                self.raw_requestline = self.rfile.readline(MAX_LINE + 1)
+        except TimeoutError:
+            self.raw_requestline = b""   # an idle connection's time is up: nothing was asked
+        if not self.raw_requestline:
+            self.close_connection = True
+            return
+        with self.server.answering():
+            self._answer()
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # one line per request is written by _log instead
+
+    def send_error(self, code: int, message: Optional[str] = None, explain: Optional[str] = None) -> None:
+        # Called by the standard library's parse_request, which then returns False.
+        self._refused = request_line.refusal(code, message)
 
     def send_response(self, code: int, message: Optional[str] = None) -> None:
         super().send_response(code, message)
         self.send_header("X-Request-Id", self.request_id)
         self.send_header("X-Serve-Host", self.server.host_id)
 
-    # -- dispatch -----------------------------------------------------------------------
+    # -- a request ----------------------------------------------------------------------
 
-    def _dispatch(self, method: str) -> None:
-        # For the request's log line.
-        self._started = time.monotonic()
-        self.status = 0
-        self.tokens = 0
-        self.request_id = api.new_id("req")
-        self.connection.settimeout(self.timeout)  # sends are bounded per send, not by the deadline
-        self._body_read = False
-        self._named_model: Optional[str] = None   # the body's `model`
-        self._answered_by = ""
-        self._body_bytes = 0
-        self.streaming = False   # an event stream's headers have gone out
-        self._reply_headers: dict[str, str] = {}   # what a generation's reply carries
-        path = self.path.split("?", 1)[0]
-        self._counted = False
-        self._endpoint = endpoint_label(path)
-        self.server.request_started()
-        route = find_route(path)
-        # Clients read errors in the shape of the API they called (a path under one is its).
-        self._shape = (route or nearest_route(path)).errors
+    def _answer(self) -> None:
+        self.current = Ongoing(new_id("req"))
         try:
-            self._route(route, method, path)
+            self._route(self._parse())
         except ClientGone:
-            self.status = 499  # nginx's code for a client that left before its answer
+            self.current.status = 499  # nginx's code for a client that left before its answer
             self.close_connection = True
         except Exception as e:  # anything unexpected is the server's fault, and must not kill it
-            if self.streaming:
+            if self.current.streaming:
                 # Its sink has ended the stream; a second response inside it would corrupt it.
                 self.public_error(e)   # logged
                 self.close_connection = True
             elif isinstance(e, ApiError):
-                self._send_json(e.status, self.error_body(e), e.headers)
+                self.send_json(e.status, self.error_body(e), e.headers)
             else:
-                self._send_json(500, self.error_body(e))
+                self.send_json(500, self.error_body(e))
         finally:
-            self.server.request_finished()
-            self._log(method, path)
+            self._log()
             self._count()   # a stream, or a client that left: nothing was sent to count before
-            if self._body_bytes >= heap.TRIM_AFTER_BYTES:
+            if self.current.body_bytes >= heap.TRIM_AFTER_BYTES:
                 heap.give_back()   # what its text and values held, once they are gone
 
+    def _parse(self) -> str:
+        """The request's path (or "*"), its line and headers read; the ApiError refusing them."""
+        self._refused = None
+        try:
+            if len(self.raw_requestline) > MAX_LINE:
+                self.command, self.requestline = "", ""
+                raise request_line.refusal(414, None)
+            try:
+                parsed = self.parse_request()
+            except TimeoutError:
+                raise ApiError(408, f"the request was not received within "
+                                    f"{self.server.request_timeout:g} seconds",
+                               code="request_timeout") from None
+            except ConnectionError:
+                raise ClientGone() from None
+            if not parsed:
+                raise self._refused or request_line.refusal(400, "Bad request syntax")
+        except ApiError:
+            # A line refused before its version was taken is answered in this server's (with a
+            # status line: HTTP/0.9's replies have none), and what follows it is not read.
+            self.request_version, self.close_connection = self.protocol_version, True
+            raise
+        finally:
+            self.connection.settimeout(self.timeout)  # sends are bounded per send, not by the deadline
+            if self.command:   # the line was read, whether or not its headers were: for the log
+                self.current.path = self.path.split("?", 1)[0]
+        routed = self.command in ROUTED_METHODS
+        if routed:   # else a 501 whatever its target (CONNECT's is a host, no path)
+            self.path = origin_form(self.path)
+        path = self.current.path = self.path.split("?", 1)[0]
+        self.current.endpoint = endpoint_label(path)
+        # Clients read errors in the shape of the API they called (a path under one is its).
+        self.current.shape = nearest_route(path).errors
+        if not routed:
+            raise request_line.unsupported(self.command)
+        return path
+
+    def _route(self, path: str) -> None:
+        method = self.command
+        if path == ASTERISK:
+            if method != "OPTIONS":
+                raise ApiError(400, "the request target * is for OPTIONS only",
+                               code="invalid_request_line")
+            # RFC 9110 9.3.7: about the server as a whole; no content, so Content-Length: 0.
+            return self.send(200, "text/plain", b"", {"Allow": ", ".join(SERVER_METHODS)})
+        route = find_route(path)
+        # The key before the 404, so that endpoints cannot be enumerated.
+        if (route is None or not route.open) and not authorized(self.headers, self.server.api_key):
+            self.close_connection = True  # the body, if any, is left unread
+            raise unauthorized()
+        if route is None:
+            raise ApiError(404, f"no such endpoint: {path}", code="not_found")
+        if method == "HEAD" and "GET" in route.methods:
+            method = "GET"
+        if method not in route.methods:
+            raise ApiError(405, f"{path} accepts {', '.join(route.methods)} only",
+                           code="method_not_allowed", headers={"Allow": allowed(route)})
+        route.answer(self, method, route.match(path) or "")   # it matched: a str
+
     def error_body(self, error: Exception) -> dict:
-        """The body of `public_error(error)`, in the shape of the path's dialect."""
-        return self._shape(self.public_error(error))
+        """The body of `public_error(error)`, in the shape of the path's API."""
+        return self.current.shape(self.public_error(error))
 
     def public_error(self, error: Exception) -> ApiError:
         """A client error as it is; a server error generic, its details only in the log."""
@@ -204,156 +278,40 @@ class Handler(BaseHTTPRequestHandler):
         self.server.error_log(f"{self.request_id} internal error: {type(error).__name__}: {error}")
         return ApiError(500, f"internal error (request id {self.request_id})", kind="server_error")
 
-    def _route(self, route: Optional["Route"], method: str, path: str) -> None:
-        if route is None or not route.open:
-            self._check_auth()  # before the 404, so that endpoints cannot be enumerated
-        if route is None:
-            raise ApiError(404, f"no such endpoint: {path}", code="not_found")
-        if method == "HEAD" and "GET" in route.methods:
-            method = "GET"
-        if method not in route.methods:
-            raise ApiError(405, f"{path} accepts {', '.join(route.methods)} only",
-                           code="method_not_allowed")
-        route.answer(self, method, route.match(path) or "")   # it matched: a str
-
-    def _check_auth(self) -> None:
-        key = self.server.api_key
-        if not key:
-            return
-        scheme, _, given = self.headers.get("Authorization", "").strip().partition(" ")
-        # The scheme is case-insensitive (RFC 7235); the key is compared in constant time.
-        bearer = hmac.compare_digest(given.strip().encode(), key.encode()) and scheme.lower() == "bearer"
-        # Anthropic's clients send the key as x-api-key.
-        anthropic_key = self.headers.get("x-api-key", "").strip().encode()
-        if not (bearer or hmac.compare_digest(anthropic_key, key.encode())):
-            self.close_connection = True  # the body, if any, is left unread
-            raise ApiError(401, "missing or wrong API key (send Authorization: Bearer <key>)",
-                           code="invalid_api_key")
-
-    # -- the endpoints: (method, the path after the route's own) ------------------------
-
-    def _health(self, method: str, rest: str) -> None:
-        # A warm is idle-time work and requests are served meanwhile, so the answer is 200; its
-        # "warming" member tells a router to send this host no new conversations until it is done.
-        self._send_json(200, self.server.models.health())
-
-    def _page(self, method: str, rest: str) -> None:
-        page, policy = chat_page()
-        self._send(200, PAGE_TYPE, page, {"Content-Security-Policy": policy,
-                                          "X-Content-Type-Options": "nosniff",
-                                          "Referrer-Policy": "no-referrer",
-                                          "Cache-Control": "no-cache"})
-
-    def _metrics(self, method: str, rest: str) -> None:
-        self._send(200, metrics.CONTENT_TYPE, self.server.models.render_metrics())
-
-    def _models(self, method: str, rest: str) -> None:
-        self._send_json(200, {"object": "list", "data": self.server.models.listing()})
-
-    def _model(self, method: str, model_id: str) -> None:
-        service = self.server.models.named(model_id)
-        if service is None:
-            raise ApiError(404, f"the model {model_id!r} does not exist", param="model",
-                           code="model_not_found")
-        self._send_json(200, service.model())
-
-    # Each exchange is made naming the main model; _generate names the one that answers. The
-    # body is not held past its parsing: it may be tens of megabytes.
-
-    def _chat(self, method: str, rest: str) -> None:
-        main = self.server.service.options.model_id
-        self._generate(openai.ChatExchange(self._read_json(), main), _chat_on)
-
-    def _complete(self, method: str, rest: str) -> None:
-        main = self.server.service.options.model_id
-        self._generate(openai.CompletionExchange(self._read_json(), main), _complete_on)
-
-    def _messages(self, method: str, rest: str) -> None:
-        exchange = anthropic.Exchange(self._read_json(), self.server.service.options.model_id)
-        if exchange.billing is not None:
-            self.server.log_once("billing", f"/v1/messages: {exchange.billing} is Claude Code's "
-                                 "billing header, which changes on every request: it is left out "
-                                 "of the prompt (logged once)")
-        self._generate(exchange, _chat_on)
-
-    def _responses(self, method: str, rest: str) -> None:
-        service = self.server.service
-        exchange = responses.Exchange(self._read_json(), service.responses, service.options.model_id)
-        # The id the reply is stored under, for a router to remember this host by: the
-        # response's next turn and its retrieval find it only here (docs/serving-a-team.md).
-        self._generate(exchange, _chat_on,
-                       {"X-Serve-Response-Id": exchange.id} if exchange.stored else {})
-
-    def _count_tokens(self, method: str, rest: str) -> None:
-        translation = anthropic.parse_request(self._read_json(), counting=True)
-        translation.request.request_id = self.request_id
-        service = self.server.models.pick(self._named_model, translation.request)
-        try:
-            count = service.count_chat(translation.request, BlockingSink(self))
-        except ApiError as e:
-            raise translation.error(e) from None
-        self._send_json(200, {"input_tokens": count})
-
-    def _stored_response(self, method: str, response_id: str) -> None:
-        store = self.server.service.responses
-        stored = self._stored(response_id)
-        if method == "DELETE" and not store.delete(response_id):
-            raise _not_stored(response_id)
-        self._send_json(200, stored.response if method == "GET" else
-                        {"id": response_id, "object": "response.deleted", "deleted": True})
-
-    def _input_items(self, method: str, response_id: str) -> None:
-        items = self._stored(response_id).input_items
-        self._send_json(200, listing(items, dict(parse_qsl(self.path.partition("?")[2],
-                                                           keep_blank_values=True))))
-
-    def _cancel(self, method: str, response_id: str) -> None:
-        self._stored(response_id)
-        # As OpenAI answers for a response not made with background: true, the only kind
-        # there is here (background is refused at creation).
-        raise ApiError(400, "Cannot cancel a synchronous response: only responses created with "
-                            "background: true can be cancelled, and this server runs none")
-
-    def _stored(self, response_id: str) -> Stored:
-        stored = self.server.service.responses.get(response_id)
-        if stored is None:
-            raise _not_stored(response_id)
-        return stored
-
-    def _generate(self, exchange: Exchange[R], run: Callable[[Service], Callable[[Any, Any], R]],
-                  headers: Optional[dict[str, str]] = None) -> None:
+    def generate(self, exchange: Exchange[R], run: Callable[[Service], Callable[[Any, Any], R]],
+                 headers: Optional[dict[str, str]] = None) -> None:
         """One generation: blocking (one JSON body) or streamed, as the exchange's request says,
-        by the model the body and its request pick; `headers` go with the reply, not with an
-        error in its place."""
-        self._reply_headers = headers or {}
+        by the model the body and its request pick (`run(service)` runs it); `headers` go with
+        the reply, not with an error in its place."""
+        self.current.reply_headers = headers or {}
         if exchange.left_out and self.server.log is not None:
-            self.server.log(f"{self.path.split('?', 1)[0]}: tools left out (the server cannot "
+            self.server.log(f"{self.current.path}: tools left out (the server cannot "
                             f"run them): {', '.join(exchange.left_out)}")
-        self.server.note_unread(self.path.split('?', 1)[0], exchange.ignored)
+        self.server.note_unread(self.current.path, exchange.ignored)
         exchange.request.request_id = self.request_id
-        service = self.server.models.pick(self._named_model, exchange.request)
+        service = self.server.models.pick(self.current.named_model, exchange.request)
         exchange.model = service.options.model_id
         if len(self.server.models.services) > 1:
-            self._answered_by = f" model={exchange.model}"   # for the log line
+            self.current.answered_by = f" model={exchange.model}"
         answer: Answer = ExchangeSink(self, exchange).run(
             lambda sink: run(service)(exchange.request, sink))
-        self.tokens = answer.tokens
+        self.current.tokens, self.current.timing = answer.tokens, answer.timing
         if answer.body is not None:
-            self._send_json(answer.status, answer.body, self._reply_headers)
+            self.send_json(answer.status, answer.body, self.current.reply_headers)
         else:
-            self.status = answer.status
+            self.current.status = answer.status
 
     # -- the connection, for sinks (serve/http/sinks.py's Connection) -------------------------
 
     def open_stream(self, on_silence: Callable[[], None]) -> EventWriter:
-        self.status = 200
-        self.streaming = True
+        self.current.status = 200
+        self.current.streaming = True
         self.close_connection = True  # the stream ends when the connection does
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Connection", "close")
-        for name, value in self._reply_headers.items():
+        for name, value in self.current.reply_headers.items():
             self.send_header(name, value)
         chunked = self.request_version == "HTTP/1.1"
         if chunked:
@@ -378,77 +336,47 @@ class Handler(BaseHTTPRequestHandler):
         except OSError:
             return True
 
-    # -- request bodies -----------------------------------------------------------------
+    # -- the body -----------------------------------------------------------------------
 
-    def _read_json(self) -> dict:
+    def read_json(self) -> dict:
+        """The body; its `model` is noted (the body itself is not kept: it may be tens of
+        megabytes)."""
         body = parse_body(self._read_body())
         named = body.get("model")
-        self._named_model = named if isinstance(named, str) else None   # which model answers
+        self.current.named_model = named if isinstance(named, str) else None
         return body
 
     def _read_body(self) -> bytearray:
         # Any refusal here leaves unread bytes on the connection, so it is closed;
         # a body read whole leaves it as the client asked (HTTP/1.0, Connection: close).
-        self._body_read = True
+        self.current.body_read = True
         asked_to_close, self.close_connection = self.close_connection, True
-        if self.headers.get("Transfer-Encoding"):
-            raise ApiError(411, "chunked request bodies are not accepted; send Content-Length",
-                           code="length_required")
-        declared = self.headers.get_all("Content-Length") or []
-        if not declared:
-            raise ApiError(411, "a request body needs a Content-Length", code="length_required")
-        # Digits only, and one value: int() would also take "+5" or "1_0", and a
-        # proxy that reads such a header differently would see another request boundary.
-        if len(declared) > 1 or not (declared[0].isascii() and declared[0].isdigit()):
-            raise ApiError(400, "Content-Length is not a valid length", code="invalid_body")
-        length = int(declared[0])
-        if length > MAX_BODY_BYTES:
-            raise ApiError(413, f"request body is larger than {MAX_BODY_BYTES >> 20} MB",
-                           code="request_too_large")
-        self._body_bytes = length
-        body, got = bytearray(length), 0  # read in place: no second copy of a large body
-        with memoryview(body) as view:
-            try:
-                while got < length:
-                    n = self.rfile.readinto(view[got:got + (1 << 20)])
-                    if not n:
-                        break
-                    got += n
-            except TimeoutError:
-                raise ApiError(408, f"the request was not received within "
-                                    f"{self.server.request_timeout:g} seconds",
-                               code="request_timeout") from None
-            except OSError:
-                pass
-        if got < length:
-            raise ApiError(400, f"request body ended after {got} of {length} declared bytes",
-                           code="incomplete_body")
+        self.current.body_bytes = length = declared_length(self.headers)
+        body = read_exactly(self.rfile, length, self.server.request_timeout)
         self.connection.settimeout(self.timeout)
         self.close_connection = asked_to_close
         return body
 
-    # -- output -------------------------------------------------------------------------
-
     def _discard_body(self) -> None:
-        """Read and drop a body no handler read (an early error, a GET that came with one),
+        """Read and drop a body no endpoint read (an early error, a GET that came with one),
         so the next request on the connection is parsed from where it starts."""
-        if self._body_read or self.close_connection:
+        if self.current.body_read or self.close_connection or not has_body(self.headers):
             return
-        if self.headers.get("Content-Length") is None and not self.headers.get("Transfer-Encoding"):
-            return  # no body
         try:
             self._read_body()
         except ApiError:
             pass  # a body whose end cannot be found, or too large: _read_body closes the connection
 
-    def _send_json(self, status: int, payload: Any, headers: Optional[dict[str, str]] = None) -> None:
-        self._send(status, "application/json", json.dumps(payload, ensure_ascii=False).encode(),
-                   headers)
+    # -- the response -------------------------------------------------------------------
 
-    def _send(self, status: int, content_type: str, body: bytes,
-              headers: Optional[dict[str, str]] = None) -> None:
+    def send_json(self, status: int, payload: Any, headers: Optional[dict[str, str]] = None) -> None:
+        self.send(status, "application/json", json.dumps(payload, ensure_ascii=False).encode(),
+                  headers)
+
+    def send(self, status: int, content_type: str, body: bytes,
+             headers: Optional[dict[str, str]] = None) -> None:
         self._discard_body()
-        self.status = status
+        self.current.status = status
         self._count()   # before the client has its answer, so that a scrape after it counts it
         try:
             self.send_response(status)
@@ -465,94 +393,17 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True  # the client is gone; nothing left to tell it
 
     def _count(self) -> None:
-        if not self._counted:
-            self._counted = True
-            self.server.service.metrics.request(self._endpoint, self.status)
+        if not self.current.counted:
+            self.current.counted = True
+            self.server.service.metrics.request(self.current.endpoint, self.current.status)
 
-    def _log(self, method: str, path: str) -> None:
+    def _log(self) -> None:
         if self.server.log is not None:
-            ms = (time.monotonic() - self._started) * 1000.0
-            self.server.log(f"{self.address_string()} {method} {path} {self.status} "
-                            f"tokens={self.tokens} {ms:.0f}ms id={self.request_id}"
-                            f"{self._answered_by}")
-
-
-
-# Every method a client may send comes to _dispatch, which answers 404 or 405 as the routes say.
-for _method in ("GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"):  # HEAD: _send omits the body
-    setattr(Handler, f"do_{_method}", lambda self, method=_method: self._dispatch(method))
-
-
-def _chat_on(service: Service) -> Callable[[Any, Any], ChatReply]:
-    return service.chat
-
-
-def _complete_on(service: Service) -> Callable[[Any, Any], CompletionReply]:
-    return service.complete
-
-
-def _not_stored(response_id: str) -> ApiError:
-    return ApiError(404, f"no stored response with id {response_id!r}", param="response_id",
-                    code="not_found")
-
-
-# ---- routes -------------------------------------------------------------------------------
-
-ID = "{id}"
-
-
-@dataclass(frozen=True)
-class Route:
-    path: str                                 # the whole path, ID standing for one segment;
-    methods: tuple[str, ...]                  # with `prefix`, how paths begin
-    answer: Callable[[Handler, str, str], None]   # (handler, method, what match() found)
-    prefix: bool = False
-    open: bool = False                        # no API key: it holds no data (the page asks for one)
-    errors: Callable[[ApiError], dict] = ApiError.body   # the error shape its clients read
-    label: str = ""                           # its endpoint in /metrics, when not the path
-
-    def match(self, path: str) -> Optional[str]:
-        """None if `path` is not this route's; else the ID segment, the path after a
-        prefix, or "" for a plain path."""
-        head, has_id, tail = self.path.partition(ID)
-        if not has_id:
-            if path == self.path:
-                return ""
-            return path[len(self.path):] if self.prefix and path.startswith(self.path) else None
-        segment = path[len(head):len(path) - len(tail)]   # "" when head and tail overlap
-        if path.startswith(head) and path.endswith(tail) and segment and "/" not in segment:
-            return segment
-        return None
-
-
-MESSAGES = "/v1/messages"
-ROUTES = (
-    Route("/health", ("GET",), Handler._health, open=True),
-    Route("/", ("GET",), Handler._page, open=True),
-    Route("/metrics", ("GET",), Handler._metrics),
-    Route("/v1/models", ("GET",), Handler._models),
-    Route("/v1/models/", ("GET",), Handler._model, prefix=True, label="/v1/models/{model}"),
-    Route("/v1/chat/completions", ("POST",), Handler._chat),
-    Route("/v1/completions", ("POST",), Handler._complete),
-    Route(MESSAGES, ("POST",), Handler._messages, errors=anthropic.error_body),
-    Route(MESSAGES + "/count_tokens", ("POST",), Handler._count_tokens, errors=anthropic.error_body),
-    Route("/v1/responses", ("POST",), Handler._responses),
-    Route(f"/v1/responses/{ID}", ("GET", "DELETE"), Handler._stored_response),
-    Route(f"/v1/responses/{ID}/input_items", ("GET",), Handler._input_items),
-    Route(f"/v1/responses/{ID}/cancel", ("POST",), Handler._cancel),
-)
-
-
-def find_route(path: str) -> Optional[Route]:
-    return next((r for r in ROUTES if r.match(path) is not None), None)
-
-
-def nearest_route(path: str) -> Route:
-    """The route whose path begins this one most closely ("/" begins every path)."""
-    return max((r for r in ROUTES if path.startswith(r.path)), key=lambda r: len(r.path))
-
-
-def endpoint_label(path: str) -> str:
-    """The endpoint a path counts under in /metrics: a route, never a client's arbitrary path."""
-    route = find_route(path)
-    return "other" if route is None else route.label or route.path
+            ms = (time.monotonic() - self.current.started) * 1000.0
+            # A line refused before its method was read is logged as it came (its first 200).
+            what = (f"{self.command} {self.current.path}" if self.command
+                    else repr(self.requestline[:200]))
+            self.server.log(f"{self.address_string()} {what} {self.current.status} "
+                            f"tokens={self.current.tokens} {ms:.0f}ms id={self.request_id}"
+                            + (f" ({self.current.timing})" if self.current.timing else "")
+                            + self.current.answered_by)

@@ -11,10 +11,12 @@ tells the handler what to log.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Generic, Optional, Protocol
+from typing import Callable, Generic, Optional, Protocol
 
-from serve.core.api import ApiError
+from serve.core.reply import Delta
+from serve.core.errors import ApiError
 from serve.engine.queue import ClientGone
 from serve.dialects.exchange import R, Exchange
 from serve.service.replies import ReplyStart
@@ -39,6 +41,7 @@ class Answer:
     status: int                    # for the log (a stream has sent its own already)
     tokens: int = 0
     body: Optional[dict] = None    # a blocking reply's body, still to send
+    timing: str = ""               # for the log: where the time went (ExchangeSink._timing)
 
 
 class ExchangeSink(Generic[R]):
@@ -53,6 +56,10 @@ class ExchangeSink(Generic[R]):
         self._start = ReplyStart()
         self._opened = False     # the exchange's opening events are queued
         self._ended = False      # so are its last ones: no heartbeat may follow
+        # For the log line: when the request got the engine and its first token came.
+        self._began = time.monotonic()
+        self._engine_at: Optional[float] = None
+        self._first_at: Optional[float] = None
 
     # -- the service's ReplySink --------------------------------------------------------
 
@@ -66,6 +73,7 @@ class ExchangeSink(Generic[R]):
             self._comment(f"queue {ahead}")
 
     def start(self) -> None:
+        self._engine_at = time.monotonic()
         if self._stream:
             self._open()
 
@@ -76,7 +84,9 @@ class ExchangeSink(Generic[R]):
     def progress(self, done: int, total: int) -> None:
         self._comment(f"prefill {done}/{total}")
 
-    def emit(self, delta: dict) -> None:
+    def emit(self, delta: Delta) -> None:
+        if self._first_at is None:
+            self._first_at = time.monotonic()
         self._events(lambda: self._exchange.delta(delta))
 
     def gone(self) -> bool:
@@ -84,7 +94,7 @@ class ExchangeSink(Generic[R]):
 
     # -- running it ----------------------------------------------------------------------
 
-    def run(self, generate: Callable[["ExchangeSink"], Any]) -> Answer:
+    def run(self, generate: Callable[["ExchangeSink[R]"], R]) -> Answer:
         """Runs the generation. Errors before the stream opens are ordinary HTTP errors, in
         the format's field names; after, the format's failure events end the stream."""
         try:
@@ -92,7 +102,7 @@ class ExchangeSink(Generic[R]):
         finally:
             self._close()   # however the run ends, the writer thread ends too
 
-    def _run(self, generate: Callable[["ExchangeSink"], Any]) -> Answer:
+    def _run(self, generate: Callable[["ExchangeSink[R]"], R]) -> Answer:
         try:
             reply = generate(self)
         except ApiError as e:
@@ -107,12 +117,20 @@ class ExchangeSink(Generic[R]):
             return self._fail(e)
         tokens = reply.usage.completion_tokens
         if reply.client_gone:
-            return Answer(499, tokens)
+            return Answer(499, tokens, timing=self._timing())
         self._exchange.keep(reply)
         if self._writer is None:
-            return Answer(200, tokens, self._exchange.body(reply))
+            return Answer(200, tokens, self._exchange.body(reply), self._timing())
         self._events(lambda: self._exchange.closing(reply), last=True)
-        return Answer(200, tokens)
+        return Answer(200, tokens, timing=self._timing())
+
+    def _timing(self) -> str:
+        """Where a generation's time went: waiting for the engine, the prompt's positions (those
+        restored from a snapshot are not prefilled), and its first token."""
+        def ms(at: Optional[float]) -> str:
+            return "-" if at is None else f"{(at - self._began) * 1000:.0f}ms"
+        return (f"engine at {ms(self._engine_at)}, prompt {self._start.prompt_tokens} "
+                f"({self._start.cached_tokens} restored), first token at {ms(self._first_at)}")
 
     def _open(self) -> None:
         if self._writer is None:  # else already open: the request waited in line
@@ -154,31 +172,3 @@ class ExchangeSink(Generic[R]):
     def _close(self) -> None:
         if self._writer is not None:
             self._writer.close()
-
-
-class BlockingSink:
-    """A sink that sends nothing until the end (count_tokens), but still notices a vanished client."""
-
-    def __init__(self, connection: Connection):
-        self._connection = connection
-
-    def accepted(self, thinking: bool) -> None:
-        pass
-
-    def start(self) -> None:
-        pass
-
-    def prefilling(self, prompt_tokens: int, cached_tokens: int) -> None:
-        pass
-
-    def emit(self, delta: dict) -> None:
-        pass
-
-    def progress(self, done: int, total: int) -> None:
-        pass
-
-    def queued(self, ahead: int) -> None:
-        pass
-
-    def gone(self) -> bool:
-        return self._connection.client_gone()

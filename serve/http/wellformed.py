@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Callable
+from typing import Callable
 
-from serve.core.api import invalid
+from serve.core.client_json import Json
+from serve.core.errors import invalid
 
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 # Python's decoder pairs escaped surrogates, so any left in a str stand alone.
@@ -36,7 +37,7 @@ class FloatWatch:
         return value
 
 
-def check(value: Any, text: str, overflowed: bool) -> None:
+def check(value: Json, text: str, overflowed: bool) -> None:
     """A 400 naming the first field of the parsed body `value` (parsed from `text`) that
     holds a lone surrogate or an infinite number."""
     # Surrogates first: a path through a key that holds one could not be written either.
@@ -48,8 +49,8 @@ def check(value: Any, text: str, overflowed: bool) -> None:
               "is a number beyond the range of a double")
 
 
-def _walk(value: Any, bad: Callable[[Any], bool], why: str) -> None:
-    stack: list[tuple[Any, str]] = [(value, "")]
+def _walk(value: Json, bad: Callable[[Json], bool], why: str) -> None:
+    stack: list[tuple[Json, str]] = [(value, "")]
     while stack:
         item, path = stack.pop()
         if isinstance(item, dict):

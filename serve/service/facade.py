@@ -17,65 +17,30 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional
 
-from serve.core import api
+from serve.core.reply import Delta
+from serve.core.ids import now
 
 from serve.formats import grammar
 from serve.core.activity import Activity
-from serve.core.api import ChatRequest, CompletionRequest, invalid
+from serve.core.errors import invalid
+from serve.core.request import ChatRequest, CompletionRequest
 from serve.formats.base import ChatFormat
 from serve.engine.api import EngineApi, ImageProbe
-from serve.engine.queue import EngineQueue, Turn, shutting_down
+from serve.engine.queue import EngineQueue, shutting_down, Turn
 from serve.service.generation import Generation
-from serve.service.images import StagedImages, image_parts
+from serve.service.images import image_parts, StagedImages
 from serve.service.logprobs import chat_logprobs, completion_logprobs
 from serve.service.metrics import Metrics
 from serve.service.prefill import DEFAULT_CHUNK, Prefill, PrefillCancelled, start_empty
 from serve.snapshots.cache import PrefixCache
-from serve.service.prompt import ChatCheck, Prompt, PromptBuilder, check_fits, too_long
+from serve.service.prompt import ChatCheck, check_fits, Prompt, PromptBuilder, too_long
 from serve.service.replies import ChatReply, CompletionReply, ReplySink
+from serve.service.run import Run
 from serve.snapshots.reply_memory import ReplyMemory
 from serve.service.reply_reader import ChatReader, TextReader
 from serve.service.response_store import ResponseStore
 from serve.service.settle import Settler
 from serve.snapshots.policy import SnapshotPolicy
-
-
-class _Watched:
-    """The sink as a running request sees it: also gone once the server is shutting down.
-
-    Every generation loop already stops when its sink is gone, so this is how
-    shutdown reaches all of them, at their next token or prefill chunk.
-    """
-
-    def __init__(self, sink: ReplySink, stopping: threading.Event):
-        self._sink = sink
-        self._stopping = stopping
-        self.cut = False  # gone() said yes because of shutdown
-        self.held: Optional[Turn] = None   # the hold on the engine, once the request has it
-
-    def accepted(self, thinking: bool) -> None:
-        self._sink.accepted(thinking)
-
-    def start(self) -> None:
-        self._sink.start()
-
-    def prefilling(self, prompt_tokens: int, cached_tokens: int) -> None:
-        self._sink.prefilling(prompt_tokens, cached_tokens)
-
-    def progress(self, done: int, total: int) -> None:
-        self._sink.progress(done, total)
-
-    def emit(self, delta: dict) -> None:
-        self._sink.emit(delta)
-
-    def queued(self, ahead: int) -> None:
-        self._sink.queued(ahead)
-
-    def gone(self) -> bool:
-        if self._stopping.is_set():
-            self.cut = True
-            return True
-        return self._sink.gone()
 
 
 @dataclass
@@ -94,6 +59,7 @@ class ServiceOptions:
     keep_reasoning: bool = False   # render remembered reasoning into replies a client returns without it
     eval_logits: bool = True       # False: the engine's waste_eval gives no logits to decode with
     max_queue: int = 32            # requests that may wait for the engine; more get a 503
+    context_beyond: str = ""       # a too-long prompt's word on a larger context (app/context.py)
 
 
 class Service:
@@ -102,7 +68,7 @@ class Service:
         self.engine = engine
         self.chat_format = chat_format
         self.options = options
-        self.created = api.now()
+        self.created = now()
         self.warming: Optional[dict] = None   # while --warm runs: what /health reports
         self.responses = ResponseStore()      # for the Responses API's previous_response_id
         self.queue = EngineQueue(options.max_queue)
@@ -114,11 +80,13 @@ class Service:
                                      reply_memory=options.reply_memory,
                                      keep_reasoning=options.keep_reasoning,
                                      snapshots=options.prefix_cache is not None,
-                                     default_thinking=options.thinking)
+                                     default_thinking=options.thinking,
+                                     context_beyond=options.context_beyond)
         self.generation = Generation(engine, self.metrics, max_tokens=options.max_tokens,
                                      prefix_cache=options.prefix_cache, policy=self.policy,
                                      prefill_chunk=options.prefill_chunk,
-                                     eval_logits=options.eval_logits, log=options.log)
+                                     eval_logits=options.eval_logits, log=options.log,
+                                     context_beyond=options.context_beyond)
         self.settler = Settler(engine, self.queue, options.prefix_cache, self.policy,
                                options.reply_memory, self.prompts.reply)
 
@@ -145,16 +113,17 @@ class Service:
         # Built before the engine is held: a schema the grammar cannot enforce is a 400
         # before any stream opens, and a large one compiles while others use the engine.
         constraint = self._constraint(req, check.thinking)
-        sink.accepted(check.thinking)
-        with self._turn(sink) as sink, StagedImages(self.options.allow_local_images) as staged:
+        run = self._run(sink, sink.gone)
+        run.accepted(check.thinking)
+        with self._turn(run), StagedImages(self.options.allow_local_images) as staged:
             prompt = self.prompts.chat(req, check, staged)
             reader = ChatReader(self.chat_format.new_parser(check.thinking), req.sampling.stop,
                                 self.chat_format.stop_tokens,
                                 None if req.parallel_tool_calls else 1)
             outcome = self.generation.run(
-                prompt, req.sampling, sink, reader, stop_tokens=self.chat_format.stop_tokens,
+                prompt, req.sampling, run, reader, stop_tokens=self.chat_format.stop_tokens,
                 logprobs=req.logprobs, constraint=constraint, label=req.request_id,
-                stop=self._prefill_stop(sink, req.request_id))
+                stop=self._prefill_stop(run, req.request_id))
             message = reader.message()
             outcome.usage.waste["reasoning"] = check.reasoning
             if not outcome.client_gone:
@@ -163,24 +132,26 @@ class Service:
                          None if outcome.logprobs is None else chat_logprobs(outcome.logprobs),
                          reader.stop_sequence)
 
-    def count_chat(self, req: ChatRequest, sink: ReplySink) -> int:
+    def count_chat(self, req: ChatRequest, client_gone: Callable[[], bool]) -> int:
         """The positions a chat request's prompt would take, without generating anything.
 
-        It waits in line like any request (tokenizing needs the engine)."""
+        It waits in line like any request (tokenizing needs the engine), silently."""
         check = self.prompts.check(req)
-        with self._turn(sink), StagedImages(self.options.allow_local_images) as staged:
+        run = self._run(None, client_gone)   # nothing to observe: the count is the answer
+        with self._turn(run), StagedImages(self.options.allow_local_images) as staged:
             prompt = self.prompts.chat(req, check, staged)
             self.engine.image_clear()
             return len(prompt.ids)
 
     def complete(self, req: CompletionRequest, sink: ReplySink) -> CompletionReply:
-        check_fits(self.engine, len(req.prompt), "prompt")
-        with self._turn(sink) as sink:
+        check_fits(self.engine, len(req.prompt), "prompt", self.options.context_beyond)
+        run = self._run(sink, sink.gone)
+        with self._turn(run):
             prompt = Prompt(self.prompts.text(req.prompt))
             reader = TextReader(req.sampling.stop, self.engine.specials.values())
-            outcome = self.generation.run(prompt, req.sampling, sink, reader,
+            outcome = self.generation.run(prompt, req.sampling, run, reader,
                                           logprobs=req.logprobs, label=req.request_id,
-                                          stop=self._prefill_stop(sink, req.request_id))
+                                          stop=self._prefill_stop(run, req.request_id))
         return CompletionReply(reader.text, outcome.finish_reason, outcome.usage, outcome.client_gone,
                                None if outcome.logprobs is None else completion_logprobs(outcome.logprobs))
 
@@ -192,18 +163,21 @@ class Service:
             return None
         return grammar.compile_grammar(fmt.grammar(req, thinking))
 
+    def _run(self, observer: Optional[ReplySink], client_gone: Callable[[], bool]) -> Run:
+        """A request's Run: cancelled when its client leaves or the server shuts down."""
+        return Run(observer, client_gone, self._stopping)
+
     @contextmanager
-    def _turn(self, sink: ReplySink) -> Iterator[_Watched]:
+    def _turn(self, run: Run) -> Iterator[Run]:
         """Wait in line for the engine and hold it, empty; a run cut by shutdown ends in its 503."""
-        watched = _Watched(sink, self._stopping)
-        with self.queue.turn(watched) as watched.held:
+        with self.queue.turn(run) as run.turn:
             self.settler.drop()
             start_empty(self.engine)
-            yield watched
-        if watched.cut:
+            yield run
+        if run.cut:
             raise shutting_down()
 
-    def _prefill_stop(self, watched: _Watched, label: str) -> Callable[[], bool]:
+    def _prefill_stop(self, run: Run, label: str) -> Callable[[], bool]:
         """Asked between prefill chunks: stop now? Not just because the client left: the
         prefill then goes on for the client's retry (unless finish_abandoned is off), as
         idle-time work that yields to the first request that waits."""
@@ -212,18 +186,18 @@ class Service:
         def stop() -> bool:
             nonlocal abandoned
             if not abandoned:
-                if not watched.gone():
+                if not run.gone():
                     return False
-                if watched.cut or not self.options.finish_abandoned \
+                if run.cut or not self.options.finish_abandoned \
                         or self.options.prefix_cache is None:   # nothing to keep it in
                     return True
                 abandoned = True
-                assert watched.held is not None   # prefill runs inside the turn
-                watched.held.to_idle()
+                assert run.turn is not None   # prefill runs inside the turn
+                run.turn.to_idle()
                 if self.options.log is not None:
                     self.options.log(f"{label} client left mid-prefill: finishing the prompt "
                                      "for a retry while no one waits")
-            return watched.held is not None and watched.held.requested()
+            return run.turn is not None and run.turn.requested()
         return stop
 
     # -- idle time ------------------------------------------------------------
@@ -257,7 +231,8 @@ class Service:
                         prompt = self.prompts.chat(req, check, no_images)
                     ids, held = prompt.ids, len(prompt.history)
                     if len(ids) > self.engine.info.ctx_max:
-                        raise too_long(len(ids), self.engine.info.ctx_max, "messages")
+                        raise too_long(len(ids), self.engine.info.ctx_max, "messages",
+                                       self.options.context_beyond)
                     run = Prefill(self.engine, ids, cache=cache, policy=self.policy,
                                   chunk=self.options.prefill_chunk, progress=progress,
                                   stop=lambda: yield_now() or stopping())

@@ -1,7 +1,7 @@
 """One run of the engine for a request: prefill the prompt, generate, and account for it.
 
 The engine state must be empty on entry. Prefill restores the longest snapshot
-and evaluates the rest in chunks the sink can watch and a vanished client can
+and evaluates the rest in chunks the request's observer can watch and a vanished client can
 interrupt; generation goes through waste_generate, or through serve's own
 decoder (serve/engine/decode.py) when a grammar or logprobs need the logits.
 """
@@ -10,20 +10,22 @@ from __future__ import annotations
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from serve.engine import decode
 
 from serve.formats import grammar
-from serve.core.api import Sampling, Usage, invalid
-from serve.engine.binding import GenParams, GenResult, Stats, TokenInfo
+from serve.core.errors import invalid
+from serve.core.reply import Usage
+from serve.core.request import Sampling
+from serve.engine.types import GenParams, GenResult, Stats, TokenInfo
 from serve.engine.api import EngineApi
-from serve.service.logprobs import LogprobTrail
+from serve.service.logprobs import LogprobLedger
+from serve.service.run import Run
 from serve.service.metrics import Metrics
 from serve.service.prefill import DEFAULT_CHUNK, Prefill, PrefillCancelled
 from serve.snapshots.cache import PrefixCache
 from serve.service.prompt import Prompt, too_long
-from serve.service.replies import ReplySink
 from serve.service.reply_reader import ReplyReader
 from serve.snapshots.policy import SnapshotPolicy
 
@@ -58,7 +60,7 @@ class Generation:
     def __init__(self, engine: EngineApi, metrics: Metrics, *, max_tokens: int,
                  prefix_cache: Optional[PrefixCache], policy: SnapshotPolicy,
                  prefill_chunk: int = DEFAULT_CHUNK, eval_logits: bool = True,
-                 log: Optional[Callable[[str], None]] = None):
+                 log: Optional[Callable[[str], None]] = None, context_beyond: str = ""):
         self.engine = engine
         self.metrics = metrics
         self.max_tokens = max_tokens          # when a request sets none
@@ -67,9 +69,11 @@ class Generation:
         self.policy = policy                  # where snapshots pay, from measured costs
         self.eval_logits = eval_logits        # False: waste_eval gives no logits to decode with
         self.log = log
-        self._vocabularies: dict[tuple, Any] = {}   # llguidance's view of the vocabulary, built once
+        self.context_beyond = context_beyond  # a too-long prompt's word on a larger context
+        # llguidance's view of the vocabulary, built once per (size, stop tokens)
+        self._vocabularies: dict[tuple[int, tuple[int, ...]], grammar.Vocabulary] = {}
 
-    def run(self, prompt: Prompt, sampling: Sampling, sink: ReplySink, reader: ReplyReader, *,
+    def run(self, prompt: Prompt, sampling: Sampling, run: Run, reader: ReplyReader, *,
             stop_tokens: Sequence[int] = (), logprobs: Optional[int] = None,
             constraint: Optional[str] = None, label: str = "",
             stop: Optional[Callable[[], bool]] = None) -> Outcome:
@@ -79,12 +83,10 @@ class Generation:
         request in log lines; `stop`: asked between prefill chunks whether to stop
         (by default, whether the client left). A prefill that runs to its end for a
         client that left is snapshotted there, and nothing is generated."""
-        decoder, trail = self._decoder(sampling, logprobs, sink, reader.text_key, constraint,
-                                       stop_tokens)
-        sink = trail or sink
+        decoder = self._decoder(sampling, logprobs, run, constraint, stop_tokens)
         room = self.engine.info.ctx_max - len(prompt.ids)
         if room < 1:
-            raise too_long(len(prompt.ids), self.engine.info.ctx_max, "messages")
+            raise too_long(len(prompt.ids), self.engine.info.ctx_max, "messages", self.context_beyond)
         params = GenParams(temperature=sampling.temperature, top_p=sampling.top_p,
                            top_k=sampling.top_k,
                            seed=secrets.randbits(64) if sampling.seed is None else sampling.seed,
@@ -97,22 +99,22 @@ class Generation:
             clock.first_token_at = clock.first_token_at or now
             clock.last_token_at = now
             clock.tokens.append(info.token)
-            if sink.gone():
+            if run.gone():
                 clock.client_gone = True
                 return True
             try:
-                return reader.feed(info.token, piece, sink.emit)
+                return reader.feed(info.token, piece, run.emit)
             except OSError:  # the client went away while we were writing to it
                 clock.client_gone = True
                 return True
 
         before = self.engine.stats()
-        sink.start()
+        run.start()
         clock.started_at = time.monotonic()
         report = decode.Report(constrained=False).waste()
         unevaluated = 0
         try:
-            rest = self._prefill(prompt, clock, sink, label, stop or sink.gone)
+            rest = self._prefill(prompt, clock, run, label, stop or run.gone)
         except PrefillCancelled:
             clock.client_gone = True
             result = GenResult(n_tokens=0, cancelled=True, context_full=False, detail=None)
@@ -126,7 +128,7 @@ class Generation:
         after = self.engine.stats()
         self.metrics.engine_stats(after)
         if not reader.stopped and not clock.client_gone:
-            reader.finish(sink.emit)
+            reader.finish(run.emit)
         finish = _finish_reason(reader, clock.tokens, params, result)
         # The context's end cut the reply: the engine says so, or max_tokens was lowered to
         # the room left and the reply used all of it.
@@ -135,7 +137,7 @@ class Generation:
         return Outcome(finish, self._usage(len(prompt.ids), clock, full, ms,
                                            _stats_delta(before, after), report),
                        clock.client_gone, clock.tokens, unevaluated, result,
-                       trail.entries if trail is not None else None, clock.saved, full)
+                       run.logprobs.entries if run.logprobs is not None else None, clock.saved, full)
 
     # -- decoding in serve (structure, logprobs) --------------------------------------
 
@@ -143,27 +145,26 @@ class Generation:
         """Why serve cannot decode by itself, or None."""
         return missing if self.eval_logits else "this engine's waste_eval gives no logits"
 
-    def _decoder(self, sampling: Sampling, top_logprobs: Optional[int], sink: ReplySink,
-                 text_key: str, constraint: Optional[str], stop_tokens: Sequence[int]
-                 ) -> tuple[Optional[decode.Decoder], Optional[LogprobTrail]]:
-        """Serve's own decoder, and the sink that carries logprobs when they are asked for;
+    def _decoder(self, sampling: Sampling, top_logprobs: Optional[int], run: Run,
+                 constraint: Optional[str], stop_tokens: Sequence[int]) -> Optional[decode.Decoder]:
+        """Serve's own decoder, its logprobs kept on the run when they are asked for;
         no decoder (waste_generate) when nothing needs the logits."""
         off = self.decoding_off(decode.missing())
         if top_logprobs is not None and off is not None:
             raise invalid("logprobs", f"logprobs are off here ({off}); to enable: {grammar.ENABLE_HINT}",
                           code="logprobs_unavailable")
         if constraint is None and top_logprobs is None:
-            return None, None
-        trail = None if top_logprobs is None else LogprobTrail(
-            sink, frozenset(self.engine.specials.values()), text_key)
+            return None
+        if top_logprobs is not None:
+            run.logprobs = LogprobLedger(frozenset(self.engine.specials.values()))
         matcher = None if constraint is None else self._matcher(constraint, tuple(stop_tokens))
         return decode.Decoder(self.engine, temperature=sampling.temperature, top_k=sampling.top_k,
                               top_p=sampling.top_p, grammar=matcher, top_logprobs=top_logprobs,
-                              listener=trail), trail
+                              listener=run.logprobs)
 
-    def _matcher(self, compiled: str, eos: tuple[int, ...]) -> Callable[[int], Any]:
+    def _matcher(self, compiled: str, eos: tuple[int, ...]) -> Callable[[int], decode.Grammar]:
         """A matcher factory (vocabulary size -> matcher) for a compiled grammar."""
-        def matcher(n_vocab: int) -> Any:
+        def matcher(n_vocab: int) -> decode.Grammar:
             key = (n_vocab, eos)
             if key not in self._vocabularies:
                 self._vocabularies[key] = grammar.Vocabulary(self.engine, n_vocab, eos)
@@ -172,7 +173,7 @@ class Generation:
 
     # -- prefill --------------------------------------------------------------------------
 
-    def _prefill(self, prompt: Prompt, clock: _Clock, sink: ReplySink, label: str,
+    def _prefill(self, prompt: Prompt, clock: _Clock, run: Run, label: str,
                  stop: Callable[[], bool]) -> list[int]:
         """Restore and evaluate all but the tail of the prompt; returns the tail for generate."""
         log, chunk, cache = self.log, self.prefill_chunk, self.prefix_cache
@@ -180,22 +181,22 @@ class Generation:
         def progress(done: int, total: int) -> None:
             if total <= chunk:
                 return  # one chunk is over before anyone could be waiting on it
-            sink.progress(done, total)
+            run.progress(done, total)
             if log is not None:
                 log(f"{label} prefill {done}/{total}")
 
         def run_prefill(tokens: list[int], upto: int) -> None:
-            run = Prefill(self.engine, tokens, cache=cache, policy=self.policy, chunk=chunk,
-                          progress=progress, stop=stop)
-            clock.cached_tokens = run.restore(upto)
-            sink.prefilling(len(prompt.ids), clock.cached_tokens)
+            prefill = Prefill(self.engine, tokens, cache=cache, policy=self.policy, chunk=chunk,
+                              progress=progress, stop=stop)
+            clock.cached_tokens = prefill.restore(upto)
+            run.prefilling(len(prompt.ids), clock.cached_tokens)
             if cache is not None:
                 self.metrics.prefix_lookup(clock.cached_tokens > 0)
-            clock.saved = run.run(upto, prompt.snapshot_at).saved
-            if sink.gone():
+            clock.saved = prefill.run(upto, prompt.snapshot_at).saved
+            if run.gone():
                 # Evaluated for a client that left (or to the end, for its retry): kept for
                 # whoever sends the same prompt next, and nothing is generated.
-                run.snapshot("stopped")
+                prefill.snapshot("stopped")
                 raise PrefillCancelled()
 
         try:
@@ -208,7 +209,7 @@ class Generation:
             # When there is nothing to restore or to chunk, one generate does it all.
             upto = prompt.image_start
             if upto <= chunk and (cache is None or cache.lookup(prompt.text_ids, limit=upto) is None):
-                sink.prefilling(len(prompt.ids), 0)
+                run.prefilling(len(prompt.ids), 0)
                 return prompt.ids
             self.engine.image_clear()
             run_prefill(prompt.text_ids, upto)

@@ -16,8 +16,9 @@ import re
 import tempfile
 from typing import Callable, Optional
 
-from serve.core.api import ApiError, IMAGE_PARTS, image_url, invalid
-from serve.engine.binding import WasteError
+from serve.core.errors import ApiError, invalid
+from serve.core.request import IMAGE_PARTS, image_url
+from serve.engine.types import WasteError
 
 MAX_IMAGE_BYTES = 32 * 1024 * 1024
 LOCAL_REFUSED = "image path is not a readable image in the allowed directory"

@@ -1,9 +1,10 @@
 """Logprobs on the stream of deltas, and their OpenAI shapes.
 
-The decoder (serve/engine/decode.py) hands each token's entry to a `LogprobTrail`
-before the token is reported; the trail wraps the request's sink and puts
-the entries of the tokens behind a piece of answer text on the delta that
-carries it, as `delta["logprobs"]`: a list of entries in the shape of
+The decoder (serve/engine/decode.py) hands each token's entry to the request's
+`LogprobLedger` before the token is reported; the request's Run
+(serve/service/run.py) has the ledger put the entries of the tokens behind a
+piece of answer text on the delta that carries it, as `Delta.logprobs`: a list
+of entries in the shape of
 OpenAI chat's `choices[].logprobs.content[]`:
 
     {"token": str, "logprob": float, "bytes": [int], "top_logprobs": [{"token", "logprob", "bytes"}]}
@@ -17,23 +18,19 @@ itself: `chat_logprobs` and `completion_logprobs` below.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from dataclasses import replace
+from typing import Optional
 
-from serve.service.replies import ReplySink
+from serve.core.reply import Delta
 
 
-class LogprobTrail:
-    """A sink wrapper that attaches pending token entries to the next answer-text delta."""
+class LogprobLedger:
+    """Token entries, held until the answer-text delta they belong to goes out."""
 
-    def __init__(self, sink: ReplySink, special_ids: frozenset[int], text_key: str):
-        self._sink = sink
+    def __init__(self, special_ids: frozenset[int]):
         self._special_ids = special_ids
-        self._text_key = text_key     # "content" for chat, "text" for completions
         self._pending: list[dict] = []
         self.entries: list[dict] = []  # everything attached, in order: the blocking reply's
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._sink, name)   # start, progress, gone and any later sink method
 
     def token(self, token: int, entry: Optional[dict]) -> None:
         if token in self._special_ids:
@@ -41,15 +38,16 @@ class LogprobTrail:
         elif entry is not None:
             self._pending.append(entry)
 
-    def emit(self, delta: dict) -> None:
-        if delta.get(self._text_key):
+    def attach(self, delta: Delta) -> Delta:
+        """The delta, carrying the entries of the tokens behind its answer text."""
+        if delta.content:
             if self._pending:
-                delta = {**delta, "logprobs": self._pending}
+                delta = replace(delta, logprobs=self._pending)
                 self.entries.extend(self._pending)
                 self._pending = []
-        elif "reasoning_content" in delta or "tool_calls" in delta:
+        elif delta.reasoning_content or delta.tool_call:
             self._pending = []   # those tokens were not answer text
-        self._sink.emit(delta)
+        return delta
 
 
 def text_length(entry: dict) -> int:

@@ -14,7 +14,7 @@ import threading
 from typing import Callable, NamedTuple, Optional, Sequence
 
 from serve.core.activity import Activity
-from serve.engine.binding import Stats
+from serve.engine.types import Stats
 from serve.snapshots.cache import PrefixCache
 from serve.snapshots.policy import KINDS, SnapshotPolicy
 

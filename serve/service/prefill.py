@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 from serve.snapshots.checkpoints import spaced
-from serve.engine.binding import WasteError
+from serve.engine.types import WasteError
 from serve.engine.api import EngineApi
 from serve.snapshots.cache import PrefixCache, Snapshot
 from serve.snapshots.policy import SnapshotPolicy

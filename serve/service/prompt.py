@@ -12,15 +12,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from serve.core.api import ApiError, ChatRequest, invalid
-from serve.formats.base import ChatFormat, ChatFormatError, Rendering
+from serve.core.errors import ApiError, invalid
+from serve.core.request import ChatRequest
+from serve.formats.base import ChatFormat, ChatFormatError, PromptError, Rendering
 from serve.snapshots.checkpoints import preamble_ends
-from serve.engine.binding import UnencodableText, WasteError
+from serve.engine.types import UnencodableText, WasteError
 from serve.engine.api import EngineApi, ImageProbe
 from serve.snapshots.history_ids import tokenize_history
-from serve.service.images import StagedImages, image_parts
+from serve.service.images import image_parts, StagedImages
 from serve.snapshots.reply_memory import ReplyMemory
-from serve.formats.xtml.render import IMAGE_PLACEHOLDER, PromptError, Segment, image_prompt
+from serve.core.segment import Segment
 
 
 @dataclass
@@ -49,15 +50,16 @@ class ChatCheck:
     reasoning: str = "off"          # what the reply's waste.reasoning says (PromptBuilder.reasoning)
 
 
-def too_long(tokens: int, ctx: int, param: str, at_least: bool = False) -> ApiError:
-    """The 400 of a prompt the context cannot hold: both numbers, and the flag that sets one."""
+def too_long(tokens: int, ctx: int, param: str, beyond: str, at_least: bool = False) -> ApiError:
+    """The 400 of a prompt the context cannot hold: both numbers, and `beyond`, what a larger
+    context would take (serve/app/context.py's beyond(): --ctx only when one is possible)."""
     return ApiError(400, f"the prompt is {'at least ' if at_least else ''}{tokens} tokens; the "
-                         f"context holds {ctx} including at least one generated token (a server "
-                         "started with a larger --ctx takes more)",
+                         f"context holds {ctx} including at least one generated token"
+                         + (f" ({beyond})" if beyond else ""),
                     param=param, code="context_length_exceeded")
 
 
-def check_fits(engine: EngineApi, chars: int, param: str) -> None:
+def check_fits(engine: EngineApi, chars: int, param: str, beyond: str) -> None:
     """Refuse text that cannot fit before tokenizing it (which costs memory in proportion).
 
     No token is longer than the vocabulary's longest, and `chars` characters
@@ -66,7 +68,7 @@ def check_fits(engine: EngineApi, chars: int, param: str) -> None:
     longest, ctx = engine.longest_token, engine.info.ctx_max
     least = -(-chars // longest) if longest else 0
     if least > ctx - 1:
-        raise too_long(least, ctx, param, at_least=True)
+        raise too_long(least, ctx, param, beyond, at_least=True)
 
 
 def least_chars(value: object) -> int:
@@ -84,10 +86,10 @@ def least_chars(value: object) -> int:
     return total
 
 
-def least_rendered_chars(messages: Sequence[object], images: int) -> int:
+def least_rendered_chars(messages: Sequence[object], images: int, placeholder: str) -> int:
     """Characters every format's rendering of `messages` holds at least, for refusing a
     prompt that cannot fit before rendering it: each message's text is in it verbatim, but
-    for the image placeholders that may stand for the request's `images`."""
+    for the image `placeholder`s that may stand for the request's `images`."""
     chars = 0
     for message in messages:
         content = message.get("content") if isinstance(message, dict) else None
@@ -97,13 +99,13 @@ def least_rendered_chars(messages: Sequence[object], images: int) -> int:
             chars += sum(len(part["text"]) for part in content
                          if isinstance(part, dict) and part.get("type") == "text"
                          and isinstance(part.get("text"), str))
-    return max(0, chars - images * len(IMAGE_PLACEHOLDER))
+    return max(0, chars - images * len(placeholder))
 
 
 class PromptBuilder:
     def __init__(self, engine: EngineApi, images: ImageProbe, chat_format: ChatFormat, *,
                  vision: bool, reply_memory: Optional[ReplyMemory], keep_reasoning: bool,
-                 snapshots: bool, default_thinking: bool):
+                 snapshots: bool, default_thinking: bool, context_beyond: str = ""):
         self.engine = engine
         self.images = images
         self.chat_format = chat_format
@@ -112,6 +114,7 @@ class PromptBuilder:
         self.keep_reasoning = keep_reasoning
         self.snapshots = snapshots                 # a prefix cache will store snapshots
         self.default_thinking = default_thinking   # when a request does not say
+        self.context_beyond = context_beyond       # a too-long prompt's word on a larger context
 
     # -- before the engine ------------------------------------------------------------
 
@@ -135,8 +138,9 @@ class PromptBuilder:
                 raise invalid(param, f"the {fmt.name} chat format cannot carry images")
         # Before the engine is held: text that cannot fit is refused unrendered.
         tools = least_chars(req.tools or ())
-        check_fits(self.engine, tools, "tools")
-        check_fits(self.engine, tools + least_rendered_chars(req.messages, len(images)), "messages")
+        check_fits(self.engine, tools, "tools", self.context_beyond)
+        least = least_rendered_chars(req.messages, len(images), fmt.image_placeholder)
+        check_fits(self.engine, tools + least, "messages", self.context_beyond)
         return ChatCheck(thinking, images, self.reasoning(req, thinking))
 
     def thinking(self, req: ChatRequest) -> bool:
@@ -160,10 +164,10 @@ class PromptBuilder:
     def chat(self, req: ChatRequest, check: ChatCheck, staged: StagedImages) -> Prompt:
         """Render once and tokenize; the images are queued on the engine."""
         paths = [staged.stage(url, param) for param, url in check.images]
-        prompts = [image_prompt(*staged.measure(self.images.image_dimensions, path, param))
+        prompts = [self.chat_format.image_prompt(*staged.measure(self.images.image_dimensions, path, param))
                    for path, (param, _) in zip(paths, check.images)]
         messages, conversation, replies = self._recall(req, check.thinking, prompts)
-        check_fits(self.engine, conversation.chars(), "messages")
+        check_fits(self.engine, conversation.chars(), "messages", self.context_beyond)
         cuts = self._preamble_cuts(req, messages, conversation)
         try:
             history, positions = tokenize_history(self.engine, conversation.segments, replies, cuts)

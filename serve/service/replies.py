@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Protocol
 
-from serve.core.api import Usage
+from serve.core.reply import Delta, Usage
 
 
 @dataclass(frozen=True)
@@ -38,8 +38,8 @@ class ReplySink(Protocol):
     def progress(self, done: int, total: int) -> None:
         """Prefill has evaluated `done` of `total` prompt positions."""
 
-    def emit(self, delta: dict) -> None:
-        """One piece of output: a chat delta, or {"text": ...} for completions."""
+    def emit(self, delta: Delta) -> None:
+        """One piece of output (a completion's text is its `content`)."""
 
     def gone(self) -> bool:
         """True once the client has disconnected: generation stops at the next token."""

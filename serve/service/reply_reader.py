@@ -9,16 +9,14 @@ from __future__ import annotations
 import codecs
 from typing import Callable, Collection, Optional, Protocol, Sequence
 
-from serve.core import api
 from serve.formats.base import ReplyParser
+from serve.core.reply import assistant_message, Delta
 from serve.core.stops import StopFilter
 
-Emit = Callable[[dict], None]
+Emit = Callable[[Delta], None]
 
 
 class ReplyReader(Protocol):
-    text_key: str   # the delta field that carries answer text (logprobs ride on it)
-
     def feed(self, token: int, piece: bytes, emit: Emit) -> bool:
         """One generated token; True once the reply is done."""
 
@@ -39,8 +37,6 @@ class ReplyReader(Protocol):
 
 
 class ChatReader:
-    text_key = "content"
-
     def __init__(self, parser: ReplyParser, stops: Sequence[str], stop_tokens: Collection[int],
                  max_calls: Optional[int] = None):
         self._parser = parser
@@ -68,23 +64,23 @@ class ChatReader:
         tail = self._stops.flush()
         if tail:
             self._content.append(tail)
-            emit({"content": tail})
+            emit(Delta(content=tail))
 
-    def _forward(self, deltas: list, emit: Emit) -> None:
+    def _forward(self, deltas: list[Delta], emit: Emit) -> None:
         for d in deltas:
             if d.reasoning_content:
                 self._reasoning.append(d.reasoning_content)
-                emit({"reasoning_content": d.reasoning_content})
+                emit(d)
             elif d.content:
                 shown = self._stops.feed(d.content)
                 if shown:
                     self._content.append(shown)
-                    emit({"content": shown})
+                    emit(Delta(content=shown))
             elif d.tool_call:
                 if self._max_calls is not None and d.tool_call["index"] >= self._max_calls:
                     self._over = True
                     return
-                emit({"tool_calls": [d.tool_call]})
+                emit(d)
 
     @property
     def stopped(self) -> bool:
@@ -104,12 +100,11 @@ class ChatReader:
 
     def message(self) -> dict:
         """The assistant message as the client receives it."""
-        return api.chat_message("".join(self._content), "".join(self._reasoning),
-                                self._parser.reply.tool_calls[:self._max_calls])
+        return assistant_message("".join(self._content), "".join(self._reasoning),
+                                 self._parser.reply.tool_calls[:self._max_calls])
 
 
 class TextReader:
-    text_key = "text"
     has_tool_calls = False
 
     def __init__(self, stops: Sequence[str], special_ids: Collection[int]):
@@ -130,7 +125,7 @@ class TextReader:
     def _show(self, piece: str, emit: Emit) -> None:
         if piece:
             self._text.append(piece)
-            emit({"text": piece})
+            emit(Delta(content=piece))
 
     @property
     def stopped(self) -> bool:

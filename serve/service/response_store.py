@@ -50,7 +50,7 @@ class ResponseStore:
         with self._lock:
             return self._entries.get(response_id)
 
-    def reasoning(self, item_id: Any) -> Optional[str]:
+    def reasoning(self, item_id: object) -> Optional[str]:
         with self._lock:
             return self._reasoning.get(item_id) if isinstance(item_id, str) else None
 

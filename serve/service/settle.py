@@ -15,7 +15,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
-from serve.engine.binding import UnencodableText, WasteError
+from serve.engine.types import UnencodableText, WasteError
 from serve.engine.api import EngineApi
 from serve.engine.queue import EngineQueue
 from serve.service.generation import Outcome
@@ -25,7 +25,7 @@ from serve.snapshots.cache import PrefixCache
 from serve.service.prompt import Prompt
 from serve.snapshots.reply_memory import ReplyMemory
 from serve.snapshots.policy import SnapshotPolicy
-from serve.formats.xtml.render import Segment
+from serve.core.segment import Segment
 
 # Settling evaluates one token at a time: a request arriving meanwhile waits for
 # one token's evaluation at most (about 2 s on K3).

@@ -12,14 +12,15 @@ boundaries come from the one rendering of the conversation.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
+from serve.core.client_json import JsonObject
 from serve.formats.base import Rendering
 
 _SYSTEM_ROLES = ("system", "developer")
 
 
-def preamble_ends(conversation: Rendering, messages: Sequence[Mapping[str, Any]],
+def preamble_ends(conversation: Rendering, messages: Sequence[JsonObject],
                   notes: bool) -> list[int]:
     """Segment counts at which the tool declarations, the leading system messages
     and the messages before any trailing notes end within the rendered conversation.

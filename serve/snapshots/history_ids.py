@@ -20,7 +20,7 @@ import codecs
 from typing import Sequence
 
 from serve.engine.api import EngineApi
-from serve.formats.xtml.render import Segment
+from serve.core.segment import Segment
 
 
 def find(segments: Sequence[Segment], run: Sequence[Segment], start: int) -> int:

@@ -20,7 +20,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
-from serve.formats.xtml.render import Segment
+from serve.core.segment import Segment
 
 DEFAULT_CAPACITY = 64 << 20   # about 16M remembered ids
 

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from serve.core.api import ApiError, invalid
-from serve.dialects.shared import Blocks, Conversation, Parts, chat_request, renamed, string_field, tool_call
+from serve.core.errors import ApiError, invalid
+from serve.core.reply import Delta
+from serve.dialects.shared import (Blocks, chat_request, Conversation, Parts, renamed, string_field,
+                                   tool_call)
 
 
 def test_an_error_names_the_field_as_the_client_did_or_its_nearest_named_parent():
@@ -57,9 +59,9 @@ def test_parts_join_neighbouring_text_and_remember_where_each_came_from():
 def test_blocks_open_add_and_close_in_reply_order():
     blocks = Blocks()
     steps = [(step, block.kind, piece) for delta in (
-        {"reasoning_content": "hm"}, {"reasoning_content": "m"}, {"content": "Hi"},
-        {"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "f", "arguments": ""}}]},
-        {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}) for step, block, piece
+        Delta(reasoning_content="hm"), Delta(reasoning_content="m"), Delta(content="Hi"),
+        Delta(tool_call={"index": 0, "id": "c1", "function": {"name": "f", "arguments": ""}}),
+        Delta(tool_call={"index": 0, "function": {"arguments": "{}"}})) for step, block, piece
         in blocks.feed(delta)] + [(step, block.kind, piece) for step, block, piece in blocks.finish()]
     assert steps == [("open", "reasoning", ""), ("add", "reasoning", "hm"), ("add", "reasoning", "m"),
                      ("close", "reasoning", ""), ("open", "text", ""), ("add", "text", "Hi"),

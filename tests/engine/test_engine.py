@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from serve.engine import binding as eng
+from serve.engine import abi, binding as eng
 from serve.engine.binding import (Engine, EngineConfig, GenParams, LibraryNotFound, WasteError,
                           load_library)
-from serve.formats.xtml.render import Segment
+from serve.core.segment import Segment
 
 PROMPT_TEXT = "The lighthouse keeper climbed the stairs"
 
@@ -34,7 +34,7 @@ def compile_shared(tmp_path: Path, source: str) -> Path:
 def stub_library_source(version_number: int, omit: tuple[str, ...] = ()) -> str:
     """A library exporting libwaste's names (as do-nothing stubs) with a chosen version."""
     lines = [f"int waste_version_number(void) {{ return {version_number}; }}"]
-    lines += [f"void {name}(void) {{}}" for name in eng.SIGNATURES
+    lines += [f"void {name}(void) {{}}" for name in abi.SIGNATURES
               if name != "waste_version_number" and name not in omit]
     return "\n".join(lines) + "\n"
 
@@ -69,7 +69,7 @@ def test_struct_layouts_match_the_c_header(tmp_path):
     if cc is None:
         pytest.skip("no C compiler")
     prints = []
-    for c_name, mirror in eng.C_STRUCTS.items():
+    for c_name, mirror in abi.C_STRUCTS.items():
         prints.append(f'printf("{c_name} sizeof %zu\\n", sizeof({c_name}));')
         for field, _ in mirror._fields_:
             prints.append(f'printf("{c_name} {field} %zu\\n", offsetof({c_name}, {field}));')
@@ -82,7 +82,7 @@ def test_struct_layouts_match_the_c_header(tmp_path):
                             text=True).stdout
     from_c = {tuple(line.split()[:2]): int(line.split()[2]) for line in output.splitlines()}
     from_ctypes = {}
-    for c_name, mirror in eng.C_STRUCTS.items():
+    for c_name, mirror in abi.C_STRUCTS.items():
         from_ctypes[(c_name, "sizeof")] = ctypes.sizeof(mirror)
         for field, _ in mirror._fields_:
             from_ctypes[(c_name, field)] = getattr(mirror, field).offset
@@ -92,7 +92,7 @@ def test_struct_layouts_match_the_c_header(tmp_path):
 def test_every_header_function_has_a_signature():
     header = (ROOT / "engine" / "waste.h").read_text()
     declared = set(re.findall(r"\b(waste_\w+)\s*\(", header))
-    assert declared == set(eng.SIGNATURES)
+    assert declared == set(abi.SIGNATURES)
 
 # ------------------------------------------------------ library discovery
 
@@ -167,7 +167,7 @@ def test_another_library_is_never_asked_for_a_detail_without_a_ctx(tmp_path, mon
         "void waste_cfg_init(void *cfg) {}",
         "int waste_open(const char *p, const void *c, void **out) { *out = NULL; return -1; }",
         "const char *waste_error_detail(const int *ctx) { return ctx[0] ? \"x\" : NULL; }",
-        *[f"void {name}(void) {{}}" for name in eng.SIGNATURES if name not in (
+        *[f"void {name}(void) {{}}" for name in abi.SIGNATURES if name not in (
             "waste_version_number", "waste_build_info", "waste_strerror", "waste_cfg_init",
             "waste_open", "waste_error_detail")]])
     stub = load_library(str(compile_shared(tmp_path, source)))
@@ -189,8 +189,8 @@ def test_open_failure_carries_the_engine_detail(lib, tmp_path):
     with pytest.raises(WasteError) as caught:
         Engine(lib, tmp_path / "no-such.waste", EngineConfig())
     error = caught.value
-    assert (error.status, error.name, error.call) == (eng.WASTE_E_IO, "WASTE_E_IO", "waste_open")
-    assert error.message == lib.strerror(eng.WASTE_E_IO)
+    assert (error.status, error.name, error.call) == (abi.WASTE_E_IO, "WASTE_E_IO", "waste_open")
+    assert error.message == lib.strerror(abi.WASTE_E_IO)
     assert error.detail
 
 

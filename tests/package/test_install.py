@@ -51,6 +51,16 @@ def test_the_serve_command_and_the_module_answer_help(installed):
     assert "--no-thinking" in command.stdout and "--lib" in command.stdout
 
 
+def test_the_version_is_pyproject_s_from_the_package_and_from_a_checkout(installed):
+    import tomllib
+    expected = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    command = run(installed / "bin" / "serve", "--version", cwd=installed)   # the metadata's
+    module = run(installed / "bin" / "python", "-m", "serve", "--version", cwd=installed)
+    checkout = run(installed / "bin" / "python", "-m", "serve", "--version", cwd=ROOT)   # the file's
+    for done in (command, module, checkout):
+        assert (done.returncode, done.stdout) == (0, f"serve {expected}\n"), done.stderr
+
+
 def test_nothing_but_the_package_is_installed_and_the_page_comes_with_it(installed):
     listed = run(installed / "bin" / "python", "-m", "pip", "list", "--format=freeze", cwd=installed)
     names = {line.split("==")[0].lower() for line in listed.stdout.split()}

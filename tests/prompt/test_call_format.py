@@ -8,8 +8,10 @@ import pytest
 
 from serve.engine.binding import Engine, EngineConfig
 from serve.formats.choice import resolve_chat_format
-from serve.formats.template.tools import DECLARATION, EXAMPLE_CALL, RESULT_HEADER, TemplateReplyParser, call_text
-from serve.formats.xtml.render import PromptError, Segment
+from serve.formats.template.tools import (DECLARATION, EXAMPLE_CALL, RESULT_HEADER, call_text,
+                                          TemplateReplyParser)
+from serve.formats.base import PromptError
+from serve.core.segment import Segment
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather",
                                             "parameters": {"type": "object", "properties": {

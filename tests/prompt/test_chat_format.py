@@ -13,8 +13,9 @@ from serve.formats.template.format import TemplateFormat
 from serve.formats.template.tools import TemplateReplyParser
 from serve.formats.xtml.format import XtmlFormat
 from serve.engine.binding import Engine, EngineConfig
-from serve.formats.xtml.reply import Delta, ReplyParser
-from serve.formats.xtml.render import Segment
+from serve.formats.xtml.reply import ReplyParser
+from serve.core.reply import Delta
+from serve.core.segment import Segment
 
 KIMI_CHAT = {
     "system": ["<|im_system|>system<|im_middle|>", "<|im_end|>"],
@@ -230,6 +231,17 @@ def test_what_the_template_cannot_carry_is_refused_by_name(template, kwargs, mes
     with pytest.raises(ChatFormatError) as caught:
         template.render(messages or [{"role": "user", "content": "Hi"}], thinking=True, **kwargs)
     assert caught.value.field == field
+
+
+def test_an_image_prompt_comes_from_the_format_that_carries_images(k3, k3_container, template, kimi,
+                                                                   tmp_path):
+    xtml_format = resolve_chat_format(k3, k3_container)
+    assert xtml_format.image_prompt(640, 480) == xtml.image_prompt(640, 480)
+    assert xtml_format.image_placeholder == xtml.IMAGE_PLACEHOLDER
+    for without in (template, resolve_chat_format(kimi, tmp_path)):   # chat.json, and neither
+        assert without.image_placeholder == ""
+        with pytest.raises(ChatFormatError):
+            without.image_prompt(640, 480)
 
 
 def test_xtml_render_maps_developer_to_system(k3, k3_container):

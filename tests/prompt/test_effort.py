@@ -8,7 +8,7 @@ import pytest
 
 from conftest import ROOT
 from scripted import call, engine, real_service, scripted_service, serving  # noqa: F401
-from serve.core.api import REASONING_EFFORTS
+from serve.core.request import REASONING_EFFORTS
 
 VECTORS = json.loads((ROOT / "tests" / "fixtures" / "xtml_vectors.json").read_text("utf-8"))["cases"]
 CHAT = "/v1/chat/completions"

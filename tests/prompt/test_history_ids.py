@@ -13,7 +13,7 @@ from scripted import ScriptedEngine
 from serve.formats.xtml import render as xtml
 from serve.snapshots.history_ids import overlay, tokenize_history
 from serve.snapshots.reply_memory import ReplyMemory
-from serve.formats.xtml.render import Segment
+from serve.core.segment import Segment
 
 ENGINE = ScriptedEngine()
 SPECIALS = frozenset(ENGINE.specials.values())

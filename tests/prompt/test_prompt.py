@@ -4,10 +4,11 @@ from __future__ import annotations
 import pytest
 
 from scripted import IMAGE_POSITIONS, ScriptedEngine, ScriptedLibrary, data_url, image_message, tiny_png
-from serve.core.api import ApiError, parse_chat_request
+from serve.core.errors import ApiError
+from serve.dialects.openai_request import parse_chat_request
 from serve.formats.choice import NoChatFormat, resolve_chat_format
 from serve.service.images import StagedImages
-from serve.service.prompt import PromptBuilder, check_fits
+from serve.service.prompt import check_fits, PromptBuilder
 from serve.snapshots.reply_memory import ReplyMemory
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
@@ -122,6 +123,6 @@ def test_a_completion_prompt_and_text_too_long_for_the_context():
     prompts = builder(engine)
     assert prompts.text("ab") == [engine.specials["[BOS]"], ord("a"), ord("b")]
     with pytest.raises(ApiError) as caught:
-        check_fits(engine, 64 * engine.longest_token, "prompt")
+        check_fits(engine, 64 * engine.longest_token, "prompt", "")
     assert caught.value.code == "context_length_exceeded" and caught.value.param == "prompt"
-    check_fits(engine, 63 * engine.longest_token, "prompt")   # at least one token left: fine
+    check_fits(engine, 63 * engine.longest_token, "prompt", "")   # at least one token left: fine

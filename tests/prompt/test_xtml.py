@@ -9,8 +9,10 @@ import pytest
 from hypothesis import given, strategies as st
 
 from conftest import ROOT
-from serve.formats.xtml.render import (IMAGE_PLACEHOLDER, MARKUP_TOKENS, PromptError, Segment,
-                        build_chat_segments, escape_attr, image_prompt, render_text, unescape_attr)
+from serve.formats.xtml.render import (IMAGE_PLACEHOLDER, MARKUP_TOKENS, build_chat_segments,
+                                       escape_attr, image_prompt, PromptError, render_text,
+                                       unescape_attr)
+from serve.core.segment import Segment
 
 FIXTURE = ROOT / "tests" / "fixtures" / "xtml_vectors.json"
 SHARED_VECTORS = ROOT.parent / "shared" / "vectors" / "xtml.json"

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from scripted import assert_error, call, real_service, serving
-from serve.core.api import parse_chat_request
+from serve.dialects.openai_request import parse_chat_request
 from serve.engine.decode import token_text
 from serve.engine.binding import Engine, EngineConfig
 

@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 
 from scripted import assert_error, call, real_service, serving
 from serve.formats import grammar
+from serve.formats.xtml.grammar import Markup, xtml_grammar
 from serve.formats.xtml import render as xtml
-from serve.core.api import parse_chat_request
+from serve.dialects.openai_request import parse_chat_request
 from serve.engine.binding import Engine, EngineConfig
 
 CHAT = "/v1/chat/completions"
@@ -240,7 +241,7 @@ def matcher_for(lib, k3_container):
 
         def build(body: dict, thinking: bool = False):
             req = parse_chat_request({"messages": USER, **body})
-            lark = grammar.xtml_grammar(req, grammar.Markup(*markers), thinking)
+            lark = xtml_grammar(req, Markup(*markers), thinking)
             return vocabulary.matcher(grammar.compile_grammar(lark)), engine
         yield build
 

@@ -8,8 +8,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from serve.formats.xtml.reply import (CLOSE, END_OF_MSG, MAX_HEADER_CHARS, OPEN, SEP, Delta, Markers, Reply, ReplyParser,
-                           default_call_id)
+from serve.formats.xtml.reply import (CLOSE, END_OF_MSG, MAX_HEADER_CHARS, OPEN, SEP, Markers,
+                                      ReplyParser)
+from serve.core.reply import default_call_id, Delta, Reply
 from serve.formats.xtml.render import build_chat_segments
 
 MARKERS = Markers(open=1, sep=2, close=3, end_of_msg=4)

@@ -13,7 +13,7 @@ from agents import claude_code_first_message, claude_code_request
 from conftest import make_container
 from scripted import assert_error, call
 from served import cli_server
-from serve.app.context import CAP, STATE_SHARE, choose_context
+from serve.app.context import CAP, STATE_SHARE, beyond, choose_context
 
 
 def test_a_model_that_takes_more_than_the_cap_gets_the_cap(lib, k3_container):
@@ -26,7 +26,12 @@ def test_the_model_s_own_length_bounds_it(lib, tmp_path):
     short = make_container(tmp_path / "short.waste", "--context-length", "10000")
     choice = choose_context(lib, str(short), 0, 0, vision=False)
     assert choice.tokens == 8192
-    assert "the largest the model takes" in choice.reason and "context_length of 10000" in choice.reason
+    # What was chosen, and why; not what was refused on the way.
+    assert choice.reason == ("the largest of serve's candidates the model takes (it takes up to "
+                             "10,000; --ctx for more)")
+    exact = make_container(tmp_path / "exact.waste", "--context-length", "8192")
+    choice = choose_context(lib, str(exact), 0, 0, vision=False)
+    assert (choice.tokens, choice.reason) == (8192, "the most the model takes")
     tiny = make_container(tmp_path / "tiny.waste", "--context-length", "300")
     choice = choose_context(lib, str(tiny), 0, 0, vision=False)
     assert choice.tokens == 0 and "engine's default" in choice.reason   # the engine opens it at 300
@@ -71,4 +76,26 @@ def test_plan_prints_the_chosen_context(lib_path, tmp_path):
     from served import run_cli
     short = make_container(Path(tmp_path) / "short.waste", "--context-length", "8192")
     done = run_cli(str(short), "--plan", lib_path=lib_path)
-    assert done.returncode == 0 and "(ctx 8192: the largest the model takes" in done.stdout
+    assert done.returncode == 0 and "(ctx 8192: the most the model takes)" in done.stdout
+
+
+def test_a_larger_context_is_named_only_when_there_is_one(lib, tmp_path, k3_container):
+    exact = make_container(tmp_path / "exact.waste", "--context-length", "8192")
+    assert beyond(lib, str(exact), 8192, 0, vision=False) == "the most this model takes"
+    assert "--ctx" in beyond(lib, str(exact), 4096, 0, vision=False)
+    # The model takes more, but the budget holds no more than this context's floor.
+    floor = lib.plan_memory(k3_container, 2048).floor_bytes
+    assert beyond(lib, str(k3_container), 2048, floor, vision=False).startswith("the most the ")
+    assert "--ctx" in beyond(lib, str(k3_container), 2048, 0, vision=False)
+
+
+def test_a_prompt_too_long_for_the_model_s_own_limit_does_not_name_ctx(lib_path, tmp_path):
+    short = make_container(tmp_path / "short.waste", "--context-length", "1024")
+    words = " ".join(f"w{n}" for n in range(3000))
+    with cli_server(str(short), "--lib", str(lib_path), "--ctx", "1024", "--usage",
+                    str(tmp_path / "u"), "--prefix-cache-dir", str(tmp_path / "cache")) as (_, port, banner):
+        resp = call(port, "POST", "/v1/chat/completions",
+                    {"messages": [{"role": "user", "content": words}], "max_tokens": 4})
+    message = assert_error(resp, 400, param="messages", code="context_length_exceeded")["message"]
+    assert "the context holds 1024" in message and message.endswith("(the most this model takes)")
+    assert "--ctx" not in message

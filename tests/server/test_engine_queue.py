@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from serve.core.api import ApiError
+from serve.core.errors import ApiError
 from serve.engine.queue import ClientGone, EngineQueue
 
 WAIT = 30   # seconds: generous, for a busy machine; nothing here should take more than a moment

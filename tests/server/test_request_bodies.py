@@ -157,6 +157,7 @@ EARLY_ERRORS = {
     "405 POST health": (_with_length("POST", "/health", b'{"a": 1}'), 405, True),
     "405 PUT chat": (_with_length("PUT", CHAT, b'{"messages": []}'), 405, True),
     "200 GET with a body": (_with_length("GET", "/health", b"ignored"), 200, True),
+    "501 unknown method": (_with_length("BREW", "/health", RESPONSES_BODY), 501, True),
     # The body is read: the request fails on what it says.
     "400 not JSON": (_with_length("POST", CHAT, b"not json"), 400, True),
     "400 bad field": (_with_length("POST", CHAT, json.dumps({"messages": USER, "n": 3}).encode()), 400,
@@ -170,7 +171,6 @@ EARLY_ERRORS = {
     "400 bad Content-Length": (_request("POST", CHAT, RESPONSES_BODY, "Content-Length: +30"), 400, False),
     "404 bad Content-Length": (_request("POST", "/v1/nothing", RESPONSES_BODY, "Content-Length: 1_0"),
                                404, False),
-    "501 unknown method": (_with_length("BREW", "/health", RESPONSES_BODY), 501, False),
 }
 
 

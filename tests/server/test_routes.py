@@ -1,12 +1,13 @@
 """The HTTP surface over real sockets, scripted engine: routes, methods, one log line a request."""
 from __future__ import annotations
 
+import re
 import time
 
 from scripted import assert_error, call, engine, scripted_service, server, serving
 from serve.dialects import anthropic
-from serve.core.api import ApiError
-from serve.http.server import ROUTES, endpoint_label, find_route, nearest_route
+from serve.core.errors import ApiError
+from serve.http.routes import ROUTES, endpoint_label, find_route, nearest_route
 
 USER = [{"role": "user", "content": "hi"}]
 CHAT = "/v1/chat/completions"
@@ -52,6 +53,10 @@ def test_each_request_logs_one_line(engine):
     health, chat = sorted(lines, key=lambda line: "POST" in line)
     assert "GET /health 200" in health
     assert "POST /v1/chat/completions 200" in chat and "tokens=" in chat
+    # A generation's line says where its time went; others have nothing to add.
+    assert re.search(r"id=req-\w+ \(engine at \d+ms, prompt [1-9]\d* \(0 restored\), "
+                     r"first token at \d+ms\)$", chat), chat
+    assert "(" not in health.split("id=")[1]
 
 
 def test_one_route_table_answers_dispatch_labels_and_error_shapes():
@@ -67,5 +72,27 @@ def test_one_route_table_answers_dispatch_labels_and_error_shapes():
     # A path under an API's endpoint is answered in that API's error shape.
     assert nearest_route("/v1/messages/batches").errors is anthropic.error_body
     assert nearest_route("/v1/nothing").errors is ApiError.body
+    # A target that is no path has a nearest route too (it raised, leaving a request in flight).
+    assert nearest_route("*").path == nearest_route("http://x/health").path == "/"
     labels = [route.label or route.path for route in ROUTES]
     assert len(labels) == len(set(labels))
+
+
+def test_the_handler_sets_only_the_attributes_its_contract_names(engine, monkeypatch):
+    from serve.http.server import Handler
+    seen: list[set[str]] = []
+    finish = Handler.finish
+    monkeypatch.setattr(Handler, "finish", lambda self: (seen.append(set(vars(self))), finish(self)))
+    with serving(scripted_service(engine)) as srv:
+        call(srv.port, "GET", "/health")
+        call(srv.port, "POST", CHAT, {"messages": USER, "stream": True})
+        call(srv.port, "BREW", "/nothing")
+    # The standard library's own, then those the docstring of Handler names.
+    standard = {"request", "client_address", "server", "connection", "rfile", "wfile",
+                "raw_requestline", "requestline", "command", "path", "request_version", "headers",
+                "close_connection", "_headers_buffer"}
+    assert len(seen) == 3
+    for names in seen:
+        assert names - standard == {"timeout", "deadline", "current", "_refused", "_hangup"}
+    assert all(f"`{name}`" in Handler.__doc__ for name in ("timeout", "rfile", "deadline", "current",
+                                                            "_refused", "_hangup"))

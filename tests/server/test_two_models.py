@@ -17,7 +17,8 @@ from scripted import (ScriptedEngine, call, held_engine, post_open, read_all, re
                       scripted_service, serving, sse_data, wait_idle, xtml_answer)
 from served import run_cli, serve
 from serve.app.budget import split_budget
-from serve.engine.binding import Engine, EngineConfig, MemPlan
+from serve.engine.binding import Engine
+from serve.engine.types import EngineConfig, MemPlan
 from serve.service import models
 from serve.service.models import Models
 

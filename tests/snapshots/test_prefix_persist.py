@@ -21,12 +21,12 @@ from served import cli_server, run_cli
 from conftest import make_container
 from scripted import (ScriptedEngine, SlowEnginePolicy, call, real_service, scrape, scripted_service,
                       serving, wait_idle, xtml_answer)
-from serve.core.api import parse_chat_request
+from serve.dialects.openai_request import parse_chat_request
 from serve.snapshots.identity import SMALL_FILE, container_digest, state_identity
 from serve.service.prefill import prefill
 from serve.snapshots.cache import PrefixCache
 from serve.snapshots.policy import SnapshotPolicy
-from serve.app.warm import Warmer, dialect_of
+from serve.app.warm import dialect_of, Warmer
 
 CHAT = "/v1/chat/completions"
 ANSWER_ONLY = {"temperature": 0, "seed": 3, "max_tokens": 8, "reasoning_effort": "none"}

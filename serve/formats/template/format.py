@@ -10,14 +10,17 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
-from serve.formats import grammar
-from serve.core.api import ChatRequest
+from serve.core.client_json import Json, JsonObject
+from serve.formats.grammar import Lark
+from serve.formats.template.grammar import template_grammar
+from serve.core.request import ChatRequest
 from serve.formats.base import ChatFormatError, FormatRefused, Rendering, system_role
 from serve.engine.api import EngineApi
 from serve.formats.template.tools import JsonCalls, TemplateReplyParser, TemplateTools
-from serve.formats.xtml.render import Segment, resolve_tool_results
+from serve.formats.tool_results import resolve_tool_results
+from serve.core.segment import Segment
 
 TEMPLATE_ROLES = ("system", "user", "assistant")
 TEMPLATE_KEYS = (*TEMPLATE_ROLES, "open", "default_system")
@@ -78,8 +81,9 @@ class TemplateFormat:
     refusal = None
     media_pad = None
     supports_images = False
+    image_placeholder = ""
     supports_reasoning = False
-    prompts_response_format = False  # only a grammar (serve/formats/grammar.py) can hold the reply to it
+    prompts_response_format = False  # only a grammar (serve/formats/template/grammar.py) can hold the reply to it
     prompts_tools = False            # calls in serve's own format are made by a grammar alone
 
     def __init__(self, path: Path, template: ChatTemplate, stop_tokens: list[int],
@@ -128,8 +132,8 @@ class TemplateFormat:
         return cls(path, template, stops, frozenset(engine.specials.values()) | set(ids.values()),
                    tools, no_tools)
 
-    def render(self, messages: Sequence[Mapping[str, Any]], *, tools: Any = None,
-               tool_choice: Any = None, response_format: Any = None, thinking: bool,
+    def render(self, messages: Sequence[JsonObject], *, tools: Json = None,
+               tool_choice: Json = None, response_format: Json = None, thinking: bool,
                thinking_effort: Optional[str] = None,
                image_prompts: Optional[Sequence[str]] = None,
                add_generation_prompt: bool = True) -> Rendering:
@@ -155,6 +159,9 @@ class TemplateFormat:
             segments += _present(self.generation_prompt(thinking))
         return Rendering(segments, ends)
 
+    def image_prompt(self, width: int, height: int) -> str:
+        raise ChatFormatError("images need the XTML chat format", "messages")
+
     def generation_prompt(self, thinking: bool) -> list[Segment]:
         return [Segment(self.template.open, True)]
 
@@ -169,7 +176,7 @@ class TemplateFormat:
             raise ChatFormatError(f"this chat.json cannot carry tools ({self.description})", field)
         return self.template.turns
 
-    def _message(self, i: int, message: Mapping[str, Any],
+    def _message(self, i: int, message: JsonObject,
                  results: dict[int, str]) -> list[Segment]:
         role, where = message.get("role"), f"messages[{i}]"
         content = Segment(self._content_text(i, message.get("content")), False)
@@ -188,10 +195,10 @@ class TemplateFormat:
                 *self._tool_format().calls(calls, f"{where}.tool_calls"), Segment(suffix, True)]
 
     @staticmethod
-    def _result_names(messages: Sequence[Mapping[str, Any]]) -> dict[int, str]:
+    def _result_names(messages: Sequence[JsonObject]) -> dict[int, str]:
         """The tool each result answers, by message index (as XTML names them)."""
         names: dict[int, str] = {}
-        calls: Sequence[Mapping[str, Any]] = ()
+        calls: Sequence[JsonObject] = ()
         answered, i = 0, 0
         while i < len(messages):
             message = messages[i]
@@ -211,7 +218,7 @@ class TemplateFormat:
         return names
 
     @staticmethod
-    def _content_text(i: int, content: Any) -> str:
+    def _content_text(i: int, content: Json) -> str:
         if content is None or isinstance(content, str):
             return content or ""
         if not isinstance(content, list):
@@ -230,8 +237,8 @@ class TemplateFormat:
         return TemplateReplyParser(frozenset(self.stop_tokens), self._special_ids,
                                    self.tools.marker if self.tools else ())
 
-    def grammar(self, req: ChatRequest, thinking: bool) -> grammar.Lark:
-        return grammar.template_grammar(req, self.tools.marker if self.tools else ())
+    def grammar(self, req: ChatRequest, thinking: bool) -> Lark:
+        return template_grammar(req, self.tools.marker if self.tools else ())
 
 
 def _present(segments: list[Segment]) -> list[Segment]:

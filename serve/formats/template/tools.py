@@ -1,7 +1,7 @@
 """Tool calls on a chat.json container: serve's generic call format, for a model never taught one.
 
 A chat.json has no place for tools, so serve brings its own form, held to by
-constrained decoding (serve/formats/grammar.py's `template_grammar`):
+constrained decoding (serve/formats/template/grammar.py's `template_grammar`):
 
 - **Declarations**: a system turn of its own before the conversation, in the
   template's system strings: what a call looks like (with an example written in
@@ -28,11 +28,12 @@ from __future__ import annotations
 import codecs
 import json
 import re
-from typing import Any, Mapping, Optional, Protocol, Sequence
+from typing import Mapping, Protocol, Sequence
 
-from serve.formats.base import FormatRefused
-from serve.formats.xtml.render import PromptError, Segment
-from serve.formats.xtml.reply import Deltas, Delta, Reply, default_call_id
+from serve.core.client_json import Json, JsonObject
+from serve.formats.base import FormatRefused, PromptError
+from serve.core.segment import Segment
+from serve.core.reply import default_call_id, Delta, Deltas, Reply, read_calls
 
 CALL_HEAD = '{"name": '            # a call's text up to the tool's name
 ARGUMENTS_KEY = ', "arguments": '  # between the name and the arguments
@@ -57,10 +58,10 @@ class TemplateTools(Protocol):
     def marker(self) -> Sequence[int | str]:
         """What opens a call: special token ids and text, in order."""
 
-    def declaration(self, tools: Sequence[Mapping[str, Any]]) -> list[Segment]:
+    def declaration(self, tools: Sequence[JsonObject]) -> list[Segment]:
         """The system turn's content that declares `tools`."""
 
-    def calls(self, calls: Sequence[Mapping[str, Any]], where: str) -> list[Segment]:
+    def calls(self, calls: Sequence[JsonObject], where: str) -> list[Segment]:
         """An assistant message's calls, as its history renders them after its content."""
 
     def result(self, name: str) -> str:
@@ -103,13 +104,13 @@ class JsonCalls:
                                 "a reply")
         return cls(open_text, marker)
 
-    def declaration(self, tools: Sequence[Mapping[str, Any]]) -> list[Segment]:
+    def declaration(self, tools: Sequence[JsonObject]) -> list[Segment]:
         lines = "\n".join(json.dumps(_declared(tool), ensure_ascii=False, separators=(",", ":"))
                           for tool in tools)
         return [Segment(DECLARATION, False), Segment(self.open_text, True),
                 Segment(EXAMPLE_CALL, False), Segment(DECLARATION_END + lines, False)]
 
-    def calls(self, calls: Sequence[Mapping[str, Any]], where: str) -> list[Segment]:
+    def calls(self, calls: Sequence[JsonObject], where: str) -> list[Segment]:
         segments = []
         for j, call in enumerate(calls):
             function = call.get("function") or {}
@@ -128,12 +129,12 @@ def call_text(name: str, arguments: str) -> str:
     return f"{CALL_HEAD}{json.dumps(name, ensure_ascii=False)}{ARGUMENTS_KEY}{arguments}}}"
 
 
-def _declared(tool: Mapping[str, Any]) -> dict:
+def _declared(tool: JsonObject) -> dict:
     function = tool.get("function") or {}
     return {key: function[key] for key in ("name", "description", "parameters") if key in function}
 
 
-def _arguments_text(raw: Any, where: str) -> str:
+def _arguments_text(raw: Json, where: str) -> str:
     """Arguments as history writes them: the text the model wrote (or a client kept) as it
     is, an object as JSON, nothing as {}; JSON that is not an object is refused."""
     if raw is None or (isinstance(raw, str) and not raw.strip()):
@@ -168,7 +169,7 @@ class TemplateReplyParser:
         self._new_call_id = new_call_id
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._content: list[str] = []   # joined on demand: no copy of the whole reply per token
-        self._calls: list[dict] = []
+        self._calls: list[dict[str, str]] = []   # id and name of each call
         self._arguments: list[list[str]] = []
         self._state = "content"         # content | marker | head | arguments | after | drop
         self._expect = 0                # marker: the part awaited next
@@ -182,10 +183,8 @@ class TemplateReplyParser:
 
     @property
     def reply(self) -> Reply:
-        calls = [{"id": c["id"], "type": "function",
-                  "function": {"name": c["name"], "arguments": "".join(parts)}}
-                 for c, parts in zip(self._calls, self._arguments)]
-        return Reply(content="".join(self._content), tool_calls=calls, ended=self._ended)
+        return Reply(content="".join(self._content),
+                     tool_calls=read_calls(self._calls, self._arguments), ended=self._ended)
 
     @property
     def ended(self) -> bool:

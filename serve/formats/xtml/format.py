@@ -1,15 +1,16 @@
 """K3's own chat format, XTML: tools, reasoning and images, read back by serve/formats/xtml/reply.py."""
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
-from serve.formats import grammar
-
+from serve.core.client_json import Json, JsonObject
+from serve.formats.grammar import Lark
+from serve.formats.xtml.grammar import Markup, xtml_grammar
 from serve.formats.xtml import render as xtml
-from serve.core.api import ChatRequest
+from serve.core.request import ChatRequest
 from serve.formats.base import FormatRefused, Rendering, system_role
 from serve.engine.api import EngineApi
-from serve.formats.xtml.render import Segment
+from serve.core.segment import Segment
 from serve.formats.xtml.reply import Markers, ReplyParser
 
 XTML_MARKERS = ("<|open|>", "<|sep|>", "<|close|>", "<|end_of_msg|>")
@@ -20,6 +21,7 @@ class XtmlFormat:
     description = "xtml (K3 markup: tools, reasoning, images)"
     refusal = None
     supports_images = True
+    image_placeholder = xtml.IMAGE_PLACEHOLDER
     supports_tools = True
     supports_reasoning = True
     prompts_response_format = True   # the prompt tells the model the format asked for
@@ -41,8 +43,8 @@ class XtmlFormat:
         markers = Markers(*(token for token in ids.values() if token is not None))   # all, in order
         return cls(markers, frozenset(engine.specials.values()), engine.token_id(xtml.MEDIA_PAD))
 
-    def render(self, messages: Sequence[Mapping[str, Any]], *, tools: Any = None,
-               tool_choice: Any = None, response_format: Any = None, thinking: bool,
+    def render(self, messages: Sequence[JsonObject], *, tools: Json = None,
+               tool_choice: Json = None, response_format: Json = None, thinking: bool,
                thinking_effort: Optional[str] = None,
                image_prompts: Optional[Sequence[str]] = None,
                add_generation_prompt: bool = True) -> Rendering:
@@ -56,10 +58,12 @@ class XtmlFormat:
     def generation_prompt(self, thinking: bool) -> list[Segment]:
         return xtml.generation_prompt(thinking)
 
+    def image_prompt(self, width: int, height: int) -> str:
+        return xtml.image_prompt(width, height)
+
     def new_parser(self, thinking: bool) -> ReplyParser:
         return ReplyParser(self.markers, thinking=thinking, special_ids=self._special_ids)
 
-    def grammar(self, req: ChatRequest, thinking: bool) -> grammar.Lark:
+    def grammar(self, req: ChatRequest, thinking: bool) -> Lark:
         markers = self.markers
-        return grammar.xtml_grammar(req, grammar.Markup(markers.open, markers.sep, markers.close),
-                                    thinking)
+        return xtml_grammar(req, Markup(markers.open, markers.sep, markers.close), thinking)

@@ -11,8 +11,13 @@ output, so the writer below never merges.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional, Sequence
+
+from serve.core.client_json import Json, JsonObject
+from serve.core.segment import Segment
+from serve.formats.base import PromptError
+from serve.formats.xtml.checks import check_message, type_name
+from serve.formats.tool_results import resolve_tool_results
 
 OPEN = "<|open|>"
 SEP = "<|sep|>"
@@ -22,8 +27,6 @@ MARKUP_TOKENS = (OPEN, SEP, CLOSE, END_OF_MSG)
 IMAGE_PLACEHOLDER = "<|kimi_image_placeholder|>"
 MEDIA_PAD = "<|media_pad|>"  # the placeholder waste_image_expand widens to an image's positions
 
-ROLES = ("system", "user", "assistant", "tool")
-IMAGE_PARTS = ("image_url", "image")  # OpenAI's form, and the release's own
 THINKING_EFFORTS = ("low", "high", "max")
 
 # Model-facing texts. They are part of the prompt the model was trained on
@@ -53,20 +56,6 @@ _RAW_JSON_RULE = ("Your response must be raw JSON data without markdown code blo
 _SCHEMA_INTRO = "The JSON data must match the following schema:\n"
 
 
-class PromptError(ValueError):
-    """A request the release encoder refuses; `field` names the request field at fault."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field} {message}")
-        self.field = field
-
-
-@dataclass(frozen=True)
-class Segment:
-    text: str
-    markup: bool  # True: waste_tokenize_markup (server-written structure); False: waste_tokenize
-
-
 def escape_attr(value: str) -> str:
     """Escape an attribute value; `&` goes first so later entities are not re-escaped."""
     return (value.replace("&", "&amp;").replace('"', "&quot;")
@@ -89,7 +78,7 @@ def render_text(segments: Iterable[Segment]) -> str:
     return "".join(segment.text for segment in segments)
 
 
-def _dumps(value: Any, what: str, **options: Any) -> str:
+def _dumps(value: Json, what: str, **options: Any) -> str:
     """json.dumps that reports a value JSON cannot hold as a ValueError naming it."""
     try:
         return json.dumps(value, ensure_ascii=False, **options)
@@ -99,7 +88,7 @@ def _dumps(value: Any, what: str, **options: Any) -> str:
         raise ValueError(f"{what} is nested too deeply") from None
 
 
-def _compact_json(value: Any, what: str) -> str:
+def _compact_json(value: Json, what: str) -> str:
     return _dumps(value, what, separators=(",", ":"), sort_keys=True)
 
 
@@ -177,7 +166,7 @@ def _write_text_with_placeholders(out: _Writer, text: str, images: _ImagePrompts
     out.text(text)
 
 
-def _write_content(out: _Writer, content: Any, images: _ImagePrompts) -> None:
+def _write_content(out: _Writer, content: Json, images: _ImagePrompts) -> None:
     """Message content, as _check_content admits: None, a string, or text and image parts."""
     if content is None:
         return
@@ -198,11 +187,11 @@ def _write_system(out: _Writer, kind: Optional[str], text: str) -> None:
     out.end_message()
 
 
-def _declare_tools(out: _Writer, header: str, tools: Any) -> None:
+def _declare_tools(out: _Writer, header: str, tools: Json) -> None:
     _write_system(out, "tool-declare", header + "```json\n" + _compact_json(tools, "tools") + "\n```")
 
 
-def _json_type(value: Any) -> str:
+def _json_type(value: Json) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):  # before int: bool is an int subclass
@@ -218,11 +207,11 @@ def _json_type(value: Any) -> str:
     raise ValueError(f"tool argument of non-JSON type {type(value).__name__}")
 
 
-def _argument_body(value: Any, kind: str) -> str:
+def _argument_body(value: Json, kind: str) -> str:
     return value if kind == "string" else _dumps(value, "tool argument")
 
 
-def _parse_arguments(raw: Any, where: str) -> Mapping[str, Any] | str:
+def _parse_arguments(raw: Json, where: str) -> JsonObject | str:
     """The call's arguments as a mapping (empty when there are none), or their
     text when it is not JSON at all; JSON that is not an object is refused."""
     if raw is None:
@@ -230,7 +219,7 @@ def _parse_arguments(raw: Any, where: str) -> Mapping[str, Any] | str:
     if isinstance(raw, Mapping):
         return raw
     if not isinstance(raw, str):
-        raise PromptError(where, f"must be a JSON object or its text, not {_type_name(raw)}")
+        raise PromptError(where, f"must be a JSON object or its text, not {type_name(raw)}")
     if not raw.strip():
         return {}
     try:
@@ -244,7 +233,7 @@ def _parse_arguments(raw: Any, where: str) -> Mapping[str, Any] | str:
     return parsed
 
 
-def _write_tool_call(out: _Writer, call: Mapping[str, Any], index: int, where: str) -> None:
+def _write_tool_call(out: _Writer, call: JsonObject, index: int, where: str) -> None:
     function = call.get("function") or {}
     out.open("call", [("tool", function.get("name") or ""), ("index", str(index))])
     arguments = _parse_arguments(function.get("arguments"), f"{where}.function.arguments")
@@ -259,7 +248,7 @@ def _write_tool_call(out: _Writer, call: Mapping[str, Any], index: int, where: s
     out.close("call")
 
 
-def _message_attrs(role: str, message: Mapping[str, Any]) -> list[tuple[str, str]]:
+def _message_attrs(role: str, message: JsonObject) -> list[tuple[str, str]]:
     """role, then the participant's name when the message has one."""
     attrs = [("role", role)]
     if message.get("name"):
@@ -267,13 +256,13 @@ def _message_attrs(role: str, message: Mapping[str, Any]) -> list[tuple[str, str
     return attrs
 
 
-def _reasoning(message: Mapping[str, Any]) -> str:
+def _reasoning(message: JsonObject) -> str:
     """`reasoning_content`, or its alias `reasoning`; whitespace alone counts as none."""
     text = message.get("reasoning_content") or message.get("reasoning") or ""
     return text if text.strip() else ""
 
 
-def _write_assistant(out: _Writer, message: Mapping[str, Any], images: _ImagePrompts,
+def _write_assistant(out: _Writer, message: JsonObject, images: _ImagePrompts,
                      thinking: bool, where: str) -> None:
     out.open("message", _message_attrs("assistant", message))
     # With thinking on, every turn in history has a think channel, empty or
@@ -294,14 +283,14 @@ def _write_assistant(out: _Writer, message: Mapping[str, Any], images: _ImagePro
     out.end_message()
 
 
-def _write_plain(out: _Writer, role: str, message: Mapping[str, Any],
+def _write_plain(out: _Writer, role: str, message: JsonObject,
                  images: _ImagePrompts) -> None:
     out.open("message", _message_attrs(role, message))
     _write_content(out, message.get("content"), images)
     out.end_message()
 
 
-def _write_system_message(out: _Writer, message: Mapping[str, Any],
+def _write_system_message(out: _Writer, message: JsonObject,
                           images: _ImagePrompts) -> None:
     # A system message carrying tools introduces them mid-conversation; any
     # text it also carries follows as an ordinary system message.
@@ -313,44 +302,7 @@ def _write_system_message(out: _Writer, message: Mapping[str, Any],
         _write_plain(out, "system", message, images)
 
 
-def _call_name(call: Mapping[str, Any]) -> Optional[str]:
-    return (call.get("function") or {}).get("name")
-
-
-def resolve_tool_results(run: Sequence[Mapping[str, Any]], calls: Sequence[Mapping[str, Any]],
-                         answered: int, first: int) -> list[tuple[int, str]]:
-    """A run of tool results as (place in the run, tool name), in the order they render.
-
-    `calls` are the calls of the latest assistant turn, `answered` how many
-    results already followed it, `first` the run's place in `messages`.
-    OpenAI clients may return results in any order, and the model expects
-    them in the order of its calls, so a run whose every result names a call
-    by `tool_call_id` is re-sorted; a run with any other result stays as sent,
-    since its results can only be matched by position.
-    """
-    position_by_id: dict[Any, int] = {}   # keyed by what clients send as tool_call_id
-    for i, call in enumerate(calls):
-        if isinstance(call.get("id"), str):
-            position_by_id.setdefault(call["id"], i)
-    matched = [position_by_id.get(message.get("tool_call_id")) for message in run]
-    order = list(range(len(run)))
-    if None not in matched:
-        order.sort(key=lambda k: matched[k] or 0)   # none is None here
-    resolved = []
-    for place, k in enumerate(order):
-        message, at, call_at = run[k], answered + place, matched[k]
-        name = ((_call_name(calls[call_at]) if call_at is not None else None)
-                or message.get("tool") or message.get("name")
-                or (_call_name(calls[at]) if at < len(calls) else None))
-        if not name:
-            raise PromptError(f"messages[{first + k}]", "is a tool result with no tool name: "
-                              "give the tool_call_id of a call in the assistant message before it, "
-                              "or a tool or name field")
-        resolved.append((k, name))
-    return resolved
-
-
-def _write_tool_results(out: _Writer, resolved: Sequence[tuple[Mapping[str, Any], str]],
+def _write_tool_results(out: _Writer, resolved: Sequence[tuple[JsonObject, str]],
                         answered: int, images: _ImagePrompts) -> None:
     for index, (message, name) in enumerate(resolved, start=answered + 1):
         out.open("message", [("role", "tool"), ("tool", name), ("index", str(index))])
@@ -358,75 +310,15 @@ def _write_tool_results(out: _Writer, resolved: Sequence[tuple[Mapping[str, Any]
         out.end_message()
 
 
-def _type_name(value: Any) -> str:
-    return "null" if value is None else type(value).__name__
-
-
-def _check_string(message: Mapping[str, Any], key: str, where: str) -> None:
-    value = message.get(key)
-    if value is not None and not isinstance(value, str):
-        raise ValueError(f"{where}.{key} must be a string, not {_type_name(value)}")
-
-
-def _check_content(content: Any, where: str) -> None:
-    if content is None or isinstance(content, str):
-        return
-    if not isinstance(content, list):
-        raise ValueError(f"{where} must be a string or a list of content parts, not {_type_name(content)}")
-    for j, part in enumerate(content):
-        if not isinstance(part, Mapping):
-            raise ValueError(f"{where}[{j}] must be an object, not {_type_name(part)}")
-        kind = part.get("type")
-        if kind == "text":
-            _check_string(part, "text", f"{where}[{j}]")
-        elif kind not in IMAGE_PARTS:
-            raise ValueError(f"{where}[{j}]: unsupported content part type: {kind!r}")
-
-
-def _check_tool_calls(calls: Any, where: str) -> None:
-    if calls is None:
-        return
-    if not isinstance(calls, list):
-        raise ValueError(f"{where} must be a list, not {_type_name(calls)}")
-    for j, call in enumerate(calls):
-        if not isinstance(call, Mapping):
-            raise ValueError(f"{where}[{j}] must be an object, not {_type_name(call)}")
-        _check_string(call, "id", f"{where}[{j}]")
-        function = call.get("function")
-        if function is not None and not isinstance(function, Mapping):
-            raise ValueError(f"{where}[{j}].function must be an object, not {_type_name(function)}")
-        _check_string(function or {}, "name", f"{where}[{j}].function")
-
-
-def _check_message(message: Any, where: str) -> None:
-    """The fields rendering reads, by type, so a malformed message is a ValueError naming
-    the field rather than an AttributeError or a non-string segment deep inside."""
-    if not isinstance(message, Mapping):
-        raise ValueError(f"{where} must be an object, not {_type_name(message)}")
-    role = message.get("role")
-    if role not in ROLES:
-        raise ValueError(f"{where}: unsupported message role: {role!r}")
-    _check_content(message.get("content"), f"{where}.content")
-    if role != "tool":
-        _check_string(message, "name", where)
-    if role == "assistant":
-        _check_string(message, "reasoning_content", where)
-        _check_string(message, "reasoning", where)
-        _check_tool_calls(message.get("tool_calls"), f"{where}.tool_calls")
-    elif role == "tool":
-        for key in ("tool_call_id", "tool", "name"):
-            _check_string(message, key, where)
-
-
-def _write_messages(out: _Writer, messages: Sequence[Mapping[str, Any]],
+def _write_messages(out: _Writer, messages: Sequence[JsonObject],
                     images: _ImagePrompts, thinking: bool) -> None:
     if not isinstance(messages, (list, tuple)):
-        raise ValueError(f"messages must be a list, not {_type_name(messages)}")
+        raise ValueError(f"messages must be a list, not {type_name(messages)}")
     for i, message in enumerate(messages):
-        _check_message(message, f"messages[{i}]")
+        check_message(message, f"messages[{i}]")
     # Tool results answer the latest assistant turn's calls, and are numbered
     # from it, even past a user or system message in between.
-    calls: Sequence[Mapping[str, Any]] = ()
+    calls: Sequence[JsonObject] = ()
     answered = 0
     i = 0
     out.ends[0] = len(out.segments)
@@ -464,7 +356,7 @@ def _thinking_effort_text(effort: Optional[str]) -> Optional[str]:
     return _EFFORT_TEXT.format(effort)
 
 
-def _named_tool(tool_choice: Mapping[str, Any]) -> str:
+def _named_tool(tool_choice: JsonObject) -> str:
     function = tool_choice.get("function")
     name = function.get("name") if isinstance(function, Mapping) else None
     if tool_choice.get("type") != "function" or not isinstance(name, str) or not name:
@@ -473,7 +365,7 @@ def _named_tool(tool_choice: Mapping[str, Any]) -> str:
     return name
 
 
-def _tool_choice_texts(tool_choice: Any) -> list[tuple[Optional[str], str]]:
+def _tool_choice_texts(tool_choice: Json) -> list[tuple[Optional[str], str]]:
     """The system notes for tool_choice, as (message type, text) after the conversation."""
     if tool_choice is None or tool_choice == "auto":
         return []
@@ -487,26 +379,26 @@ def _tool_choice_texts(tool_choice: Any) -> list[tuple[Optional[str], str]]:
     return [("tool-choice", _TOOL_CHOICE_TEXT[tool_choice])]
 
 
-def _schema_of(response_format: Mapping[str, Any]) -> Any:
+def _schema_of(response_format: JsonObject) -> Json:
     """The schema of a json_schema response_format: OpenAI's `json_schema.schema`,
     else `json_schema.json_schema`, else `json_schema` is the schema itself."""
     json_schema = response_format.get("json_schema")
     if json_schema is None:
         return None
     if not isinstance(json_schema, Mapping):
-        raise ValueError(f"response_format.json_schema must be an object, not {_type_name(json_schema)}")
+        raise ValueError(f"response_format.json_schema must be an object, not {type_name(json_schema)}")
     for key in ("schema", "json_schema"):
         if key in json_schema:
             return json_schema[key]
     return json_schema
 
 
-def _response_format_text(response_format: Optional[Mapping[str, Any]],
-                          response_schema: Any = None) -> Optional[str]:
+def _response_format_text(response_format: Optional[JsonObject],
+                          response_schema: Json = None) -> Optional[str]:
     kind = "text"
     if response_format is not None:
         if not isinstance(response_format, Mapping):
-            raise ValueError(f"response_format must be an object, not {_type_name(response_format)}")
+            raise ValueError(f"response_format must be an object, not {type_name(response_format)}")
         kind = response_format.get("type", "text")
     if response_schema is not None:
         # The release's own keyword: the schema alone, as json_schema.
@@ -525,13 +417,13 @@ def _response_format_text(response_format: Optional[Mapping[str, Any]],
     return text
 
 
-def build_chat(messages: Sequence[Mapping[str, Any]],
-               tools: Optional[Sequence[Mapping[str, Any]]] = None, *,
+def build_chat(messages: Sequence[JsonObject],
+               tools: Optional[Sequence[JsonObject]] = None, *,
                add_generation_prompt: bool = True, thinking: bool = True,
                image_prompts: Optional[Sequence[str]] = None,
-               thinking_effort: Optional[str] = None, tool_choice: Any = None,
-               response_format: Optional[Mapping[str, Any]] = None,
-               response_schema: Any = None) -> tuple[list[Segment], dict[int, int]]:
+               thinking_effort: Optional[str] = None, tool_choice: Json = None,
+               response_format: Optional[JsonObject] = None,
+               response_schema: Json = None) -> tuple[list[Segment], dict[int, int]]:
     """Render a chat request as K3 XTML segments, in the release encoder's order:
     tool declaration, thinking effort, the conversation, tool choice, response
     format, then the open assistant turn. thinking_effort means nothing with
@@ -557,8 +449,8 @@ def build_chat(messages: Sequence[Mapping[str, Any]],
     return out.segments, out.ends
 
 
-def build_chat_segments(messages: Sequence[Mapping[str, Any]],
-                        tools: Optional[Sequence[Mapping[str, Any]]] = None,
+def build_chat_segments(messages: Sequence[JsonObject],
+                        tools: Optional[Sequence[JsonObject]] = None,
                         **options: Any) -> list[Segment]:
     """`build_chat`'s segments alone."""
     return build_chat(messages, tools, **options)[0]

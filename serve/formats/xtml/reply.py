@@ -14,11 +14,10 @@ from __future__ import annotations
 import codecs
 import json
 import re
-import secrets
-import string
 from dataclasses import dataclass, field
 from typing import Callable
 
+from serve.core.reply import default_call_id, Delta, Deltas, Reply, read_calls
 from serve.formats.xtml.render import CLOSE, END_OF_MSG, MARKUP_TOKENS, OPEN, SEP, unescape_attr
 
 _MARKER_BYTES = tuple(m.encode() for m in MARKUP_TOKENS)
@@ -43,13 +42,6 @@ _CHILDREN = {
 
 _HEADER = re.compile(r"(\S*)(.*)", re.DOTALL)
 _ATTRIBUTE = re.compile(r'([^\s=]+)="([^"]*)"')
-_ID_ALPHABET = string.ascii_letters + string.digits
-
-
-def default_call_id() -> str:
-    return "call_" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(24))
-
-
 @dataclass(frozen=True)
 class Markers:
     """Token ids of the four structural specials (their texts are fixed)."""
@@ -57,54 +49,6 @@ class Markers:
     sep: int
     close: int
     end_of_msg: int
-
-
-@dataclass
-class Delta:
-    """One streaming event; exactly one field is non-empty."""
-    reasoning_content: str = ""
-    content: str = ""
-    tool_call: dict | None = None   # an OpenAI streaming tool-call delta
-
-
-class Deltas:
-    """The deltas one token (or chunk) yields, in order; pieces of one text channel or of one
-    call's arguments merge, but never into a call's first delta (its id and name)."""
-
-    def __init__(self) -> None:
-        self._out: list[Delta] = []
-
-    def text(self, channel: str, text: str) -> None:
-        last = self._out[-1] if self._out else None
-        if last is not None and getattr(last, channel):
-            setattr(last, channel, getattr(last, channel) + text)
-        else:
-            self._out.append(Delta(content=text) if channel == "content" else Delta(reasoning_content=text))
-
-    def call(self, index: int, call_id: str, name: str) -> None:
-        self._out.append(Delta(tool_call={"index": index, "id": call_id, "type": "function",
-                                          "function": {"name": name, "arguments": ""}}))
-
-    def arguments(self, index: int, fragment: str) -> None:
-        last = self._out[-1] if self._out else None
-        if last is not None and last.tool_call and last.tool_call["index"] == index \
-                and "id" not in last.tool_call:
-            last.tool_call["function"]["arguments"] += fragment
-        else:
-            self._out.append(Delta(tool_call={"index": index, "function": {"arguments": fragment}}))
-
-    def take(self) -> list[Delta]:
-        out, self._out = self._out, []
-        return out
-
-
-@dataclass
-class Reply:
-    """Everything the model has said so far."""
-    reasoning_content: str = ""
-    content: str = ""
-    tool_calls: list[dict] = field(default_factory=list)
-    ended: bool = False
 
 
 @dataclass
@@ -166,7 +110,7 @@ class ReplyParser:
         # What was said so far, as parts joined on demand: a long reply must not
         # cost a copy of everything before it on every token.
         self._text: dict[str, list[str]] = {"reasoning_content": [], "content": []}
-        self._calls: list[dict] = []           # id, type, name of each tool call
+        self._calls: list[dict[str, str]] = []   # id and name of each tool call
         self._arguments: list[list[str]] = []  # each call's argument fragments
         self._ended = False
         self._closed = False                      # no more input: the message ended or finish() ran
@@ -175,11 +119,8 @@ class ReplyParser:
 
     @property
     def reply(self) -> Reply:
-        calls = [{"id": c["id"], "type": "function",
-                  "function": {"name": c["name"], "arguments": "".join(parts)}}
-                 for c, parts in zip(self._calls, self._arguments)]
         return Reply("".join(self._text["reasoning_content"]), "".join(self._text["content"]),
-                     calls, self._ended)
+                     read_calls(self._calls, self._arguments), self._ended)
 
     @property
     def ended(self) -> bool:

@@ -1,28 +1,22 @@
-"""The OpenAI wire format: request validation and response/error shapes.
+"""OpenAI's request validation: a chat completions or completions body -> the internal request.
 
 Validation checks the fields this server knows and ignores the rest, so
-clients that send extra sampling knobs keep working.
+clients that send extra sampling knobs keep working. The field checks every
+dialect shares (reasoning effort, parallel_tool_calls, unread fields) live here too.
 """
 from __future__ import annotations
 
 import math
-import time
-import uuid
-from dataclasses import dataclass, field
 from typing import Any, Optional
+
+from serve.core.client_json import Json
+from serve.core.errors import invalid
+from serve.core.request import (IMAGE_PARTS, REASONING_EFFORTS, ChatRequest, CompletionRequest,
+                                image_url, Sampling)
 
 MAX_STOP_STRINGS = 4
 MAX_TOP_K = (1 << 31) - 1  # the engine's top_k is a C int; no vocabulary comes near it
-# Every reasoning effort a client may name -> the K3 release encoder's nearest level (low,
-# high, max), or None for thinking off. OpenAI's values (none, minimal, low, medium, high,
-# xhigh) and K3's own (max, and serve's `off`). `medium` lies halfway between low and high
-# on the scale K3's own effort text draws (low, medium, high, max) and is taken up to
-# high; xhigh is K3's max. Checked against the release's vectors in tests/prompt/test_effort.py.
-REASONING_EFFORTS: dict[str, Optional[str]] = {
-    "none": None, "minimal": None, "off": None,
-    "low": "low", "medium": "high", "high": "high", "xhigh": "max", "max": "max"}
 MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool")
-IMAGE_PARTS = ("image_url", "image")  # OpenAI's part, and the K3 release's own
 MAX_CHAT_TOP_LOGPROBS = 20
 MAX_COMPLETION_LOGPROBS = 5
 # The request fields each endpoint reads (or accepts knowingly: model, user, metadata). Any
@@ -42,87 +36,16 @@ STRING_FIELDS = {"system": ("name",), "developer": ("name",), "user": ("name",),
                  "tool": ("tool_call_id", "name", "tool")}
 
 
-class ApiError(Exception):
-    """A request that ends in an OpenAI-shaped error response."""
-
-    def __init__(self, status: int, message: str, param: Optional[str] = None,
-                 code: Optional[str] = None, kind: str = "invalid_request_error",
-                 headers: Optional[dict[str, str]] = None):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-        self.kind = kind
-        self.headers = headers or {}  # extra response headers, e.g. Retry-After
-
-    def body(self) -> dict:
-        return error_body(self.message, self.kind, self.param, self.code)
-
-
-def error_body(message: str, kind: str = "invalid_request_error",
-               param: Optional[str] = None, code: Optional[str] = None) -> dict:
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
-
-
-def invalid(param: str, message: str, code: str = "invalid_value") -> ApiError:
-    return ApiError(400, message, param=param, code=code)
-
-
-# ---- requests ---------------------------------------------------------------
-
-@dataclass
-class Sampling:
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: Optional[int] = None        # None: a fresh seed per request
-    max_tokens: Optional[int] = None  # None: the server's default
-    stop: list[str] = field(default_factory=list)
-
-
-@dataclass
-class ChatRequest:
-    messages: list[dict]
-    sampling: Sampling
-    stream: bool = False
-    include_usage: bool = False
-    tools: Optional[list[dict]] = None
-    tool_choice: Any = None
-    response_format: Optional[dict] = None
-    thinking: Optional[bool] = None   # None: the server's default
-    thinking_effort: Optional[str] = None   # K3's level (REASONING_EFFORTS), when thinking
-    parallel_tool_calls: bool = True  # False: at most one call per reply
-    logprobs: Optional[int] = None    # None: off; else how many top_logprobs per token
-    request_id: str = ""              # the HTTP request's id, for log lines
-
-
-@dataclass
-class CompletionRequest:
-    prompt: str
-    sampling: Sampling
-    stream: bool = False
-    include_usage: bool = False
-    logprobs: Optional[int] = None    # None: off; else how many top_logprobs per token
-    request_id: str = ""
-
-
-def image_url(part: dict) -> Any:
-    """The URL of an image part: `image_url` and `image` each hold it as a string or as {"url": ...}."""
-    value = part.get(part.get("type"))
-    return value.get("url") if isinstance(value, dict) else value
-
-
 def unknown_fields(body: dict, known: frozenset[str]) -> list[str]:
     """The body's top-level fields an endpoint does not read, for the log."""
     return sorted(key for key in body if key not in known)
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Json) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: Json) -> bool:
     # An int is always finite; asking math.isfinite would overflow on a huge one.
     return _is_int(value) or (isinstance(value, float) and math.isfinite(value))
 
@@ -163,7 +86,7 @@ def _parse_sampling(body: dict) -> Sampling:
     return s
 
 
-def _parse_stop(stop: Any) -> list[str]:
+def _parse_stop(stop: Json) -> list[str]:
     if stop is None:
         return []
     if isinstance(stop, str):
@@ -193,7 +116,7 @@ def _parse_stream(body: dict) -> tuple[bool, bool]:
     return stream, include_usage
 
 
-def parse_reasoning_effort(value: Any, param: str = "reasoning_effort"
+def parse_reasoning_effort(value: Json, param: str = "reasoning_effort"
                            ) -> tuple[Optional[bool], Optional[str]]:
     """Maps a reasoning effort to (thinking, K3's level) by REASONING_EFFORTS; (None, None)
     when absent. `param` names the field in the dialect the value came from."""
@@ -205,7 +128,7 @@ def parse_reasoning_effort(value: Any, param: str = "reasoning_effort"
     return level is not None, level
 
 
-def parse_parallel(value: Any, param: str) -> bool:
+def parse_parallel(value: Json, param: str) -> bool:
     """parallel_tool_calls (or its dialect's name): absent or null is true."""
     if value is None:
         return True
@@ -214,7 +137,7 @@ def parse_parallel(value: Any, param: str) -> bool:
     return value
 
 
-def _parse_content(content: Any, param: str, allow_null: bool) -> None:
+def _parse_content(content: Json, param: str, allow_null: bool) -> None:
     if content is None:
         if not allow_null:
             raise invalid(param, f"{param} must be a string or a list of content parts")
@@ -238,7 +161,7 @@ def _parse_content(content: Any, param: str, allow_null: bool) -> None:
             raise invalid(where, f"unsupported content part type {kind!r}")
 
 
-def _parse_tool_calls(calls: Any, param: str) -> None:
+def _parse_tool_calls(calls: Json, param: str) -> None:
     if not isinstance(calls, list):
         raise invalid(param, "tool_calls must be a list")
     for j, call in enumerate(calls):
@@ -254,7 +177,7 @@ def _parse_tool_calls(calls: Any, param: str) -> None:
             raise invalid(where, "tool call function.arguments must be a JSON string")
 
 
-def _parse_messages(messages: Any) -> list[dict]:
+def _parse_messages(messages: Json) -> list[dict]:
     if not isinstance(messages, list) or not messages:
         raise invalid("messages", "messages must be a non-empty list")
     normalized = []
@@ -277,7 +200,7 @@ def _parse_messages(messages: Any) -> list[dict]:
     return normalized
 
 
-def _parse_tools(tools: Any) -> Optional[list[dict]]:
+def _parse_tools(tools: Json) -> Optional[list[dict]]:
     if tools is None:
         return None
     if not isinstance(tools, list):
@@ -294,7 +217,7 @@ def _parse_tools(tools: Any) -> Optional[list[dict]]:
     return tools or None
 
 
-def _parse_tool_choice(choice: Any, tools: Optional[list[dict]]) -> Any:
+def _parse_tool_choice(choice: Json, tools: Optional[list[dict]]) -> Json:
     if choice is None or choice in ("none", "auto", "required"):
         return choice
     if (isinstance(choice, dict) and choice.get("type") == "function"
@@ -307,7 +230,7 @@ def _parse_tool_choice(choice: Any, tools: Optional[list[dict]]) -> Any:
     raise invalid("tool_choice", "tool_choice must be none, auto, required or a named function")
 
 
-def _parse_response_format(value: Any) -> Optional[dict]:
+def _parse_response_format(value: Json) -> Optional[dict]:
     if value is None:
         return None
     if not isinstance(value, dict) or value.get("type") not in ("text", "json_object", "json_schema"):
@@ -365,69 +288,3 @@ def parse_completion_request(body: dict) -> CompletionRequest:
     return CompletionRequest(prompt=prompt, sampling=sampling, stream=stream,
                              include_usage=include_usage,
                              logprobs=_parse_completion_logprobs(body))
-
-
-# ---- responses --------------------------------------------------------------
-
-@dataclass
-class Usage:
-    prompt_tokens: int
-    completion_tokens: int
-    waste: dict  # the engine numbers OpenAI's schema has no place for
-    cached_tokens: int = 0  # prompt positions restored from a prefix snapshot
-
-    def openai(self) -> dict:
-        return {"prompt_tokens": self.prompt_tokens,
-                "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:24]}"
-
-
-def now() -> int:
-    return int(time.time())
-
-
-def chat_message(content: str, reasoning: str, tool_calls: list[dict]) -> dict:
-    message: dict[str, Any] = {"role": "assistant",
-                               "content": content if content or not tool_calls else None}
-    if reasoning:
-        message["reasoning_content"] = reasoning
-    if tool_calls:
-        message["tool_calls"] = tool_calls
-    return message
-
-
-def chat_completion(rid: str, created: int, model: str, message: dict,
-                    finish_reason: str, usage: Usage, logprobs: Optional[dict] = None) -> dict:
-    return {"id": rid, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": message, "logprobs": logprobs,
-                         "finish_reason": finish_reason}],
-            "usage": usage.openai(), "waste": usage.waste}
-
-
-def chat_chunk(rid: str, created: int, model: str, delta: dict,
-               finish_reason: Optional[str] = None, logprobs: Optional[dict] = None) -> dict:
-    return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs,
-                         "finish_reason": finish_reason}]}
-
-
-def text_completion(rid: str, created: int, model: str, text: str,
-                    finish_reason: Optional[str], usage: Optional[Usage] = None,
-                    logprobs: Optional[dict] = None) -> dict:
-    body = {"id": rid, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": logprobs,
-                         "finish_reason": finish_reason}]}
-    if usage is not None:
-        body["usage"] = usage.openai()
-        body["waste"] = usage.waste
-    return body
-
-
-def usage_chunk(rid: str, created: int, model: str, obj: str, usage: Usage) -> dict:
-    return {"id": rid, "object": obj, "created": created, "model": model, "choices": [],
-            "usage": usage.openai(), "waste": usage.waste}

@@ -1,0 +1,127 @@
+"""A reply as it streams and as it ends, in no wire format: the deltas a chat format's
+parser yields, the reply it reads back, and the tokens it cost.
+
+A `Delta` goes from the parser (serve/formats/) through the service straight to a
+dialect (serve/dialects/), which writes it in its own shapes. Tool calls keep the
+internal message's shape (OpenAI's, which every chat format renders from).
+"""
+from __future__ import annotations
+
+import secrets
+import string
+from dataclasses import dataclass, field
+from typing import Any, Optional, TypedDict
+
+
+_ID_ALPHABET = string.ascii_letters + string.digits
+
+
+def default_call_id() -> str:
+    return "call_" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(24))
+
+
+class FunctionDelta(TypedDict, total=False):
+    name: str
+    arguments: str   # a piece of the call's JSON arguments
+
+
+class _ToolCallDeltaKeys(TypedDict):
+    index: int       # the call's place among the reply's calls
+
+
+class ToolCallDelta(_ToolCallDeltaKeys, total=False):
+    """A piece of a tool call: its first carries `id`, `type` and the function's name."""
+    id: str
+    type: str
+    function: FunctionDelta
+
+
+class FunctionCall(TypedDict):
+    name: str
+    arguments: str   # the JSON text as the model wrote it (cut short if the reply was)
+
+
+class ToolCall(TypedDict):
+    """A call in a finished reply, in the internal (OpenAI) message's shape."""
+    id: str
+    type: str        # "function"
+    function: FunctionCall
+
+
+def read_calls(calls: list[dict[str, str]], arguments: list[list[str]]) -> list[ToolCall]:
+    """The calls a parser has read so far: each one's id and name, and its arguments' pieces."""
+    return [{"id": call["id"], "type": "function",
+             "function": {"name": call["name"], "arguments": "".join(pieces)}}
+            for call, pieces in zip(calls, arguments)]
+
+
+@dataclass
+class Delta:
+    """One streaming event; exactly one of its first three fields is non-empty. A completion's
+    text is `content`."""
+    reasoning_content: str = ""
+    content: str = ""
+    tool_call: Optional[ToolCallDelta] = None
+    # With logprobs asked for: the entries of the tokens behind `content`
+    # (serve/service/logprobs.py says their shape).
+    logprobs: Optional[list[dict]] = None
+
+
+@dataclass
+class Reply:
+    """Everything the model has said so far."""
+    reasoning_content: str = ""
+    content: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    ended: bool = False
+
+
+class Deltas:
+    """The deltas one token (or chunk) yields, in order; pieces of one text channel or of one
+    call's arguments merge, but never into a call's first delta (its id and name)."""
+
+    def __init__(self) -> None:
+        self._out: list[Delta] = []
+
+    def text(self, channel: str, text: str) -> None:
+        last = self._out[-1] if self._out else None
+        if last is not None and getattr(last, channel):
+            setattr(last, channel, getattr(last, channel) + text)
+        else:
+            self._out.append(Delta(content=text) if channel == "content"
+                             else Delta(reasoning_content=text))
+
+    def call(self, index: int, call_id: str, name: str) -> None:
+        self._out.append(Delta(tool_call={"index": index, "id": call_id, "type": "function",
+                                          "function": {"name": name, "arguments": ""}}))
+
+    def arguments(self, index: int, fragment: str) -> None:
+        last = self._out[-1] if self._out else None
+        if last is not None and last.tool_call and last.tool_call["index"] == index \
+                and "id" not in last.tool_call:
+            last.tool_call["function"]["arguments"] += fragment
+        else:
+            self._out.append(Delta(tool_call={"index": index, "function": {"arguments": fragment}}))
+
+    def take(self) -> list[Delta]:
+        out, self._out = self._out, []
+        return out
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    waste: dict  # the engine numbers OpenAI's schema has no place for
+    cached_tokens: int = 0  # prompt positions restored from a prefix snapshot
+
+
+def assistant_message(content: str, reasoning: str, tool_calls: list[ToolCall]) -> dict[str, Any]:
+    """The reply as an internal (OpenAI-shaped) assistant message."""
+    message: dict[str, Any] = {"role": "assistant",
+                               "content": content if content or not tool_calls else None}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return message

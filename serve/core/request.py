@@ -1,0 +1,63 @@
+"""The internal request every dialect converts into: a chat (OpenAI-shaped messages, tools and
+choices, as the chat formats read them) or a completion, and how to sample its reply.
+
+Nothing here knows a wire format: serve/dialects/ validate their bodies into these.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from serve.core.client_json import Json
+
+# Every reasoning effort a client may name -> the K3 release encoder's nearest level (low,
+# high, max), or None for thinking off. OpenAI's values (none, minimal, low, medium, high,
+# xhigh) and K3's own (max, and serve's `off`). `medium` lies halfway between low and high
+# on the scale K3's own effort text draws (low, medium, high, max) and is taken up to
+# high; xhigh is K3's max. Checked against the release's vectors in tests/prompt/test_effort.py.
+REASONING_EFFORTS: dict[str, Optional[str]] = {
+    "none": None, "minimal": None, "off": None,
+    "low": "low", "medium": "high", "high": "high", "xhigh": "max", "max": "max"}
+IMAGE_PARTS = ("image_url", "image")  # OpenAI's part, and the K3 release's own
+
+
+@dataclass
+class Sampling:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: Optional[int] = None        # None: a fresh seed per request
+    max_tokens: Optional[int] = None  # None: the server's default
+    stop: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ChatRequest:
+    messages: list[dict]
+    sampling: Sampling
+    stream: bool = False
+    include_usage: bool = False
+    tools: Optional[list[dict]] = None
+    tool_choice: Optional[str | dict] = None   # "none", "auto", "required", or {"type": "function", ...}
+    response_format: Optional[dict] = None
+    thinking: Optional[bool] = None   # None: the server's default
+    thinking_effort: Optional[str] = None   # K3's level (REASONING_EFFORTS), when thinking
+    parallel_tool_calls: bool = True  # False: at most one call per reply
+    logprobs: Optional[int] = None    # None: off; else how many top_logprobs per token
+    request_id: str = ""              # the HTTP request's id, for log lines
+
+
+@dataclass
+class CompletionRequest:
+    prompt: str
+    sampling: Sampling
+    stream: bool = False
+    include_usage: bool = False
+    logprobs: Optional[int] = None    # None: off; else how many top_logprobs per token
+    request_id: str = ""
+
+
+def image_url(part: dict) -> Json:
+    """The URL of an image part: `image_url` and `image` each hold it as a string or as {"url": ...}."""
+    value = part.get(part.get("type"))
+    return value.get("url") if isinstance(value, dict) else value

@@ -1,0 +1,24 @@
+"""The API key: sent as OpenAI's clients send it (Authorization: Bearer) or as Anthropic's (x-api-key)."""
+from __future__ import annotations
+
+import hmac
+from email.message import Message
+from typing import Optional
+
+from serve.core.errors import ApiError
+
+
+def authorized(headers: Message, key: Optional[str]) -> bool:
+    """Does the request carry `key` (None or "": no key is needed)?"""
+    if not key:
+        return True
+    scheme, _, given = headers.get("Authorization", "").strip().partition(" ")
+    # The scheme is case-insensitive (RFC 7235); the key is compared in constant time.
+    bearer = hmac.compare_digest(given.strip().encode(), key.encode()) and scheme.lower() == "bearer"
+    anthropic_key = headers.get("x-api-key", "").strip().encode()
+    return bearer or hmac.compare_digest(anthropic_key, key.encode())
+
+
+def unauthorized() -> ApiError:
+    return ApiError(401, "missing or wrong API key (send Authorization: Bearer <key>)",
+                    code="invalid_api_key")
