@@ -33,6 +33,7 @@ from serve.service.facade import Service, ServiceOptions
 from serve.service.models import Models
 from serve.snapshots.policy import SnapshotPolicy
 from serve.app.warm import WarmError, Warmer, warm_requests
+from serve.app import work_flags
 from serve.version import version
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
@@ -164,6 +165,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--heartbeat", type=seconds, default=DEFAULT_HEARTBEAT, metavar="SECONDS",
                    help="seconds a stream may stay silent (waiting, prefilling) before it sends "
                         f"a sign of life its client counts (default {DEFAULT_HEARTBEAT:g})")
+    work_flags.add_flags(p, positive, seconds)
     chores.add_arguments(p, parse_size, non_negative)
     return p.parse_args(argv)
 
@@ -216,6 +218,7 @@ def banner(lib: Library, engine: Engine, fmt: ChatFormat, args: argparse.Namespa
          if args.no_finish_abandoned else
          "abandon  a prefill whose client left goes on for its retry while no one waits"),
         structure_line(),
+        *work_flags.banner_lines(args, lib.build_info(), service.options.prefix_cache is not None),
         *(chores.banner_lines(models.chores, split)
           if models.chores is not None and split is not None else []),
         f"listen   {url}",
@@ -335,7 +338,8 @@ def serve(lib: Library, engine: Engine, args: argparse.Namespace, warm: list,
                                  log=log, reply_memory=ReplyMemory(),
                                  keep_reasoning=args.keep_reasoning, max_queue=args.max_queue,
                                  context_beyond=beyond(lib, args.model, engine.info.ctx_max,
-                                                       cfg.budget, args.vision))
+                                                       cfg.budget, args.vision),
+                                 **work_flags.options(args, lib.build_info()))
         with chores.opened(lib, args, split, default_model_id, cfg, options,
                            lambda chores_engine, path: open_prefix_cache(
                                args, lib, chores_engine, path)) as extra:

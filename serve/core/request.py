@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from serve.core.classes import INTERACTIVE, Hints
 from serve.core.client_json import Json
 
 # Every reasoning effort a client may name -> the K3 release encoder's nearest level (low,
@@ -45,6 +46,8 @@ class ChatRequest:
     parallel_tool_calls: bool = True  # False: at most one call per reply
     logprobs: Optional[int] = None    # None: off; else how many top_logprobs per token
     request_id: str = ""              # the HTTP request's id, for log lines
+    hints: Hints = field(default_factory=Hints)   # what the body says about its class
+    work: str = INTERACTIVE           # its class, decided at the edge (serve/core/work.py)
 
 
 @dataclass
@@ -55,6 +58,8 @@ class CompletionRequest:
     include_usage: bool = False
     logprobs: Optional[int] = None    # None: off; else how many top_logprobs per token
     request_id: str = ""
+    hints: Hints = field(default_factory=Hints)
+    work: str = INTERACTIVE
 
 
 def image_url(part: dict) -> Json:

@@ -31,7 +31,7 @@ from serve.core.client_json import Json
 from serve.core.reply import Delta
 from serve.dialects import seal
 from serve.core.errors import ApiError, invalid
-from serve.dialects.openai_request import parse_reasoning_effort, unknown_fields
+from serve.dialects.openai_request import parse_hints, parse_reasoning_effort, unknown_fields
 from serve.dialects.shared import (Block, Blocks, Conversation, Parts, Translation, chat_request,
                       string_field, tool_call)
 from serve.service.replies import ChatReply, ReplyStart
@@ -91,6 +91,7 @@ def parse_request(body: dict, *, counting: bool = False) -> Translation:
             **{key: body.get(key) for key in ("temperature", "top_p", "top_k", "max_tokens")}}
     translation = chat_request(chat, {**TOP_FIELDS, **conversation.fields, **tool_fields}, left_out)
     translation.request.thinking, translation.request.thinking_effort = thinking, effort
+    translation.request.hints = parse_hints(body, priority=False)
     return translation
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
+from serve.core.classes import Hints
 from serve.core.client_json import Json
 from serve.core.errors import invalid
 from serve.core.request import (IMAGE_PARTS, REASONING_EFFORTS, ChatRequest, CompletionRequest,
@@ -26,10 +27,10 @@ CHAT_FIELDS = frozenset((
     "model", "messages", "tools", "tool_choice", "parallel_tool_calls", "response_format",
     "temperature", "top_p", "top_k", "seed", "max_tokens", "max_completion_tokens", "stop",
     "stream", "stream_options", "logprobs", "top_logprobs", "reasoning_effort", "n", "user",
-    "metadata"))
+    "metadata", "priority"))
 COMPLETION_FIELDS = frozenset((
     "model", "prompt", "temperature", "top_p", "top_k", "seed", "max_tokens", "stop", "stream",
-    "stream_options", "logprobs", "n", "user"))
+    "stream_options", "logprobs", "n", "user", "priority"))
 # Per role, the message fields besides content that reach the prompt as text.
 STRING_FIELDS = {"system": ("name",), "developer": ("name",), "user": ("name",),
                  "assistant": ("name", "reasoning_content", "reasoning"),
@@ -261,6 +262,17 @@ def _parse_completion_logprobs(body: dict) -> Optional[int]:
     return value
 
 
+def parse_hints(body: dict, priority: bool = True) -> Hints:
+    """What the body says about its class; `priority` is read where vLLM reads it (its
+    OpenAI endpoints): an integer, lower served earlier (serve/core/work.py)."""
+    model = body.get("model")
+    value = body.get("priority") if priority else None
+    if value is not None and not _is_int(value):
+        raise invalid("priority", "priority must be an integer (as vLLM's: lower is served "
+                                  "earlier; a positive priority is background work)")
+    return Hints(model if isinstance(model, str) else "", value)
+
+
 def parse_chat_request(body: dict) -> ChatRequest:
     messages = _parse_messages(body.get("messages"))
     sampling = _parse_sampling(body)
@@ -274,7 +286,7 @@ def parse_chat_request(body: dict) -> ChatRequest:
                                                           "parallel_tool_calls"),
                        response_format=_parse_response_format(body.get("response_format")),
                        thinking=thinking, thinking_effort=effort,
-                       logprobs=_parse_chat_logprobs(body))
+                       logprobs=_parse_chat_logprobs(body), hints=parse_hints(body))
 
 
 def parse_completion_request(body: dict) -> CompletionRequest:
@@ -287,4 +299,4 @@ def parse_completion_request(body: dict) -> CompletionRequest:
     stream, include_usage = _parse_stream(body)
     return CompletionRequest(prompt=prompt, sampling=sampling, stream=stream,
                              include_usage=include_usage,
-                             logprobs=_parse_completion_logprobs(body))
+                             logprobs=_parse_completion_logprobs(body), hints=parse_hints(body))

@@ -29,7 +29,7 @@ from serve.core.client_json import Json
 from serve.core.reply import Delta
 from serve.dialects import seal
 from serve.core.errors import ApiError, invalid
-from serve.dialects.openai_request import parse_reasoning_effort, unknown_fields
+from serve.dialects.openai_request import parse_hints, parse_reasoning_effort, unknown_fields
 from serve.dialects.shared import (Block, Blocks, Conversation, Parts, Translation, chat_request,
                       string_field, tool_call)
 from serve.dialects.input_items import stored_items
@@ -104,6 +104,7 @@ def _parse(body: dict, store: ResponseStore) -> _Request:
             **{key: body.get(key) for key in ("temperature", "top_p")}}
     translation = chat_request(chat, {**TOP_FIELDS, **conversation.fields, **tool_fields}, left_out)
     translation.request.thinking, translation.request.thinking_effort = thinking, effort
+    translation.request.hints = parse_hints(body, priority=False)
     return _Request(translation, conversation.messages[start:], namespaced, stored)
 
 

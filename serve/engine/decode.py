@@ -35,6 +35,7 @@ else:
 
 from serve.engine.types import GenParams, GenResult, TokenInfo
 from serve.engine.api import EngineApi
+from serve.engine.queue import LostTurn
 
 DRAW_BLOCK = 1024     # weights summed per block when drawing
 NUCLEUS_GUESS = 1024  # top_p: candidates sorted first, before sorting the whole vocabulary
@@ -80,7 +81,11 @@ class Decoder:
                  grammar: Optional[Callable[[int], Grammar]] = None,
                  top_logprobs: Optional[int] = None,
                  listener: Optional[LogprobListener] = None,
-                 piece: Optional[Callable[[int], bytes]] = None):
+                 piece: Optional[Callable[[int], bytes]] = None,
+                 pause: Optional[Callable[[Sequence[int]], None]] = None):
+        """`pause`: called before each evaluation with the tokens generated so far (the
+        engine holds all but the last of them after the prompt): a chore steps aside there,
+        and this loop's sampler and grammar go on as they were (serve/service/preempt.py)."""
         self.engine = engine
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
         self._make_grammar = grammar   # vocabulary size -> a fresh matcher
@@ -89,13 +94,16 @@ class Decoder:
         self.listener = listener
         self._piece = piece or (lambda token: engine.detokenize([token]))
         self.report = Report(constrained=grammar is not None)
+        self.pause = pause
 
     def generate(self, prompt: Sequence[int], params: GenParams,
                  on_token: Callable[[TokenInfo, bytes], Optional[bool]]) -> GenResult:
         rng = np.random.Generator(np.random.PCG64(params.seed))
         stops = frozenset(params.stop_tokens)
-        count = 0
+        generated: list[int] = []
         try:
+            if self.pause is not None:
+                self.pause(generated)
             started = time.monotonic()
             logits = np.frombuffer(self.engine.eval(prompt), dtype=np.float32)
             if self._make_grammar is not None:   # the vocabulary's size is the logits'
@@ -111,17 +119,23 @@ class Decoder:
                 info = TokenInfo(index, token, entry["logprob"] if entry else 0.0, 0, 0, 0,
                                  (now - started) * 1000.0, 0.0)
                 started = now
-                count += 1
+                generated.append(token)
                 if on_token(info, self._piece(token)):
                     self.engine.reset()  # as after a cancelled waste_generate
-                    return GenResult(n_tokens=count, cancelled=True, context_full=False, detail=None)
+                    return GenResult(n_tokens=len(generated), cancelled=True, context_full=False,
+                                     detail=None)
                 if token in stops or index + 1 == params.max_tokens:
                     break
+                if self.pause is not None:
+                    self.pause(generated)
+                    started = time.monotonic()   # a pause's wait is not this token's time
                 logits = np.frombuffer(self.engine.eval([token]), dtype=np.float32)
+        except LostTurn:
+            raise   # the engine is another request's now
         except BaseException:
             self.engine.reset()
             raise
-        return GenResult(n_tokens=count, cancelled=False, context_full=False, detail=None)
+        return GenResult(n_tokens=len(generated), cancelled=False, context_full=False, detail=None)
 
     # -- sampling ---------------------------------------------------------------------------
 

@@ -1,11 +1,20 @@
-"""The line for the engine: first come, first served, bounded, and closable at shutdown.
+"""The line for the engine: the person first, then first come, first served; bounded, closable.
 
 The engine runs one thing at a time, and this is the only way to it. A plain
 lock hands it to whichever waiting thread the scheduler wakes first, so under
 load a request could wait without bound; here each request takes a ticket and
-the engine goes to the oldest one. The line has a fixed length: beyond it a
-request is refused at once (503 with Retry-After) instead of waiting for hours
-behind a slow model.
+the engine goes to the oldest interactive one, and only when none waits to the
+oldest background one (a chore: serve/core/classes.py). The line has a fixed
+length: beyond it a request is refused at once (503 with Retry-After) instead
+of waiting for hours behind a slow model.
+
+A chore holding the engine asks, before each engine call, whether a person
+waits (Turn.preempt_due); if so it saves its state and steps aside
+(Turn.step_aside, serve/service/preempt.py), back in line at its old place among
+the chores. Chores cannot starve: one that has waited `starve_after` seconds
+goes ahead of the people for one engine step (then steps aside again), so a
+chore gets at least one step every `starve_after` seconds however busy people
+keep the engine.
 
 Work that only spares later requests time (settling a reply's snapshot,
 --warm) takes an idle turn instead: it gets the engine only when nobody holds
@@ -16,15 +25,19 @@ while nobody waits, and yields like any idle-time work.
 """
 from __future__ import annotations
 
+import itertools
 import threading
-from collections import deque
+import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Callable, Iterator, Optional, Protocol
 
+from serve.core.classes import BACKGROUND, CLASSES, INTERACTIVE
 from serve.core.errors import ApiError
 
 RETRY_AFTER_SECONDS = 5
 POLL_SECONDS = 0.25  # how often a waiting request asks whether its client is still there
+STARVE_AFTER_SECONDS = 300.0   # a chore waiting this long runs one step ahead of people
 
 
 class Waiter(Protocol):
@@ -37,6 +50,16 @@ class ClientGone(Exception):
     """The client went away while its request waited in line."""
 
 
+class LostTurn(Exception):
+    """A chore that stepped aside could not get the engine back (its client left, or the
+    server is shutting down): the engine is another request's now, and nothing on the way
+    out may touch it (no reset). `cause` is what waiting raised."""
+
+    def __init__(self, cause: BaseException):
+        super().__init__(str(cause))
+        self.cause = cause
+
+
 def overloaded(message: str) -> ApiError:
     return ApiError(503, message, code="server_overloaded", kind="server_error",
                     headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
@@ -47,12 +70,35 @@ def shutting_down() -> ApiError:
                     kind="server_error")
 
 
+@dataclass
+class _Ticket:
+    work: str             # INTERACTIVE or BACKGROUND
+    seq: int              # arrival order
+    since: float = 0.0    # when it began waiting (this time)
+    chores_at: float = 0.0   # the queue's chore clock then
+
+
+@dataclass
+class ClassCounts:
+    """What one class of work did with the engine, since start."""
+    waits: int = 0              # times a request of the class was handed the engine
+    wait_seconds: float = 0.0   # time it spent waiting for those
+    engine_seconds: float = 0.0  # time it held the engine (idle-time work not counted)
+
+
 class Turn:
     """A request's hold on the engine, as its holder may change it."""
 
-    def __init__(self, queue: "EngineQueue"):
+    def __init__(self, queue: "EngineQueue", ticket: _Ticket):
         self._queue = queue
+        self.ticket = ticket
         self.idle = False    # the request's client left: its work now runs as idle-time work
+        self.holding = False  # it holds the engine (not while stepped aside)
+        self.behind_chores = 0.0   # seconds it waited while chores held the engine
+
+    @property
+    def work(self) -> str:
+        return self.ticket.work
 
     def to_idle(self) -> None:
         """Nobody waits on this work any more: it no longer counts as a request holding the
@@ -60,24 +106,62 @@ class Turn:
         q = self._queue
         with q._cond:
             if not self.idle:
-                self.idle, q._busy, q._idle = True, False, True
+                q._release(self.ticket)
+                self.idle, q._idle = True, True
                 q._cond.notify_all()
 
     def requested(self) -> bool:
         """A request waits for the engine, or the line is closed."""
         return self._queue._requested()
 
+    def preempt_due(self) -> bool:
+        """Asked by a chore before each engine call: should it step aside now? Yes when a
+        person waits, but for the one step a chore that waited too long is owed."""
+        q = self._queue
+        with q._cond:
+            if not (q.classes and self.work == BACKGROUND and self.holding and not self.idle):
+                return False
+            if q._owed:
+                q._owed = False
+                return False
+            return any(t.work == INTERACTIVE for t in q._line)
+
+    def step_aside(self, waiter: Waiter) -> None:
+        """Let go of the engine and wait for it again at this ticket's place in line (the
+        caller saved its state first). Raises LostTurn when it cannot have it again."""
+        q = self._queue
+        with q._cond:
+            q._release(self.ticket)
+            q.preemptions += 1
+            self.holding = False
+            q._enter(self.ticket)
+        try:
+            q._wait_for(self, waiter)
+        except Exception as e:
+            raise LostTurn(e) from e
+        with q._cond:
+            q._owed = False   # the owed step is the one its caller runs on return
+
 
 class EngineQueue:
-    def __init__(self, max_waiting: int):
+    def __init__(self, max_waiting: int, *, classes: bool = True,
+                 starve_after: float = STARVE_AFTER_SECONDS):
+        """`classes`: False serves every request in arrival order (and preempts none)."""
         if max_waiting < 0:
             raise ValueError("max_waiting must be >= 0")
         self.max_waiting = max_waiting
+        self.classes = classes
+        self.starve_after = starve_after
         self._cond = threading.Condition()
-        self._line: deque[object] = deque()
-        self._busy = False    # a request holds the engine
+        self._line: list[_Ticket] = []
+        self._holder: Optional[_Ticket] = None   # the request that holds the engine
+        self._held_since = 0.0
         self._idle = False    # idle-time work holds it
         self._closed = False
+        self._owed = False    # the holder is a starved chore owed one step
+        self._seq = itertools.count()
+        self.counts = {work: ClassCounts() for work in CLASSES}
+        self.preemptions = 0  # chores that stepped aside for a person
 
     def __len__(self) -> int:
         """Requests waiting (not counting the one that holds the engine)."""
@@ -86,50 +170,96 @@ class EngineQueue:
     @property
     def busy(self) -> bool:
         """A request holds the engine."""
-        return self._busy
+        return self._holder is not None
 
     @property
     def idle_work(self) -> bool:
         """Idle-time work holds the engine (settling, warming, a prefill whose client left)."""
         return self._idle
 
+    def waiting(self) -> dict[str, tuple[int, float]]:
+        """Per class: (requests waiting, the longest wait so far in seconds)."""
+        now = time.monotonic()
+        with self._cond:
+            return {work: (sum(1 for t in self._line if t.work == work),
+                           max((now - t.since for t in self._line if t.work == work), default=0.0))
+                    for work in CLASSES}
+
+    def holder(self) -> Optional[str]:
+        """The class of the request holding the engine, or None."""
+        holder = self._holder
+        return None if holder is None else holder.work
+
+    def snapshot_counts(self) -> dict[str, ClassCounts]:
+        """ClassCounts per class, the running hold included."""
+        with self._cond:
+            out = {work: ClassCounts(c.waits, c.wait_seconds, c.engine_seconds)
+                   for work, c in self.counts.items()}
+            if self._holder is not None:
+                out[self._holder.work].engine_seconds += time.monotonic() - self._held_since
+            return out
+
     @contextmanager
-    def turn(self, waiter: Waiter) -> Iterator[Turn]:
-        """Waits for the engine in arrival order and holds it for the block.
+    def turn(self, waiter: Waiter, work: str = INTERACTIVE) -> Iterator[Turn]:
+        """Waits for the engine in line (the person first) and holds it for the block.
 
         While waiting, `waiter.queued(ahead)` hears the number of requests in
         front (the running one included; 0 behind idle-time work) each time it changes. Raises the 503s
         of a full line or of shutdown, or ClientGone.
         """
-        ticket = object()
         with self._cond:
             if self._closed:
                 raise shutting_down()
-            if (self._busy or self._line) and len(self._line) >= self.max_waiting:
+            if (self._holder or self._line) and len(self._line) >= self.max_waiting:
                 raise overloaded(f"{len(self._line)} requests are already waiting for the engine; "
                                  "try again later")
-            self._line.append(ticket)
-            self._cond.notify_all()   # idle-time work waiting for the engine gives up its turn
-        try:
-            self._wait(ticket, waiter)
-        except BaseException:
-            with self._cond:
-                if ticket in self._line:
-                    self._line.remove(ticket)
-                    self._cond.notify_all()  # those behind it moved up
-            raise
-        held = Turn(self)
+            held = Turn(self, _Ticket(work, next(self._seq)))
+            self._enter(held.ticket)
+        self._wait_for(held, waiter)
         try:
             yield held
         finally:
             with self._cond:
                 if held.idle:
                     self._idle = False
-                else:
-                    self._busy = False
+                elif held.holding:
+                    self._release(held.ticket)
                 self._cond.notify_all()
 
-    def _wait(self, ticket: object, waiter: Waiter) -> None:
+    def _enter(self, ticket: _Ticket) -> None:
+        """Into the line. Under _cond."""
+        ticket.since, ticket.chores_at = time.monotonic(), self._chore_clock()
+        self._line.append(ticket)
+        self._cond.notify_all()   # idle-time work waiting for the engine gives up its turn
+
+    def _release(self, ticket: _Ticket) -> None:
+        """The holder lets go. Under _cond."""
+        if self._holder is ticket:
+            self.counts[ticket.work].engine_seconds += time.monotonic() - self._held_since
+            self._holder, self._owed = None, False
+            self._cond.notify_all()
+
+    def _chore_clock(self) -> float:
+        """Seconds chores have held the engine since start, the running hold included."""
+        held = self.counts[BACKGROUND].engine_seconds
+        if self._holder is not None and self._holder.work == BACKGROUND:
+            held += time.monotonic() - self._held_since
+        return held
+
+    def _wait_for(self, held: Turn, waiter: Waiter) -> None:
+        try:
+            self._wait(held.ticket, waiter)
+        except BaseException:
+            with self._cond:
+                if held.ticket in self._line:
+                    self._line.remove(held.ticket)
+                    self._cond.notify_all()  # those behind it moved up
+            raise
+        held.holding = True
+        with self._cond:
+            held.behind_chores += self._chore_clock() - held.ticket.chores_at
+
+    def _wait(self, ticket: _Ticket, waiter: Waiter) -> None:
         # Told even "0 ahead": idle-time work that holds the engine may run a chunk for
         # minutes on a slow model, and a stream waiting behind it must open and beat.
         told = -1
@@ -148,16 +278,35 @@ class EngineQueue:
                 waiter.queued(ahead)
                 told = ahead
 
-    def _take(self, ticket: object) -> Optional[int]:
+    def _order(self, now: float) -> list[_Ticket]:
+        """The line in the order it is served. Under _cond."""
+        if not self.classes:
+            return sorted(self._line, key=lambda t: t.seq)
+
+        def rank(t: _Ticket) -> tuple[int, int]:
+            if t.work == INTERACTIVE:
+                return 1, t.seq
+            return (0 if now - t.since >= self.starve_after else 2), t.seq
+        return sorted(self._line, key=rank)
+
+    def _take(self, ticket: _Ticket) -> Optional[int]:
         """None once `ticket` holds the engine, else the requests in front of it (the running
         one included; 0 while idle-time work finishes its chunk). Under _cond."""
         if self._closed:
             raise shutting_down()
-        if not (self._busy or self._idle) and self._line[0] is ticket:
-            self._line.popleft()
-            self._busy = True
+        now = time.monotonic()
+        order = self._order(now)   # O(line log line), and the line is bounded
+        if not (self._holder or self._idle) and order[0] is ticket:
+            self._line.remove(ticket)
+            self._holder, self._held_since = ticket, now
+            counts = self.counts[ticket.work]
+            counts.waits += 1
+            counts.wait_seconds += now - ticket.since
+            # A starved chore taking the engine from waiting people is owed one step.
+            self._owed = (self.classes and ticket.work == BACKGROUND
+                          and any(t.work == INTERACTIVE for t in self._line))
             return None
-        return self._line.index(ticket) + int(self._busy)  # O(line), and the line is bounded
+        return order.index(ticket) + int(self._holder is not None)
 
     @contextmanager
     def idle_turn(self, patient: bool = False) -> Iterator[Optional[Callable[[], bool]]]:
@@ -170,7 +319,7 @@ class EngineQueue:
         is then not done. Patient work waits for the line to empty instead.
         """
         def free() -> bool:
-            return not (self._busy or self._idle or (patient and self._line))
+            return not (self._holder or self._idle or (patient and self._line))
 
         with self._cond:
             self._cond.wait_for(lambda: self._closed or (self._line and not patient) or free())
@@ -200,4 +349,4 @@ class EngineQueue:
         """Wait until neither a request nor idle-time work holds the engine (after close(),
         it is then free for good). True when it is."""
         with self._cond:
-            return self._cond.wait_for(lambda: not (self._busy or self._idle), timeout)
+            return self._cond.wait_for(lambda: not (self._holder or self._idle), timeout)

@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional
 
 from serve.core.ids import new_id
 from serve.core.errors import ApiError
+from serve.core.work import CLASS_HEADER
 from serve.dialects.exchange import R, Exchange
 from serve.engine.queue import ClientGone
 from serve.http import heap, request_line
@@ -289,6 +290,12 @@ class Handler(BaseHTTPRequestHandler):
                             f"run them): {', '.join(exchange.left_out)}")
         self.server.note_unread(self.current.path, exchange.ignored)
         exchange.request.request_id = self.request_id
+        # The class is decided here, at the edge, from the neutral request and the header.
+        decision = self.server.service.classifier.classify(exchange.request,
+                                                            self.headers.get(CLASS_HEADER))
+        exchange.request.work = decision.work
+        if decision.why and self.server.log is not None:
+            self.server.log(f"{self.request_id} {decision.work} ({decision.why})")
         service = self.server.models.pick(self.current.named_model, exchange.request)
         exchange.model = service.options.model_id
         if len(self.server.models.services) > 1:

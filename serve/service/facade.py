@@ -21,16 +21,19 @@ from serve.core.reply import Delta
 from serve.core.ids import now
 
 from serve.formats import grammar
-from serve.core.activity import Activity
+from serve.core.activity import Activity, ClassActivity
+from serve.core.classes import BACKGROUND, INTERACTIVE
+from serve.core.work import Classifier
 from serve.core.errors import invalid
 from serve.core.request import ChatRequest, CompletionRequest
 from serve.formats.base import ChatFormat
 from serve.engine.api import EngineApi, ImageProbe
-from serve.engine.queue import EngineQueue, shutting_down, Turn
+from serve.engine.queue import EngineQueue, LostTurn, shutting_down, STARVE_AFTER_SECONDS
 from serve.service.generation import Generation
 from serve.service.images import image_parts, StagedImages
 from serve.service.logprobs import chat_logprobs, completion_logprobs
 from serve.service.metrics import Metrics
+from serve.service.preempt import Preemption
 from serve.service.prefill import DEFAULT_CHUNK, Prefill, PrefillCancelled, start_empty
 from serve.snapshots.cache import PrefixCache
 from serve.service.prompt import ChatCheck, check_fits, Prompt, PromptBuilder, too_long
@@ -60,6 +63,11 @@ class ServiceOptions:
     eval_logits: bool = True       # False: the engine's waste_eval gives no logits to decode with
     max_queue: int = 32            # requests that may wait for the engine; more get a 503
     context_beyond: str = ""       # a too-long prompt's word on a larger context (app/context.py)
+    work_classes: bool = True      # False: one line in arrival order, no chore preempted
+    background_max_tokens: int = 256   # a chore's max_tokens when it sets none
+    chore_max_wait: float = STARVE_AFTER_SECONDS   # a chore waiting this long runs one step
+    background_models: tuple[str, ...] = ()    # model names that mean "a chore"
+    background_match: tuple[str, ...] = ()     # patterns on the prompt that mean "a chore"
 
 
 class Service:
@@ -71,7 +79,9 @@ class Service:
         self.created = now()
         self.warming: Optional[dict] = None   # while --warm runs: what /health reports
         self.responses = ResponseStore()      # for the Responses API's previous_response_id
-        self.queue = EngineQueue(options.max_queue)
+        self.queue = EngineQueue(options.max_queue, classes=options.work_classes,
+                                 starve_after=options.chore_max_wait)
+        self.classifier = Classifier(options.background_models, options.background_match)
         self._stopping = threading.Event()
         self.policy = options.snapshot_policy or SnapshotPolicy(log=options.log)
         self.metrics = Metrics(engine.stats(), self.activity, options.prefix_cache, self.policy,
@@ -93,7 +103,13 @@ class Service:
     def activity(self) -> Activity:
         # Deferred work first: a settle job is counted until its thread has let the engine go.
         deferred = self.settler.deferred or self.queue.idle_work
-        return Activity(self.queue.busy, len(self.queue), deferred, self.warming is not None)
+        queue = self.queue
+        waiting, counts = queue.waiting(), queue.snapshot_counts()
+        classes = {work: ClassActivity(waiting[work][0], waiting[work][1], c.waits,
+                                       c.wait_seconds, c.engine_seconds)
+                   for work, c in counts.items()}
+        return Activity(queue.busy, len(queue), deferred, self.warming is not None,
+                        queue.holder(), classes, queue.preemptions)
 
     def model(self) -> dict:
         info = self.engine.info
@@ -115,7 +131,7 @@ class Service:
         constraint = self._constraint(req, check.thinking)
         run = self._run(sink, sink.gone)
         run.accepted(check.thinking)
-        with self._turn(run), StagedImages(self.options.allow_local_images) as staged:
+        with self._turn(run, req.work), StagedImages(self.options.allow_local_images) as staged:
             prompt = self.prompts.chat(req, check, staged)
             reader = ChatReader(self.chat_format.new_parser(check.thinking), req.sampling.stop,
                                 self.chat_format.stop_tokens,
@@ -123,9 +139,12 @@ class Service:
             outcome = self.generation.run(
                 prompt, req.sampling, run, reader, stop_tokens=self.chat_format.stop_tokens,
                 logprobs=req.logprobs, constraint=constraint, label=req.request_id,
-                stop=self._prefill_stop(run, req.request_id))
+                stop=self._prefill_stop(run, req.request_id),
+                pause=self._pause(run, req.work, req.request_id),
+                max_tokens=self._max_tokens(req.work))
             message = reader.message()
             outcome.usage.waste["reasoning"] = check.reasoning
+            self._account(outcome.usage.waste, req.work, run)
             if not outcome.client_gone:
                 self.settler.after_reply(prompt, outcome, message)
         return ChatReply(message, outcome.finish_reason, outcome.usage, outcome.client_gone,
@@ -146,12 +165,15 @@ class Service:
     def complete(self, req: CompletionRequest, sink: ReplySink) -> CompletionReply:
         check_fits(self.engine, len(req.prompt), "prompt", self.options.context_beyond)
         run = self._run(sink, sink.gone)
-        with self._turn(run):
+        with self._turn(run, req.work):
             prompt = Prompt(self.prompts.text(req.prompt))
             reader = TextReader(req.sampling.stop, self.engine.specials.values())
             outcome = self.generation.run(prompt, req.sampling, run, reader,
                                           logprobs=req.logprobs, label=req.request_id,
-                                          stop=self._prefill_stop(run, req.request_id))
+                                          stop=self._prefill_stop(run, req.request_id),
+                                          pause=self._pause(run, req.work, req.request_id),
+                                          max_tokens=self._max_tokens(req.work))
+            self._account(outcome.usage.waste, req.work, run)
         return CompletionReply(reader.text, outcome.finish_reason, outcome.usage, outcome.client_gone,
                                None if outcome.logprobs is None else completion_logprobs(outcome.logprobs))
 
@@ -168,14 +190,40 @@ class Service:
         return Run(observer, client_gone, self._stopping)
 
     @contextmanager
-    def _turn(self, run: Run) -> Iterator[Run]:
+    def _turn(self, run: Run, work: str = INTERACTIVE) -> Iterator[Run]:
         """Wait in line for the engine and hold it, empty; a run cut by shutdown ends in its 503."""
-        with self.queue.turn(run) as run.turn:
+        with self.queue.turn(run, work) as run.turn:
             self.settler.drop()
             start_empty(self.engine)
-            yield run
+            try:
+                yield run
+            except LostTurn as lost:   # a chore that stepped aside and could not come back
+                raise lost.cause from None
         if run.cut:
             raise shutting_down()
+
+    # -- classes of work (docs/chores.md) -------------------------------------------
+
+    def _pause(self, run: Run, work: str, label: str) -> Optional[Preemption]:
+        """A chore's way to step aside for a person (it needs the prefix cache to save to)."""
+        cache = self.options.prefix_cache
+        if work != BACKGROUND or not self.options.work_classes or cache is None:
+            return None
+        assert run.turn is not None   # asked inside the turn
+        return Preemption(self.engine, run.turn, run, cache, self.policy,
+                          self.options.prefill_chunk, self.options.log, label)
+
+    def _max_tokens(self, work: str) -> Optional[int]:
+        """The default max_tokens of a request of this class (None: the server's)."""
+        return self.options.background_max_tokens if work == BACKGROUND else None
+
+    @staticmethod
+    def _account(waste: dict, work: str, run: Run) -> None:
+        """The reply's class, and how long it waited while chores held the engine (the chat
+        page shows it: serve/static/chat.html)."""
+        assert run.turn is not None   # asked inside the turn
+        waste["work"] = work
+        waste["behind_chores_ms"] = round(run.turn.behind_chores * 1000.0, 3)
 
     def _prefill_stop(self, run: Run, label: str) -> Callable[[], bool]:
         """Asked between prefill chunks: stop now? Not just because the client left: the

@@ -20,10 +20,11 @@ from serve.core.reply import Usage
 from serve.core.request import Sampling
 from serve.engine.types import GenParams, GenResult, Stats, TokenInfo
 from serve.engine.api import EngineApi
+from serve.engine.queue import LostTurn
 from serve.service.logprobs import LogprobLedger
 from serve.service.run import Run
 from serve.service.metrics import Metrics
-from serve.service.prefill import DEFAULT_CHUNK, Prefill, PrefillCancelled
+from serve.service.prefill import DEFAULT_CHUNK, Pause, Prefill, PrefillCancelled
 from serve.snapshots.cache import PrefixCache
 from serve.service.prompt import Prompt, too_long
 from serve.service.reply_reader import ReplyReader
@@ -76,21 +77,32 @@ class Generation:
     def run(self, prompt: Prompt, sampling: Sampling, run: Run, reader: ReplyReader, *,
             stop_tokens: Sequence[int] = (), logprobs: Optional[int] = None,
             constraint: Optional[str] = None, label: str = "",
-            stop: Optional[Callable[[], bool]] = None) -> Outcome:
+            stop: Optional[Callable[[], bool]] = None, pause: Optional[Pause] = None,
+            max_tokens: Optional[int] = None) -> Outcome:
         """Prefill, generate until the reader says the reply is done, and account for it.
 
         `constraint`: a compiled grammar the reply must follow; `label` names the
         request in log lines; `stop`: asked between prefill chunks whether to stop
         (by default, whether the client left). A prefill that runs to its end for a
-        client that left is snapshotted there, and nothing is generated."""
-        decoder = self._decoder(sampling, logprobs, run, constraint, stop_tokens)
+        client that left is snapshotted there, and nothing is generated. `pause`: a
+        chore's, asked before each engine call (a chore decodes in serve, when it can, so
+        that it can step aside between two tokens); `max_tokens`: the default when the
+        request sets none (else the server's)."""
+        if prompt.image_paths:
+            pause = None   # snapshots never reach past images
+        if pause is not None and self.decoding_off(decode.missing()) is None:
+            pause_at: Optional[Callable[[Sequence[int]], None]] = _pause_at(pause, prompt.ids)
+        else:
+            pause_at = None
+        decoder = self._decoder(sampling, logprobs, run, constraint, stop_tokens, pause_at)
         room = self.engine.info.ctx_max - len(prompt.ids)
         if room < 1:
             raise too_long(len(prompt.ids), self.engine.info.ctx_max, "messages", self.context_beyond)
         params = GenParams(temperature=sampling.temperature, top_p=sampling.top_p,
                            top_k=sampling.top_k,
                            seed=secrets.randbits(64) if sampling.seed is None else sampling.seed,
-                           max_tokens=min(sampling.max_tokens or self.max_tokens, room),
+                           max_tokens=min(sampling.max_tokens or max_tokens or self.max_tokens,
+                                          room),
                            stop_tokens=tuple(stop_tokens))
         clock = _Clock()
 
@@ -114,7 +126,7 @@ class Generation:
         report = decode.Report(constrained=False).waste()
         unevaluated = 0
         try:
-            rest = self._prefill(prompt, clock, run, label, stop or run.gone)
+            rest = self._prefill(prompt, clock, run, label, stop or run.gone, pause)
         except PrefillCancelled:
             clock.client_gone = True
             result = GenResult(n_tokens=0, cancelled=True, context_full=False, detail=None)
@@ -146,21 +158,23 @@ class Generation:
         return missing if self.eval_logits else "this engine's waste_eval gives no logits"
 
     def _decoder(self, sampling: Sampling, top_logprobs: Optional[int], run: Run,
-                 constraint: Optional[str], stop_tokens: Sequence[int]) -> Optional[decode.Decoder]:
+                 constraint: Optional[str], stop_tokens: Sequence[int],
+                 pause: Optional[Callable[[Sequence[int]], None]] = None
+                 ) -> Optional[decode.Decoder]:
         """Serve's own decoder, its logprobs kept on the run when they are asked for;
-        no decoder (waste_generate) when nothing needs the logits."""
+        no decoder (waste_generate) when nothing needs the logits or a pause."""
         off = self.decoding_off(decode.missing())
         if top_logprobs is not None and off is not None:
             raise invalid("logprobs", f"logprobs are off here ({off}); to enable: {grammar.ENABLE_HINT}",
                           code="logprobs_unavailable")
-        if constraint is None and top_logprobs is None:
+        if constraint is None and top_logprobs is None and pause is None:
             return None
         if top_logprobs is not None:
             run.logprobs = LogprobLedger(frozenset(self.engine.specials.values()))
         matcher = None if constraint is None else self._matcher(constraint, tuple(stop_tokens))
         return decode.Decoder(self.engine, temperature=sampling.temperature, top_k=sampling.top_k,
                               top_p=sampling.top_p, grammar=matcher, top_logprobs=top_logprobs,
-                              listener=run.logprobs)
+                              listener=run.logprobs, pause=pause)
 
     def _matcher(self, compiled: str, eos: tuple[int, ...]) -> Callable[[int], decode.Grammar]:
         """A matcher factory (vocabulary size -> matcher) for a compiled grammar."""
@@ -174,7 +188,7 @@ class Generation:
     # -- prefill --------------------------------------------------------------------------
 
     def _prefill(self, prompt: Prompt, clock: _Clock, run: Run, label: str,
-                 stop: Callable[[], bool]) -> list[int]:
+                 stop: Callable[[], bool], pause: Optional[Pause]) -> list[int]:
         """Restore and evaluate all but the tail of the prompt; returns the tail for generate."""
         log, chunk, cache = self.log, self.prefill_chunk, self.prefix_cache
 
@@ -187,7 +201,7 @@ class Generation:
 
         def run_prefill(tokens: list[int], upto: int) -> None:
             prefill = Prefill(self.engine, tokens, cache=cache, policy=self.policy, chunk=chunk,
-                              progress=progress, stop=stop)
+                              progress=progress, stop=stop, pause=pause)
             clock.cached_tokens = prefill.restore(upto)
             run.prefilling(len(prompt.ids), clock.cached_tokens)
             if cache is not None:
@@ -216,6 +230,8 @@ class Generation:
             for path in prompt.image_paths:
                 self.engine.image_add(path)
             return self.engine.image_expand(prompt.text_ids[upto:])
+        except LostTurn:
+            raise   # a chore that stepped aside: the engine is another request's now
         except BaseException:
             self.engine.reset()  # a half-evaluated prompt must not survive into the next request
             raise
@@ -239,6 +255,16 @@ class Generation:
             "bytes_read": s.bytes_read, "direct_io": s.direct_io, "ms": round(ms, 3),
             "tokens_per_second": round(tps, 3), "context_full": context_full,
             **decoding})
+
+
+def _pause_at(pause: Pause, prompt: Sequence[int]) -> Callable[[Sequence[int]], None]:
+    """The decoder's pause: before evaluating a token the engine holds the prompt and the
+    tokens generated before it."""
+    def at(generated: Sequence[int]) -> None:
+        if pause.due():
+            tokens = [*prompt, *generated]
+            pause.step_aside(tokens, len(tokens) - 1)
+    return at
 
 
 def _finish_reason(reader: ReplyReader, tokens: list[int], params: GenParams, result: GenResult) -> str:

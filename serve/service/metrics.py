@@ -79,6 +79,34 @@ class _Histogram:
         return out + [("_sum", [], self.total), ("_count", [], running)]
 
 
+def _class_families(now: Activity) -> list[Family]:
+    """The queue by class of work (interactive, background) and the chores' preemptions."""
+    classes = sorted(now.classes.items())
+
+    def by_class(name: str, kind: str, what: str, value) -> Family:
+        return _family(name, kind, what, [("", [("class", work)], value(c)) for work, c in classes])
+    return [
+        by_class("serve_queue_waiting", "gauge", "Requests waiting for the engine, by class",
+                 lambda c: c.waiting),
+        by_class("serve_queue_longest_wait_seconds", "gauge",
+                 "How long the longest-waiting request of the class has waited so far",
+                 lambda c: c.longest_wait),
+        by_class("serve_queue_wait_seconds_total", "counter", "Time requests of the class "
+                 "waited before they were handed the engine (each wait, a chore's after it "
+                 "stepped aside too)", lambda c: c.wait_seconds),
+        by_class("serve_queue_waits_total", "counter",
+                 "Times a request of the class was handed the engine", lambda c: c.waits),
+        by_class("serve_engine_seconds_total", "counter",
+                 "Time requests of the class held the engine (background: time spent on chores)",
+                 lambda c: c.engine_seconds),
+        _family("serve_engine_running", "gauge", "1 for the class of the request holding the "
+                "engine", [("", [("class", work)], int(now.holder == work)) for work, _ in classes]),
+        _family("serve_preemptions_total", "counter",
+                "Chores that saved their state and stepped aside for a person",
+                [("", [], now.preemptions)]),
+    ]
+
+
 class Metrics:
     """Every metric of one server. Thread-safe: request threads update it while it is scraped."""
 
@@ -166,6 +194,7 @@ class Metrics:
             _family("serve_idle", "gauge", "1 when nothing runs or waits, idle-time work included",
                     [("", [], int(now.idle))]),
         ]
+        parts += _class_families(now)
         parts.append(_family("serve_engine_evaluated_tokens_total", "counter",
                              "Positions the engine evaluated: prompts prefilled, tokens generated, "
                              "idle-time work (positions restored from snapshots are not)",
@@ -220,7 +249,8 @@ class Metrics:
             saved, skipped = dict(policy.saved), dict(policy.skipped)
         parts += [
             _family("serve_snapshots_total", "counter", "Snapshots saved, by why: checkpoint, progress, "
-                    "stopped (where a prefill stopped), reply (the state a reply leaves)",
+                    "stopped (where a prefill stopped), reply (the state a reply leaves), preempted (where "
+                    "a chore stepped aside for a person)",
                     [("", [("kind", kind)], saved[kind]) for kind in KINDS]),
             _family("serve_snapshots_skipped_total", "counter", "Snapshots considered and not saved "
                     "(not worth their cost, or the save failed), by why",

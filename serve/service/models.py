@@ -8,7 +8,7 @@ model has nothing else to give them. Replies name the container's own id.
 Several (the main model and a chores model, `--chores-model`), each with its
 own engine, engine queue and service: a request naming one of their ids goes
 to it; any other name goes to the main model. A background request (a chore:
-issue 28's classification) goes to the chores model unless it names another
+docs/chores.md says how one is known) goes to the chores model unless it names another
 model than the main one: clients name their chat model in their chores by
 default (Open-WebUI's task model is "the current model" until its user sets
 one), so a chore that names the main model, or no model serve knows, still
@@ -18,16 +18,12 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
+from serve.core.classes import BACKGROUND
+from serve.core.request import ChatRequest, CompletionRequest
+
 from serve.service import metrics
 from serve.core.activity import Activity
 from serve.service.facade import Service
-
-
-def is_background(request: Any) -> bool:
-    """Is this request a chore? The seam to the classification of requests (issue 28, item
-    1), which decides the request's class of work at the edge, before the model is picked,
-    and puts it on the request as `work`; a request that carries none is interactive."""
-    return getattr(request, "work", "interactive") == "background"
 
 
 class Models:
@@ -49,10 +45,11 @@ class Models:
     def named(self, model_id: Any) -> Optional[Service]:
         return next((s for s in self.services if s.options.model_id == model_id), None)
 
-    def pick(self, name: Any, request: Any) -> Service:
-        """The service that answers a request naming `name` (anything a body holds)."""
+    def pick(self, name: Any, request: ChatRequest | CompletionRequest) -> Service:
+        """The service that answers a request naming `name` (anything a body holds), its class
+        already decided (serve/core/work.py, at the edge: docs/chores.md)."""
         named = self.named(name) if isinstance(name, str) else None
-        if self.chores is not None and named in (None, self.main) and is_background(request):
+        if self.chores is not None and named in (None, self.main) and request.work == BACKGROUND:
             return self.chores
         return named or self.main
 

@@ -14,17 +14,40 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Protocol, Sequence
 
 from serve.snapshots.checkpoints import spaced
+from serve.engine.binding import REFERENCE_BUILD
 from serve.engine.types import WasteError
 from serve.engine.api import EngineApi
 from serve.snapshots.cache import PrefixCache, Snapshot
 from serve.snapshots.policy import SnapshotPolicy
 
-# Large enough that an engine batching a chunk internally loses nothing,
-# small enough that a vanished client is noticed within a few seconds.
-DEFAULT_CHUNK = 512
+# A prefill is handed to the engine in steps of the engine's own batch: a longer
+# call gains nothing, and holds the engine longer between chances to do anything
+# else (preempt a chore, notice a hang-up, serve a waiting request). WARP's
+# libwaste evaluates 64 positions per internal step (WASTE_CHUNK_MAX in its
+# src/model.h); the reference engine costs the same per position from 512 on
+# (bench/prefill_step.py). The ABI has no call that says, so the build tells.
+REFERENCE_STEP = 512
+WARP_STEP = 64
+DEFAULT_CHUNK = REFERENCE_STEP
+
+
+def engine_step(build_info: str) -> int:
+    """The prefill step for a libwaste, by its waste_build_info(): the reference engine's,
+    else WARP's (the production engine; smaller steps are never wrong, only slower)."""
+    return REFERENCE_STEP if build_info.startswith(REFERENCE_BUILD) else WARP_STEP
+
+
+class Pause(Protocol):
+    """A chore's chance to step aside for a person before an engine call (preempt.py)."""
+
+    def due(self) -> bool: ...
+
+    def step_aside(self, tokens: Sequence[int], held: int) -> bool:
+        """The engine holds tokens[:held]; it holds them again on return. True when it
+        stepped aside, a snapshot of tokens[:held] saved."""
 
 
 class PrefillCancelled(Exception):
@@ -66,11 +89,14 @@ class Prefill:
     def __init__(self, engine: EngineApi, tokens: Sequence[int], *, cache: Optional[PrefixCache],
                  policy: SnapshotPolicy, chunk: int = DEFAULT_CHUNK,
                  progress: Optional[Callable[[int, int], None]] = None,
-                 stop: Optional[Callable[[], bool]] = None, insure: bool = True):
+                 stop: Optional[Callable[[], bool]] = None, insure: bool = True,
+                 pause: Optional[Pause] = None):
         """`insure`: consider a progress snapshot at each chunk boundary (off for work that
-        snapshots where it stops anyway, and evaluates a token at a time)."""
+        snapshots where it stops anyway, and evaluates a token at a time); `pause`: a
+        chore's, asked before each chunk."""
         self.engine, self.tokens, self.cache, self.policy = engine, tokens, cache, policy
         self.chunk, self.progress, self.stop, self.insure = chunk, progress, stop, insure
+        self.pause = pause
         self.pos = 0        # positions the engine holds
         self.cached = 0     # of those, restored from a snapshot
         self.saved = 0      # the longest snapshot of tokens[:pos]
@@ -112,6 +138,9 @@ class Prefill:
                 if self.stop is not None and self.stop():
                     self.snapshot("stopped")
                     raise PrefillCancelled()
+                if self.pause is not None and self.pause.due() \
+                        and self.pause.step_aside(self.tokens, self.pos):
+                    self.saved = self.pos
                 step = min(self.chunk, target - self.pos)
                 started = time.monotonic()
                 self.engine.eval(self.tokens[self.pos:self.pos + step])

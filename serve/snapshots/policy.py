@@ -51,7 +51,7 @@ PROGRESS_FACTOR = 10
 # The weight of the newest measurement in each moving average.
 ALPHA = 0.3
 
-KINDS = ("checkpoint", "progress", "stopped", "reply")   # why a snapshot was considered
+KINDS = ("checkpoint", "progress", "stopped", "reply", "preempted")   # why a snapshot was considered
 
 
 @dataclass(frozen=True)

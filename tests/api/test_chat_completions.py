@@ -33,8 +33,9 @@ def test_blocking_chat_shape(server, engine):
     assert set(waste) == {"prompt_tokens", "completion_tokens", "experts_hit", "experts_missed",
                           "expert_hit_rate", "bytes_read", "direct_io", "ms", "tokens_per_second",
                           "context_full", "cached_tokens", "constrained", "mask_ms", "mask_changed",
-                          "reasoning"}
+                          "reasoning", "work", "behind_chores_ms"}
     assert waste["reasoning"] == "on"   # K3 thinking by default, no effort named
+    assert (waste["work"], waste["behind_chores_ms"]) == ("interactive", 0)
     assert waste["constrained"] is False and waste["mask_changed"] == 0
     n = usage["completion_tokens"]
     assert (waste["experts_hit"], waste["experts_missed"]) == (3 * n, n)

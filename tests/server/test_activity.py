@@ -18,9 +18,12 @@ REPLY = xtml_answer("The rise", " and fall", " of the sea.", thinking=["It", " s
 
 
 def health(port: int) -> dict:
+    """/health without its "work" member (tests/server/test_work_classes.py reads that)."""
     resp = call(port, "GET", "/health")
     assert resp.status == 200, resp.body
-    return resp.json()
+    body = resp.json()
+    body.pop("work")
+    return body
 
 
 def gauges(port: int) -> tuple[float, float, float]:

@@ -67,10 +67,10 @@ class CountedTurns:
         queue.turn = self
 
     @contextmanager
-    def __call__(self, waiter):
-        with self._turn(waiter):
+    def __call__(self, waiter, *work):
+        with self._turn(waiter, *work) as held:
             self.taken += 1
-            yield
+            yield held
 
 
 @pytest.fixture(scope="module")

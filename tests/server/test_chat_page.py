@@ -271,6 +271,31 @@ def test_a_request_waiting_for_the_engine_shows_its_place_in_line(browser):
     assert positions[0] == 2 and positions == sorted(positions, reverse=True)
 
 
+def test_a_reply_that_waited_behind_a_chore_says_so(browser):
+    engine = ScriptedEngine([xtml_answer("a title"), xtml_answer("mine")])
+    gate = Gate(at=0)  # the chore holds the engine at its first token
+    engine.before_token = gate
+    with page_on(browser, scripted_service(engine, thinking=False)) as p:
+        p.open()
+        chore = threading.Thread(target=call, args=(
+            p.port, "POST", "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "a title?"}], "priority": 1}))
+        try:
+            chore.start()
+            assert gate.reached.wait(WAIT_MS / 1000)
+            p.send("hello")
+            assert wait_until(lambda: queue_length(p.port) == 1)
+            time.sleep(0.3)   # the reply waits at least this long behind the chore
+        finally:
+            gate.release.set()
+            chore.join(WAIT_MS / 1000)
+        p.wait_state("^done")
+        assert p.text(".msg.assistant .md") == "mine"
+        behind = p.text("#stat-behind-chores")
+        assert re.fullmatch(r"\d+\.\d\d s", behind) and float(behind.split()[0]) >= 0.3
+        assert f"waited {behind} behind chores" in p.text(".msg.assistant .foot")
+
+
 def queue_length(port: int) -> float:
     """serve_queue_length, from /metrics."""
     body = call(port, "GET", "/metrics").body.decode()

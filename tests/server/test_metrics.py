@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import threading
+import time
+from typing import Callable
 
 import pytest
 
@@ -18,6 +20,18 @@ USER = [{"role": "user", "content": "hi"}]
 def moved(before: dict, after: dict, name: str, **labels: str) -> float:
     key = (name, tuple(sorted(labels.items())))
     return after.get(key, 0) - before.get(key, 0)
+
+
+def scrape_until(port: int, done: Callable[[dict], bool], seconds: float = 10.0) -> tuple[dict, int]:
+    """Scrape until `done` holds of a scrape (or time is up); the last scrape, and how many."""
+    deadline = time.monotonic() + seconds
+    scrapes = 0
+    while True:
+        after = scrape(port)
+        scrapes += 1
+        if done(after) or time.monotonic() > deadline:
+            return after, scrapes
+        time.sleep(0.05)
 
 
 def test_metrics_need_the_key_and_the_page_does_not():
@@ -48,7 +62,9 @@ def test_counters_move_by_the_requests_made(tmp_path):
             assert call(srv.port, "GET", "/nowhere").status == 404
             assert call(srv.port, "GET", "/v1/models/elsewhere").status == 404
             assert call(srv.port, "POST", CHAT, {"messages": []}).status == 400
-            after = scrape(srv.port)
+            # A stream is counted when its handler is done, just after its client read the end.
+            after, scrapes = scrape_until(srv.port, lambda a: moved(before, a, "serve_requests_total",
+                                                                    endpoint=CHAT, status="200") >= 2)
             entries, used = len(cache), cache.used_bytes
             restored = cache.stats()["restored_tokens"]
     finally:
@@ -59,7 +75,8 @@ def test_counters_move_by_the_requests_made(tmp_path):
     assert moved(before, after, requests, endpoint=CHAT, status="400") == 1
     assert moved(before, after, requests, endpoint="other", status="404") == 1
     assert moved(before, after, requests, endpoint="/v1/models/{model}", status="404") == 1
-    assert moved(before, after, requests, endpoint="/metrics", status="200") == 1  # the first scrape
+    # The first scrape, and those that waited for the stream's count.
+    assert moved(before, after, requests, endpoint="/metrics", status="200") == scrapes
     assert moved(before, after, "serve_prompt_tokens_total") == sum(u["prompt_tokens"] for u in usages)
     assert moved(before, after, "serve_completion_tokens_total") == sum(u["completion_tokens"] for u in usages)
     cached = usages[1]["prompt_tokens_details"]["cached_tokens"]

@@ -15,8 +15,10 @@ CHAT = "/v1/chat/completions"
 # ---- discovery --------------------------------------------------------------
 
 def test_health_and_models(server, engine):
-    assert call(server.port, "GET", "/health").json() == {"status": "ok", "warming": None, "idle": True,
-                                                          "busy": False, "queue": 0, "deferred": False}
+    nothing = {"queue": 0, "longest_wait_s": 0.0, "waits": 0, "wait_s": 0.0, "engine_s": 0.0}
+    assert call(server.port, "GET", "/health").json() == {
+        "status": "ok", "warming": None, "idle": True, "busy": False, "queue": 0, "deferred": False,
+        "work": {"running": None, "preemptions": 0, "interactive": nothing, "background": nothing}}
     models = call(server.port, "GET", "/v1/models").json()
     assert models["object"] == "list" and len(models["data"]) == 1
     model = models["data"][0]

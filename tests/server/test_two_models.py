@@ -15,11 +15,11 @@ import pytest
 
 from scripted import (ScriptedEngine, call, held_engine, post_open, read_all, read_until, scrape,
                       scripted_service, serving, sse_data, wait_idle, xtml_answer)
+from openwebui_tasks import task
 from served import run_cli, serve
 from serve.app.budget import split_budget
 from serve.engine.binding import Engine
 from serve.engine.types import EngineConfig, MemPlan
-from serve.service import models
 from serve.service.models import Models
 
 CHAT = "/v1/chat/completions"
@@ -222,21 +222,16 @@ def test_sigterm_mid_request_on_both_engines_stops_both_cleanly(lib_path, k3_con
     assert not any(os.path.exists(work) for work in works)
 
 
-# ---- which model answers: the routing rule, through the seam to the classification ----
+# ---- which model answers: the routing rule, on the classification's word (docs/chores.md) ----
 
-def task_is_background(request) -> bool:
-    """Stands in for issue 28's classification: Open-WebUI's task prompts start `### Task:`."""
-    return "### Task:" in str(getattr(request, "messages", ""))
-
-
-TASK = [{"role": "user", "content": "### Task:\nGenerate a concise title for the chat."}]
+# Open-WebUI's title chore, from its own template: a background request by its text.
+TASK = [{"role": "user", "content": task("TITLE_GENERATION", USER)}]
 
 
 @pytest.fixture
-def pair(monkeypatch):
+def pair():
     """A main and a chores model (scripted engines) behind one server; the main one's engine
     is held by its first request until `release` is set."""
-    monkeypatch.setattr(models, "is_background", task_is_background)
     main_engine, held, release = held_engine(xtml_answer("big"))
     small = ScriptedEngine([xtml_answer("small")] * 8)
     main = scripted_service(main_engine, model_id="big", thinking=False)
@@ -255,7 +250,7 @@ def test_a_chore_goes_to_the_chores_model_whatever_main_or_unknown_name_it_gives
     assert main_engine.prompts == [] and len(small.prompts) == 1
 
 
-def test_with_two_models_the_log_line_names_the_one_that_answered(monkeypatch):
+def test_with_two_models_the_log_line_names_the_one_that_answered():
     lines: list[str] = []
     main = scripted_service(ScriptedEngine([xtml_answer("big")]), model_id="big", thinking=False)
     small = scripted_service(ScriptedEngine([xtml_answer("small")]), model_id="small",
@@ -289,8 +284,7 @@ def test_a_person_naming_no_known_model_gets_the_main_one_and_the_chores_one_by_
     assert len(main_engine.prompts) == 1 and len(small.prompts) == 1
 
 
-def test_one_model_answers_every_request_chores_included(monkeypatch):
-    monkeypatch.setattr(models, "is_background", task_is_background)
+def test_one_model_answers_every_request_chores_included():
     engine = ScriptedEngine([xtml_answer("only")] * 2)
     with serving(scripted_service(engine, model_id="only", thinking=False)) as srv:
         for body in ({"model": "small", "messages": TASK}, {"model": "gpt-4", "messages": USER}):
@@ -298,3 +292,20 @@ def test_one_model_answers_every_request_chores_included(monkeypatch):
         health = call(srv.port, "GET", "/health").json()
         assert "models" not in health
         assert all("model" not in dict(labels) for _, labels in scrape(srv.port))
+
+
+@pytest.mark.parametrize("how", ["header", "priority"])
+def test_a_chore_by_any_of_the_classification_s_rules_goes_to_the_chores_model(pair, how):
+    srv, main_engine, small, held, release = pair
+    body = {"model": "big", "messages": USER, **({"priority": 5} if how == "priority" else {})}
+    headers = {"X-Serve-Class": "background"} if how == "header" else {}
+    assert call(srv.port, "POST", CHAT, body, headers=headers).json()["model"] == "small"
+    assert main_engine.prompts == []
+
+
+def test_an_open_webui_title_chore_naming_the_main_model_never_touches_its_engine(two):
+    before = evaluated(two.port)
+    reply = call(two.port, "POST", CHAT, {"model": "k3", "max_tokens": 4, "messages": TASK}).json()
+    assert reply["model"] == CHORES
+    moved = {m: n - before[m] for m, n in evaluated(two.port).items()}
+    assert moved["k3"] == 0 and moved[CHORES] > 0

@@ -290,12 +290,14 @@ def test_health_says_how_far_the_warm_got_and_requests_are_served_meanwhile():
     with serving(service) as srv:
         health = call(srv.port, "GET", "/health")
         assert health.status == 200
-        assert health.json() == {"status": "ok", "warming": service.warming, "idle": False,
-                                 "busy": False, "queue": 0, "deferred": False}
+        assert {**health.json(), "work": None} == {
+            "status": "ok", "warming": service.warming, "idle": False, "busy": False, "queue": 0,
+            "deferred": False, "work": None}
         assert call(srv.port, "POST", CHAT, {"messages": [{"role": "user", "content": "hi"}]}).status == 200
         service.warming = None
-        assert call(srv.port, "GET", "/health").json() == {"status": "ok", "warming": None, "idle": True,
-                                                           "busy": False, "queue": 0, "deferred": False}
+        assert {**call(srv.port, "GET", "/health").json(), "work": None} == {
+            "status": "ok", "warming": None, "idle": True, "busy": False, "queue": 0,
+            "deferred": False, "work": None}
 
 
 def warm_lines(proc) -> list[str]:
