@@ -6,7 +6,8 @@
     python3 deploy/cluster.py --hosts 3 --routers 2 build/demo.waste  # two routers sharing their tables
 
 Each host is `python3 -m serve CONTAINER` on a loopback port of its own, with its
-own --prefix-cache-dir and --usage under --dir; the router is HAProxy with
+own --prefix-cache-dir and --usage under --dir, and every host shares one
+--shared-cache, DIR/shared (--no-shared-cache: none); the router is HAProxy with
 deploy/haproxy.cfg and the backends file written here (one backend per model).
 It prints one line per host and one per router, then `ready` once the routers
 have checked every host, and runs until interrupted; a host that dies is
@@ -319,6 +320,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                    help="flags for every host, e.g. \"--ctx 8192 --quiet\"")
     p.add_argument("--host-args", action="append", default=[], metavar="N:FLAGS",
                    help="flags for host N only (1-based), e.g. \"3:--warm preamble.json\"")
+    p.add_argument("--no-shared-cache", action="store_true",
+                   help="no shared tier (default: every host publishes to and reads DIR/shared)")
     p.add_argument("--policy", choices=list(POLICIES), default="affinity",
                    help="affinity (default), or leastconn / roundrobin for comparison")
     p.add_argument("--write-router", type=Path, metavar="DIR",
@@ -374,7 +377,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         for n, container in enumerate(containers, 1):
             host, proc = start_host(container, f"h{n}", args.dir / f"h{n}",
-                                    args.serve_args.split() + per_host.get(n, []))
+                                    serve_flags(args, per_host.get(n, [])))
             hosts.append(host)
             host_procs.append(proc)
             print(f"host h{n} {host.url} model={host.model['id']} pid={proc.pid} dir={args.dir / f'h{n}'}",
@@ -452,6 +455,13 @@ def reload_routers(routers: list[Router], bind: str, names: list[str]) -> list[s
     return old
 
 
+def serve_flags(args: argparse.Namespace, own_args: list[str]) -> list[str]:
+    """A host's flags: the shared tier every host reads and writes (snapshots, replies, stored
+    responses), every host's flags, then its own."""
+    shared = [] if args.no_shared_cache else ["--shared-cache", str(args.dir / "shared")]
+    return shared + args.serve_args.split() + own_args
+
+
 def watch_host(host: Host, proc: subprocess.Popen, container: Path, args: argparse.Namespace,
                own_args: list[str]) -> subprocess.Popen:
     """Say when a host exits (the routers move its conversations); with --restart-hosts,
@@ -464,7 +474,7 @@ def watch_host(host: Host, proc: subprocess.Popen, container: Path, args: argpar
         return proc
     port = int(host.url.rsplit(":", 1)[1])
     try:
-        proc = start_host(container, host.name, args.dir / host.name, args.serve_args.split() + own_args, port)[1]
+        proc = start_host(container, host.name, args.dir / host.name, serve_flags(args, own_args), port)[1]
     except RuntimeError as e:  # its port taken meanwhile, say: the others go on
         print(f"host {host.name} was not started again: {e}", flush=True)
         return proc

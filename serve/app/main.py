@@ -33,6 +33,8 @@ from serve.service.facade import Service, ServiceOptions
 from serve.service.models import Models
 from serve.snapshots.policy import SnapshotPolicy
 from serve.app.warm import WarmError, Warmer, warm_requests
+from serve.app import team as shared_tier
+from serve.service.response_store import ResponseStore
 from serve.app import work_flags
 from serve.version import version
 
@@ -142,6 +144,13 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--prefix-cache-spacing", type=positive, default=None, metavar="N",
                    help="inside a long prefill, a snapshot at every multiple of N positions "
                         "(default: when the prefill since the last cost ten saves)")
+    p.add_argument("--shared-cache", metavar="DIR",
+                   help="a directory every host of a team shares (e.g. over NFS): snapshots, "
+                        "replies and stored responses are published there and found by all "
+                        "(default: off)")
+    p.add_argument("--shared-cache-size", type=parse_size, default=None, metavar="SIZE",
+                   help="disk for the shared snapshots, e.g. 200G (default: a quarter of the "
+                        "free space there, at most 64G)")
     p.add_argument("--no-finish-abandoned", action="store_true",
                    help="a prefill whose client left stops at its next chunk, instead of going "
                         "on to the end of the prompt for the client's retry while no one waits")
@@ -214,6 +223,8 @@ def banner(lib: Library, engine: Engine, fmt: ChatFormat, args: argparse.Namespa
         f"prefix   {describe_cache(service.options.prefix_cache)}",
         *([f"snapshot {service.policy.describe()}"]
           if service.options.prefix_cache is not None else []),
+        *([f"shared   {shared_tier.describe(cache.shared)}"]
+          if (cache := service.options.prefix_cache) is not None and cache.shared is not None else []),
         ("abandon  a prefill whose client left stops at its next chunk (--no-finish-abandoned)"
          if args.no_finish_abandoned else
          "abandon  a prefill whose client left goes on for its retry while no one waits"),
@@ -322,10 +333,21 @@ def serve(lib: Library, engine: Engine, args: argparse.Namespace, warm: list,
     log = None if args.quiet else stderr_log
     if warm and args.no_prefix_cache:
         return fail("--warm needs the prefix cache (drop --no-prefix-cache)")
+    if args.shared_cache and args.no_prefix_cache:
+        return fail("--shared-cache needs the prefix cache (drop --no-prefix-cache)")
     try:
         cache = open_prefix_cache(args, lib, engine)
     except (PrefixCacheError, OSError) as e:
         return fail(f"prefix cache: {e}")
+    team = None
+    if args.shared_cache and cache is not None:
+        size = args.shared_cache_size
+        try:
+            team = shared_tier.open_team(args.shared_cache, size if size is not None
+                                         else shared_tier.default_size(args.shared_cache), cache)
+        except (OSError, ValueError) as e:
+            cache.close()
+            return fail(f"--shared-cache {args.shared_cache}: {getattr(e, 'strerror', None) or e}")
     try:
         main_id = args.model_id or default_model_id(args.model)
         options = ServiceOptions(model_id=main_id,
@@ -335,7 +357,9 @@ def serve(lib: Library, engine: Engine, args: argparse.Namespace, warm: list,
                                  snapshot_policy=SnapshotPolicy(args.prefix_cache_min,
                                                                 args.prefix_cache_spacing, log),
                                  finish_abandoned=not args.no_finish_abandoned,
-                                 log=log, reply_memory=ReplyMemory(),
+                                 log=log,
+                                 reply_memory=ReplyMemory(shared=team.replies if team else None),
+                                 responses=ResponseStore(shared=team.responses if team else None),
                                  keep_reasoning=args.keep_reasoning, max_queue=args.max_queue,
                                  context_beyond=beyond(lib, args.model, engine.info.ctx_max,
                                                        cfg.budget, args.vision),

@@ -5,7 +5,9 @@ Anthropic thinking blocks carry a `signature` and Responses reasoning items an
 next prompt can hold the reasoning the model actually produced. Both are an
 HMAC-SHA256 under a random key made when the process starts, so a value the
 client made up (or one from another process, or from before a restart) does
-not verify, and its reasoning is never put in a prompt. The blob is
+not verify, and its reasoning is never put in a prompt. A team's hosts
+(--shared-cache) share one key, kept in the shared directory: a conversation
+that moves to another host keeps its reasoning, as it keeps its snapshots. The blob is
 authenticated, not secret: the client has already seen the text it holds.
 """
 from __future__ import annotations
@@ -14,11 +16,41 @@ import base64
 import binascii
 import hashlib
 import hmac
+import os
 import secrets
 from typing import Optional
 
 _KEY = secrets.token_bytes(32)
 _BLOB_PREFIX = "k3r1."   # names the blob's format, so a later one can be told apart
+
+
+KEY_BYTES = 32
+
+
+def use_shared_key(path: str) -> None:
+    """Sign and verify with the key in `path`, made there by the first host to get there
+    (a whole file linked into place: no host ever reads half a key). Raises OSError, or
+    ValueError for a file that is not a key."""
+    global _KEY
+    if not os.path.exists(path):
+        tmp = f"{path}.{os.getpid()}-{secrets.token_hex(4)}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(secrets.token_bytes(KEY_BYTES))
+                f.flush()
+                os.fsync(f.fileno())
+            os.link(tmp, path)          # fails when another host's key got there first
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as f:
+        key = f.read(KEY_BYTES + 1)
+    if len(key) != KEY_BYTES:
+        raise ValueError(f"{path} is not a {KEY_BYTES}-byte key")
+    _KEY = key
 
 
 def _mac(purpose: str, text: str) -> bytes:

@@ -1,11 +1,11 @@
 """Server-sent events: the framing, and the writer thread that owns a stream's socket.
 
 Once a stream opens, every byte of it goes through its `EventWriter`: the
-engine thread only queues, so a slow client never stalls generation, and the
-writer is the one place that sends. It also keeps the clock of the stream's
-heartbeat: after `heartbeat` seconds without a sign of life it asks for one,
-so a prefill chunk that lasts minutes (a call the engine thread cannot leave)
-never leaves the client in silence long enough to give up.
+thread that makes the stream's events only queues, so a slow client never
+stalls them, and the writer is the one place that sends. It also keeps the
+clock of the stream's heartbeat: after `heartbeat` seconds without a sign of
+life it asks for one, so a prefill chunk that lasts minutes (a call the engine
+thread cannot leave) never leaves the client in silence long enough to give up.
 """
 from __future__ import annotations
 
@@ -62,11 +62,13 @@ class EventWriter(threading.Thread):
     Bytes are queued as signs of life (events a client counts) or not (comments,
     which some clients drop before their idle timers see them). After
     `heartbeat` seconds without a sign of life sent, `on_silence()` is called,
-    from this thread, to queue one.
+    from this thread, to queue one. When a send fails (the client went away),
+    `on_failed()` is called, once, from this thread.
     """
 
     def __init__(self, wfile: IO[bytes] | io.BufferedIOBase, chunked: bool = False, *, heartbeat: float = 0.0,
-                 on_silence: Optional[Callable[[], None]] = None):
+                 on_silence: Optional[Callable[[], None]] = None,
+                 on_failed: Optional[Callable[[], None]] = None):
         super().__init__(name="sse-writer", daemon=True)
         self._wfile = wfile
         # HTTP/1.1 chunked framing: only a finished stream ends with the last chunk, so one
@@ -74,6 +76,7 @@ class EventWriter(threading.Thread):
         self._chunked = chunked
         self._heartbeat = heartbeat if on_silence is not None else 0.0   # 0: no heartbeat
         self._on_silence = on_silence or (lambda: None)
+        self._on_failed = on_failed or (lambda: None)
         self._queue: "queue.SimpleQueue[Optional[tuple[bytes, bool]]]" = queue.SimpleQueue()
         self.failed = False  # the client went away mid-stream
 
@@ -93,8 +96,8 @@ class EventWriter(threading.Thread):
             try:
                 batch = [self._queue.get(timeout=self._silence_left(alive_at))]
             except queue.Empty:
-                # Queued, not sent from here: the heartbeat goes out after whatever the
-                # engine thread queued before it, so the stream's events stay in order.
+                # Queued, not sent from here: the heartbeat goes out after whatever events
+                # were queued before it, so the stream's events stay in order.
                 self._on_silence()
                 alive_at = time.monotonic()   # even when nothing was queued: no busy loop
                 continue
@@ -116,6 +119,7 @@ class EventWriter(threading.Thread):
                     self._wfile.write(data)
                 except OSError:
                     self.failed = True
+                    self._on_failed()
                 last_send = time.monotonic()
                 if any(alive for _, alive in items):
                     alive_at = last_send

@@ -90,7 +90,7 @@ def count_tokens(handler: Handler, method: str, rest: str) -> None:
     translation.request.request_id = handler.request_id
     service = handler.server.models.pick(handler.current.named_model, translation.request)
     try:
-        count = service.count_chat(translation.request, handler.client_gone)
+        count = service.count_chat(translation.request, handler.hangup)
     except ApiError as e:
         raise translation.error(e) from None
     handler.send_json(200, {"input_tokens": count})

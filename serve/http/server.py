@@ -9,7 +9,6 @@ a reply is being written. What a generation sends goes through its exchange
 from __future__ import annotations
 
 import json
-import select
 import socket
 import io
 import threading
@@ -18,6 +17,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable, Optional
 
+from serve.core.hangup import Hangup
 from serve.core.ids import new_id
 from serve.core.errors import ApiError
 from serve.core.work import CLASS_HEADER
@@ -34,9 +34,9 @@ from serve.http.sinks import Answer, ExchangeSink
 from serve.dialects.sse import DEFAULT_HEARTBEAT, EventWriter
 from serve.service.facade import Service
 from serve.service.models import Models
+from serve.service.run import Run
 
 DEFAULT_REQUEST_TIMEOUT = 60.0  # seconds for a whole request's headers and body, idle time included
-_HANGUP = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0)
 
 
 class Server(ConnectionServer):
@@ -124,8 +124,8 @@ class Handler(BaseHTTPRequestHandler):
     4. `_route` finds the route (serve/http/routes.py), checks the API key and the
        method, and calls its endpoint (serve/http/endpoints.py), which reads the body
        (`read_json`) and answers with `send` or `send_json`, or runs a generation
-       through `generate`, whose sink (serve/http/sinks.py) calls back `open_stream`,
-       `client_gone` and `public_error`.
+       through `generate`, whose sink (serve/http/sinks.py) calls back `open_stream`
+       and `public_error`.
     5. Whatever is raised becomes an error response in the shape of the route's API
        (`current.shape`), or ends a stream already open; then, always, one log line,
        one count in /metrics, and the heap trimmed after a large body.
@@ -133,7 +133,8 @@ class Handler(BaseHTTPRequestHandler):
     Attributes it sets besides BaseHTTPRequestHandler's own (command, path,
     headers, request_version, close_connection, ...): `timeout`, `rfile` (reads
     that keep the deadline), `deadline`, `current`, `_refused` (the standard
-    library's refusal while it parses) and `_hangup` (a poll of the socket).
+    library's refusal while it parses) and `_hangup` (serve/core/hangup.py: has the
+    client closed its end?).
     """
     protocol_version = "HTTP/1.1"
     server_version = "serve"
@@ -147,10 +148,7 @@ class Handler(BaseHTTPRequestHandler):
         self._refused: Optional[ApiError] = None
         self.rfile.close()  # the plain socket file, replaced by one that keeps the deadline
         self.rfile = io.BufferedReader(DeadlineReader(self.connection, lambda: self.deadline))
-        # Asked once per generated token, so registered once per connection; poll,
-        # because select() cannot watch a descriptor numbered 1024 or above.
-        self._hangup = select.poll()
-        self._hangup.register(self.connection, select.POLLIN | _HANGUP)
+        self._hangup = Hangup(self.connection)
 
     @property
     def request_id(self) -> str:
@@ -279,10 +277,10 @@ class Handler(BaseHTTPRequestHandler):
         self.server.error_log(f"{self.request_id} internal error: {type(error).__name__}: {error}")
         return ApiError(500, f"internal error (request id {self.request_id})", kind="server_error")
 
-    def generate(self, exchange: Exchange[R], run: Callable[[Service], Callable[[Any, Any], R]],
+    def generate(self, exchange: Exchange[R], call: Callable[[Service], Callable[[Any, Run], R]],
                  headers: Optional[dict[str, str]] = None) -> None:
         """One generation: blocking (one JSON body) or streamed, as the exchange's request says,
-        by the model the body and its request pick (`run(service)` runs it); `headers` go with
+        by the model the body and its request pick (`call(service)` runs it); `headers` go with
         the reply, not with an error in its place."""
         self.current.reply_headers = headers or {}
         if exchange.left_out and self.server.log is not None:
@@ -300,17 +298,23 @@ class Handler(BaseHTTPRequestHandler):
         exchange.model = service.options.model_id
         if len(self.server.models.services) > 1:
             self.current.answered_by = f" model={exchange.model}"
-        answer: Answer = ExchangeSink(self, exchange).run(
-            lambda sink: run(service)(exchange.request, sink))
+        run = service.new_run(self._hangup)
+        answer: Answer = ExchangeSink(self, exchange, run).run(
+            lambda: call(service)(exchange.request, run))
         self.current.tokens, self.current.timing = answer.tokens, answer.timing
         if answer.body is not None:
             self.send_json(answer.status, answer.body, self.current.reply_headers)
         else:
             self.current.status = answer.status
 
+    @property
+    def hangup(self) -> Hangup:
+        """Has the client closed its end? Read by the thread running its request."""
+        return self._hangup
+
     # -- the connection, for sinks (serve/http/sinks.py's Connection) -------------------------
 
-    def open_stream(self, on_silence: Callable[[], None]) -> EventWriter:
+    def open_stream(self, on_silence: Callable[[], None], on_failed: Callable[[], None]) -> EventWriter:
         self.current.status = 200
         self.current.streaming = True
         self.close_connection = True  # the stream ends when the connection does
@@ -325,23 +329,9 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         writer = EventWriter(self.wfile, chunked, heartbeat=self.server.heartbeat,
-                             on_silence=on_silence)
+                             on_silence=on_silence, on_failed=on_failed)
         writer.start()
         return writer
-
-    def client_gone(self) -> bool:
-        """Non-blocking: has the peer closed its end?
-
-        A hangup flag says so even when unread bytes (say a pipelined request)
-        are waiting; without one, readable yet nothing to read does.
-        """
-        try:
-            events = self._hangup.poll(0)
-            if not events:
-                return False
-            return bool(events[0][1] & _HANGUP) or self.connection.recv(1, socket.MSG_PEEK) == b""
-        except OSError:
-            return True
 
     # -- the body -----------------------------------------------------------------------
 

@@ -1,5 +1,11 @@
 """The sink of every generation request: the service's output, through an exchange, to the client.
 
+The handler's thread runs the generation, which hands its events to the
+request's `Run` (serve/service/run.py) and never calls out. The sink takes
+them from there on an HTTP thread: for a stream, its own `sse-events` thread
+as they come; for a blocking reply, the handler's thread once generation
+ends. So only HTTP threads make the exchange's bytes.
+
 A streamed reply opens its event stream as soon as the request is accepted or
 waits in line, and from then on every byte goes through the stream's writer;
 a blocking reply sends one body at the end. Both feed the exchange the same
@@ -15,21 +21,19 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Generic, Optional, Protocol
 
-from serve.core.reply import Delta
 from serve.core.errors import ApiError
 from serve.engine.queue import ClientGone
 from serve.dialects.exchange import R, Exchange
 from serve.service.replies import ReplyStart
+from serve.service.run import Accepted, Emitted, Event, Prefilling, Progress, Queued, Run, Started
 from serve.dialects.sse import EventWriter, sse_comment
 
 
 class Connection(Protocol):
-    def open_stream(self, on_silence: Callable[[], None]) -> EventWriter:
+    def open_stream(self, on_silence: Callable[[], None], on_failed: Callable[[], None]) -> EventWriter:
         """Send an event stream's headers; its bytes then go through the returned writer,
-        which calls `on_silence` from its own thread when the stream needs a heartbeat."""
-
-    def client_gone(self) -> bool:
-        """Non-blocking: has the client closed its end?"""
+        which calls, from its own thread, `on_silence` when the stream needs a heartbeat
+        and `on_failed` when a send fails."""
 
     def public_error(self, error: Exception) -> ApiError:
         """What the client may be told of an error."""
@@ -45,12 +49,14 @@ class Answer:
 
 
 class ExchangeSink(Generic[R]):
-    def __init__(self, connection: Connection, exchange: Exchange[R]):
+    def __init__(self, connection: Connection, exchange: Exchange[R], run: Run):
         self._connection = connection
+        self._run = run
         self._exchange: Exchange[R] = exchange
         self._stream = exchange.request.stream
         self._writer: Optional[EventWriter] = None
-        # The exchange's events are made and queued under one lock: the engine thread's
+        self._broke: Optional[Exception] = None   # what the sse-events thread raised
+        # The exchange's events are made and queued under one lock: the sse-events thread's
         # and the writer's heartbeats share its state (sequence numbers, the open block).
         self._lock = threading.Lock()
         self._start = ReplyStart()
@@ -61,50 +67,79 @@ class ExchangeSink(Generic[R]):
         self._engine_at: Optional[float] = None
         self._first_at: Optional[float] = None
 
-    # -- the service's ReplySink --------------------------------------------------------
+    # -- the run's events, on an HTTP thread --------------------------------------------
 
-    def accepted(self, thinking: bool) -> None:
-        self._start = replace(self._start, thinking=thinking)
+    def _take(self, event: Event) -> None:
+        if isinstance(event, Accepted):
+            self._start = replace(self._start, thinking=event.thinking)
+        elif isinstance(event, Queued):
+            # While the request waits for the engine, the stream is already open and says so.
+            if self._stream:
+                self._open()
+                self._comment(f"queue {event.ahead}")
+        elif isinstance(event, Started):
+            self._engine_at = event.at
+            if self._stream:
+                self._open()
+        elif isinstance(event, Prefilling):
+            self._start = replace(self._start, prompt_tokens=event.prompt_tokens,
+                                  cached_tokens=event.cached_tokens)
+            self._events(lambda: b"")   # the opening, now that it can say the prompt's size
+        elif isinstance(event, Progress):
+            self._comment(f"prefill {event.done}/{event.total}")
+        elif isinstance(event, Emitted):
+            if self._first_at is None:
+                self._first_at = event.at
+            delta = event.delta
+            self._events(lambda: self._exchange.delta(delta))
 
-    def queued(self, ahead: int) -> None:
-        # While the request waits for the engine, the stream is already open and says so.
-        if self._stream:
-            self._open()
-            self._comment(f"queue {ahead}")
-
-    def start(self) -> None:
-        self._engine_at = time.monotonic()
-        if self._stream:
-            self._open()
-
-    def prefilling(self, prompt_tokens: int, cached_tokens: int) -> None:
-        self._start = replace(self._start, prompt_tokens=prompt_tokens, cached_tokens=cached_tokens)
-        self._events(lambda: b"")   # the opening, now that it can say the prompt's size
-
-    def progress(self, done: int, total: int) -> None:
-        self._comment(f"prefill {done}/{total}")
-
-    def emit(self, delta: Delta) -> None:
-        if self._first_at is None:
-            self._first_at = time.monotonic()
-        self._events(lambda: self._exchange.delta(delta))
-
-    def gone(self) -> bool:
-        return (self._writer is not None and self._writer.failed) or self._connection.client_gone()
+    def _drain(self) -> None:
+        """Take the run's events until it ends (a stream's sse-events thread; for a blocking
+        reply, the handler's once generation is over). An error here stops the generation
+        as a client that left would, and is raised to the handler when it returns."""
+        try:
+            more = True
+            while more:
+                events, more = self._run.take()
+                for event in events:
+                    self._take(event)
+        except Exception as e:
+            self._broke = e
+            self._run.leave()
 
     # -- running it ----------------------------------------------------------------------
 
-    def run(self, generate: Callable[["ExchangeSink[R]"], R]) -> Answer:
-        """Runs the generation. Errors before the stream opens are ordinary HTTP errors, in
-        the format's field names; after, the format's failure events end the stream."""
+    def run(self, generate: Callable[[], R]) -> Answer:
+        """Runs the generation, `generate()`, whose events go to the sink's Run. Errors before
+        the stream opens are ordinary HTTP errors, in the format's field names; after, the
+        format's failure events end the stream."""
         try:
-            return self._run(generate)
+            return self._answer(generate)
         finally:
             self._close()   # however the run ends, the writer thread ends too
 
-    def _run(self, generate: Callable[["ExchangeSink[R]"], R]) -> Answer:
+    def _generate(self, generate: Callable[[], R]) -> R:
+        """`generate()` on this thread, its events taken on another as they come (a stream)
+        or on this one once it returns (a blocking reply)."""
+        events = threading.Thread(target=self._drain, name="sse-events", daemon=True) \
+            if self._stream else None
+        if events is not None:
+            events.start()
         try:
-            reply = generate(self)
+            reply = generate()
+        finally:
+            self._run.end()
+            if events is not None:
+                events.join()
+        if events is None:
+            self._drain()
+        if self._broke is not None:
+            raise self._broke
+        return reply
+
+    def _answer(self, generate: Callable[[], R]) -> Answer:
+        try:
+            reply = self._generate(generate)
         except ApiError as e:
             if self._writer is None:
                 raise self._exchange.error(e) from None
@@ -134,7 +169,7 @@ class ExchangeSink(Generic[R]):
 
     def _open(self) -> None:
         if self._writer is None:  # else already open: the request waited in line
-            self._writer = self._connection.open_stream(self._heartbeat)
+            self._writer = self._connection.open_stream(self._heartbeat, self._run.leave)
 
     def _events(self, make: Callable[[], bytes], last: bool = False) -> None:
         """The exchange's bytes from `make()`, queued after its opening events; nothing after

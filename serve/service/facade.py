@@ -36,6 +36,7 @@ from serve.service.metrics import Metrics
 from serve.service.preempt import Preemption
 from serve.service.prefill import DEFAULT_CHUNK, Prefill, PrefillCancelled, start_empty
 from serve.snapshots.cache import PrefixCache
+from serve.snapshots.shared_dir import SharedDir
 from serve.service.prompt import ChatCheck, check_fits, Prompt, PromptBuilder, too_long
 from serve.service.replies import ChatReply, CompletionReply, ReplySink
 from serve.service.run import Run
@@ -62,6 +63,7 @@ class ServiceOptions:
     keep_reasoning: bool = False   # render remembered reasoning into replies a client returns without it
     eval_logits: bool = True       # False: the engine's waste_eval gives no logits to decode with
     max_queue: int = 32            # requests that may wait for the engine; more get a 503
+    responses: Optional[ResponseStore] = None   # None: a store of this process's own
     context_beyond: str = ""       # a too-long prompt's word on a larger context (app/context.py)
     work_classes: bool = True      # False: one line in arrival order, no chore preempted
     background_max_tokens: int = 256   # a chore's max_tokens when it sets none
@@ -78,14 +80,15 @@ class Service:
         self.options = options
         self.created = now()
         self.warming: Optional[dict] = None   # while --warm runs: what /health reports
-        self.responses = ResponseStore()      # for the Responses API's previous_response_id
+        # For the Responses API's previous_response_id.
+        self.responses = options.responses if options.responses is not None else ResponseStore()
         self.queue = EngineQueue(options.max_queue, classes=options.work_classes,
                                  starve_after=options.chore_max_wait)
         self.classifier = Classifier(options.background_models, options.background_match)
         self._stopping = threading.Event()
         self.policy = options.snapshot_policy or SnapshotPolicy(log=options.log)
         self.metrics = Metrics(engine.stats(), self.activity, options.prefix_cache, self.policy,
-                               lambda: engine.evaluated)
+                               lambda: engine.evaluated, shared=self._shared_dirs())
         self.prompts = PromptBuilder(engine, library, chat_format, vision=options.vision,
                                      reply_memory=options.reply_memory,
                                      keep_reasoning=options.keep_reasoning,
@@ -99,6 +102,14 @@ class Service:
                                      context_beyond=options.context_beyond)
         self.settler = Settler(engine, self.queue, options.prefix_cache, self.policy,
                                options.reply_memory, self.prompts.reply)
+
+    def _shared_dirs(self) -> dict[str, SharedDir]:
+        """The shared tier's directories (--shared-cache), for /metrics."""
+        cache, memory = self.options.prefix_cache, self.options.reply_memory
+        found = {"snapshots": cache.shared.files if cache is not None and cache.shared else None,
+                 "replies": memory.shared if memory is not None else None,
+                 "responses": self.responses.shared}
+        return {what: d for what, d in found.items() if d is not None}
 
     def activity(self) -> Activity:
         # Deferred work first: a settle job is counted until its thread has let the engine go.
@@ -124,12 +135,12 @@ class Service:
 
     # -- requests -------------------------------------------------------------
 
-    def chat(self, req: ChatRequest, sink: ReplySink) -> ChatReply:
+    def chat(self, req: ChatRequest, sink: ReplySink | Run) -> ChatReply:
         check = self.prompts.check(req)
         # Built before the engine is held: a schema the grammar cannot enforce is a 400
         # before any stream opens, and a large one compiles while others use the engine.
         constraint = self._constraint(req, check.thinking)
-        run = self._run(sink, sink.gone)
+        run = self._run(sink)
         run.accepted(check.thinking)
         with self._turn(run, req.work), StagedImages(self.options.allow_local_images) as staged:
             prompt = self.prompts.chat(req, check, staged)
@@ -156,15 +167,15 @@ class Service:
 
         It waits in line like any request (tokenizing needs the engine), silently."""
         check = self.prompts.check(req)
-        run = self._run(None, client_gone)   # nothing to observe: the count is the answer
+        run = self.new_run(client_gone)   # its events are never taken: the count is the answer
         with self._turn(run), StagedImages(self.options.allow_local_images) as staged:
             prompt = self.prompts.chat(req, check, staged)
             self.engine.image_clear()
             return len(prompt.ids)
 
-    def complete(self, req: CompletionRequest, sink: ReplySink) -> CompletionReply:
+    def complete(self, req: CompletionRequest, sink: ReplySink | Run) -> CompletionReply:
         check_fits(self.engine, len(req.prompt), "prompt", self.options.context_beyond)
-        run = self._run(sink, sink.gone)
+        run = self._run(sink)
         with self._turn(run, req.work):
             prompt = Prompt(self.prompts.text(req.prompt))
             reader = TextReader(req.sampling.stop, self.engine.specials.values())
@@ -185,9 +196,14 @@ class Service:
             return None
         return grammar.compile_grammar(fmt.grammar(req, thinking))
 
-    def _run(self, observer: Optional[ReplySink], client_gone: Callable[[], bool]) -> Run:
-        """A request's Run: cancelled when its client leaves or the server shuts down."""
-        return Run(observer, client_gone, self._stopping)
+    def new_run(self, client_gone: Callable[[], bool]) -> Run:
+        """A Run for a caller whose own thread takes its events (Run.take): cancelled when
+        `client_gone()` or the caller's `leave()` says the client left, or at shutdown."""
+        return Run(self._stopping, client_gone)
+
+    def _run(self, sink: ReplySink | Run) -> Run:
+        """The caller's Run, or one that tells an observer each event as it happens."""
+        return sink if isinstance(sink, Run) else Run(self._stopping, sink.gone, sink)
 
     @contextmanager
     def _turn(self, run: Run, work: str = INTERACTIVE) -> Iterator[Run]:

@@ -114,11 +114,7 @@ class Generation:
             if run.gone():
                 clock.client_gone = True
                 return True
-            try:
-                return reader.feed(info.token, piece, run.emit)
-            except OSError:  # the client went away while we were writing to it
-                clock.client_gone = True
-                return True
+            return reader.feed(info.token, piece, run.emit)   # the Run only keeps it
 
         before = self.engine.stats()
         run.start()

@@ -16,6 +16,7 @@ from typing import Callable, NamedTuple, Optional, Sequence
 from serve.core.activity import Activity
 from serve.engine.types import Stats
 from serve.snapshots.cache import PrefixCache
+from serve.snapshots.shared_dir import Counters, SharedDir
 from serve.snapshots.policy import KINDS, SnapshotPolicy
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -113,8 +114,10 @@ class Metrics:
     def __init__(self, engine_stats: Stats, activity: Callable[[], Activity],
                  prefix_cache: Optional[PrefixCache] = None,
                  policy: Optional[SnapshotPolicy] = None,
-                 evaluated: Callable[[], int] = lambda: 0):
+                 evaluated: Callable[[], int] = lambda: 0,
+                 shared: Optional[dict[str, SharedDir]] = None):
         self._activity = activity
+        self._shared = shared or {}                # the shared tier's directories, by what they hold
         self._cache = prefix_cache                 # None when it is off
         self._policy = policy
         self._evaluated = evaluated                # positions the engine evaluated, so far
@@ -223,7 +226,30 @@ class Metrics:
             ]
             if self._policy is not None:
                 parts += self._policy_families(self._policy)
+        if self._shared:
+            parts += self._shared_families(cache)
         return parts
+
+    def _shared_families(self, cache: Optional[PrefixCache]) -> list[Family]:
+        """The shared tier (--shared-cache): what each of its directories did, and holds."""
+        events = [name for name in Counters.__dataclass_fields__]
+        counted = {what: Counters(**vars(d.counters)) for what, d in self._shared.items()}
+        usage = {what: d.usage() for what, d in self._shared.items()}
+        tier = cache.shared if cache is not None else None
+        return [
+            _family("serve_shared_files_total", "counter", "Shared-tier files, by what they hold "
+                    "and what happened: published, publish_failed (nothing left behind), read, "
+                    "missing (gone when opened), damaged and foreign (never used), evicted",
+                    [("", [("what", what), ("event", event)], getattr(c, event))
+                     for what, c in counted.items() for event in events]),
+            _family("serve_shared_files", "gauge", "Files in the shared tier, by what they hold",
+                    [("", [("what", what)], files) for what, (files, _) in usage.items()]),
+            _family("serve_shared_bytes", "gauge", "Bytes in the shared tier, by what they hold",
+                    [("", [("what", what)], used) for what, (_, used) in usage.items()]),
+            *([_family("serve_shared_fetched_tokens_total", "counter", "Positions of snapshots "
+                       "copied from the shared tier into the local one",
+                       [("", [], tier.fetched_tokens)])] if tier is not None else []),
+        ]
 
     @staticmethod
     def _policy_families(policy: SnapshotPolicy) -> list[Family]:
@@ -242,6 +268,13 @@ class Metrics:
             ("snapshot_break_even_tokens", "Positions of prefill a save and a load cost: a "
              "checkpoint that spares fewer is not saved (but a conversation's first)",
              costs.break_even()),
+            ("snapshot_publish_seconds", "Cost of publishing one snapshot to the shared tier "
+             "(moving average)", costs.publish_seconds),
+            ("snapshot_fetch_seconds", "Cost of copying one snapshot from the shared tier into the "
+             "local one (moving average)", costs.fetch_seconds),
+            ("snapshot_publish_break_even_tokens", "Positions of prefill a publish, a fetch and a "
+             "load cost: a snapshot that spares another host fewer is not published",
+             costs.publish_break_even() if costs.publish_seconds is not None else None),
         ]
         parts = [_family(f"serve_{name}", "gauge", what, [("", [], value)])
                  for name, what, value in gauges if value is not None]

@@ -22,6 +22,7 @@ from serve.engine.types import WasteError
 from serve.engine.api import EngineApi
 from serve.snapshots.cache import PrefixCache, Snapshot
 from serve.snapshots.policy import SnapshotPolicy
+from serve.snapshots import tiers
 
 # A prefill is handed to the engine in steps of the engine's own batch: a longer
 # call gains nothing, and holds the engine longer between chances to do anything
@@ -80,6 +81,8 @@ def store(engine: EngineApi, cache: PrefixCache, policy: SnapshotPolicy, tokens:
     if snap is not None and snap.written:
         policy.saved_state(snap.size, time.monotonic() - started)
     policy.count(kind, snap is not None)
+    if snap is not None:
+        tiers.publish(cache, policy, snap)   # with a shared tier, for the team when that pays
     return snap
 
 
@@ -108,16 +111,23 @@ class Prefill:
         if self.cache is None:
             return 0
         started = time.monotonic()
-        snap = self.cache.lookup(self.tokens, limit=limit)
+        snap = self.cache.lookup(self.tokens, limit=limit)   # its check counts toward a load
+        checked = time.monotonic() - started
+        # A longer one in the shared tier is copied into the local tier first, checked on the
+        # way (timed as a fetch).
+        fetched = tiers.fetch(self.cache, self.policy, self.tokens, limit, snap)
+        if fetched is not None:
+            snap, checked = fetched, 0.0
         if snap is None:
             return 0
+        started = time.monotonic()
         try:
             self.engine.load_state(snap.path)
         except WasteError:
             self.cache.drop(snap)
             self.engine.reset()
             return 0
-        self.policy.loaded_state(time.monotonic() - started)
+        self.policy.loaded_state(checked + time.monotonic() - started)
         self.cache.note_restored(snap.n_tokens)
         self.pos = self.cached = self.saved = snap.n_tokens
         return self.cached
@@ -170,6 +180,9 @@ class Prefill:
             return
         if self._rolling is not None:
             self.cache.drop(self._rolling)   # this one holds all it did
+            shared = self.cache.shared
+            if shared is not None and shared.published(snap.tokens) == snap.n_tokens:
+                shared.unpublish(self._rolling)   # and its shared copy, if this one replaced it
         self._rolling = snap if kind == "progress" and self.policy.spacing is None else None
         self.saved = self.pos
 

@@ -243,8 +243,8 @@ class PromptBuilder:
         messages = list(req.messages)
         conversation = self._render(req, messages, thinking, prompts)
         memory = self.reply_memory
-        if memory is None or not len(memory):
-            return messages, conversation, []
+        if memory is None or not (len(memory) or memory.shared is not None):
+            return messages, conversation, []   # nothing remembered, here or by the team
         replies: list[tuple[list[Segment], Sequence[int]]] = []
         restored = False
         for i, message in enumerate(messages):

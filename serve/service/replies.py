@@ -1,7 +1,9 @@
 """What a request produces and where its output goes, between the service and the wire formats.
 
-The service runs a request and hands its output, piece by piece, to a
-`ReplySink`; when it is over it returns a `ChatReply` or `CompletionReply`.
+The service runs a request and hands its output, piece by piece, to the
+request's `Run` (serve/service/run.py), which keeps it for the caller's own
+thread or tells a `ReplySink`; when it is over it returns a `ChatReply` or
+`CompletionReply`.
 The wire formats (serve/dialects/openai.py, serve/dialects/anthropic.py, serve/dialects/responses.py)
 read these and nothing else of the service.
 """
@@ -22,7 +24,8 @@ class ReplyStart:
 
 
 class ReplySink(Protocol):
-    """Where a running request sends its output (a socket, or nothing for blocking replies)."""
+    """The observer of a caller with no thread of its own (a test, a benchmark): told each
+    event as it happens, on the thread running the request, and asked if its client left."""
 
     def accepted(self, thinking: bool) -> None:
         """The request passed its checks and will wait for the engine; `thinking`: its reply

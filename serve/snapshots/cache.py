@@ -20,42 +20,39 @@ by renaming it out, so a reader never sees half of one.  A damaged entry is
 dropped when it is found.  The cache is bounded in bytes and in entries across
 every namespace, least recently used first.
 
-Lookups cost O(prompt length) whatever the number of entries: tokens are
-hashed in blocks of BLOCK, each block's hash chained to the one before; an
-entry is found by the chain hash of its whole blocks (its anchor) and then a
-hash of its few tokens past the last whole block.  RAM per entry is a few
-hundred bytes, never its token list.
+Lookups cost O(prompt length) whatever the number of entries (keys, in
+serve/snapshots/keys.py); an entry's files are described in
+serve/snapshots/entry_format.py. RAM per entry is a few hundred bytes, never
+its token list. This is the fast, local tier: `shared`, when set, is the
+team's tier behind it (serve/snapshots/shared.py).
 """
 from __future__ import annotations
 
 import errno
 import fcntl
-import hashlib
-import json
 import os
 import shutil
-import stat
 import struct
-import sys
 import tempfile
 import threading
-import zlib
-from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Optional, Sequence
 
-BLOCK = 64                  # tokens per hashed block
+from serve.snapshots.entry_format import (Entry, PrefixCacheError, crc32, encode_meta,
+                                          is_private_dir, listdir, private_dir, read_meta,
+                                          scan_entry, write_private)
+from serve.snapshots.keys import BLOCK, ID_BYTES, candidates, key_of, raw_ids, seed
+
+if TYPE_CHECKING:
+    from serve.snapshots.shared import SharedTier
+
+__all__ = ["BLOCK", "DEFAULT_MAX_ENTRIES", "PrefixCache", "PrefixCacheError", "Snapshot",
+           "default_directory"]
+
 DEFAULT_MAX_ENTRIES = 1024
-MAGIC = b"serve-prefix 1\n"
-MAX_HEADER = 4096           # a meta header longer than this is damage, not an entry
-_LEN = struct.Struct("<I")
 _GEN = struct.Struct("<Q")
-
-
-class PrefixCacheError(Exception):
-    """The cache directory cannot be used (not a directory, not private, a symlink)."""
 
 
 @dataclass(frozen=True)
@@ -69,40 +66,6 @@ class Snapshot:
     @property
     def n_tokens(self) -> int:
         return len(self.tokens)
-
-
-@dataclass(slots=True)
-class _Entry:
-    """What RAM holds per entry: no tokens, only hashes and sizes."""
-    key: bytes
-    anchor: Optional[bytes]   # None: another namespace's entry, counted but never found
-    n_tokens: int
-    size: int
-    dir: str
-
-
-def _digest(prev: bytes, data: bytes) -> bytes:
-    """The one hash the index uses (tests count its calls)."""
-    return hashlib.blake2b(prev + data, digest_size=16).digest()
-
-
-def _raw(tokens: Sequence[int]) -> bytes:
-    ids = array("i", tokens)
-    if sys.byteorder == "big":
-        ids.byteswap()
-    return ids.tobytes()
-
-
-def _anchors(seed: bytes, raw: bytes, blocks: int) -> list[bytes]:
-    """chain[q]: the hash of the first q whole blocks (chain[0] is the namespace seed)."""
-    chain, step = [seed], BLOCK * 4
-    for q in range(blocks):
-        chain.append(_digest(chain[-1], raw[q * step:(q + 1) * step]))
-    return chain
-
-
-def _entry_key(anchor: bytes, tail: bytes) -> bytes:
-    return _digest(anchor, b"T" + tail)  # the marker keeps keys apart from anchors
 
 
 CLOSE_WAIT = 10.0   # seconds close() waits for a snapshot being written: a save takes far less
@@ -122,11 +85,11 @@ class PrefixCache:
         self.max_entries = max_entries
         self.identity = identity
         self.root = str(parent_dir or default_directory())
-        _private_dir(self.root, created_only=True)
-        self._seed = hashlib.blake2b(identity.encode(), digest_size=16).digest()
+        private_dir(self.root, created_only=True)
+        self._seed = seed(identity)
         self.namespace = self._seed.hex()
         self.directory = os.path.join(self.root, self.namespace)
-        _private_dir(self.directory)
+        private_dir(self.directory)
         self._lock = threading.Lock()           # the in-memory index
         self._writes = 0                        # store() calls writing into the work directory
         self._closed = False                    # close() began: no new writes
@@ -134,11 +97,12 @@ class PrefixCache:
         self._dir_mutex = threading.Lock()      # flock does not exclude this process's own threads
         self._dir_lock = os.open(os.path.join(self.root, "lock"),
                                  os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        self._entries: "OrderedDict[bytes, _Entry]" = OrderedDict()  # least recent first
+        self._entries: "OrderedDict[bytes, Entry]" = OrderedDict()  # least recent first
         self._anchor_count: dict[bytes, int] = {}
         self._bytes = 0
         self._generation = -1
         self.hits = self.misses = self.restored_tokens = 0
+        self.shared: Optional[SharedTier] = None   # the team's tier behind this one (--shared-cache)
         self.reclaimed = 0   # dead processes' work directories removed at start
         with self._shared(rescan=False):
             # Under the directory lock, so that no one sees this work directory unowned.
@@ -146,7 +110,7 @@ class PrefixCache:
             self._owner = os.open(os.path.join(self._work, "owner"),
                                   os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             fcntl.flock(self._owner, fcntl.LOCK_EX)  # held until close() or death
-            self.reclaimed = self._reclaim_orphans()
+            self.reclaimed = reclaim_orphans(self.root, self._work)
         with self._shared(rescan=True):
             self._evict()    # the bounds hold even when this process was started with smaller ones
 
@@ -175,7 +139,7 @@ class PrefixCache:
         longest = len(tokens) - 1 if limit is None else min(limit, len(tokens) - 1)
         if longest < 0:
             return None
-        raw = _raw(tokens[:longest])
+        raw = raw_ids(tokens[:longest])
         for entry in self._candidates(raw, longest):
             snap = self._open(entry, raw)
             if snap is None:
@@ -202,10 +166,7 @@ class PrefixCache:
         whole cache is not kept.  Returns the new entry, or None.
         """
         tokens = tuple(tokens)
-        raw = _raw(tokens)
-        whole = len(tokens) // BLOCK
-        anchor = _anchors(self._seed, raw, whole)[-1]
-        key = _entry_key(anchor, raw[whole * BLOCK * 4:])
+        anchor, key = key_of(self._seed, tokens)
         with self._lock:
             known = self._entries.get(key)
             if known is None:
@@ -231,11 +192,11 @@ class PrefixCache:
             save(state)
             os.chmod(state, 0o600)  # in this process's private scratch directory
             size = os.lstat(state).st_size
-            meta = self._meta(key, anchor, tokens, state, size)
+            meta = encode_meta(self.identity, key, anchor, tokens, state, size)
             total = size + len(meta)
             if total > self.capacity_bytes:
                 return None
-            _write_private(os.path.join(scratch, "meta"), meta)
+            write_private(os.path.join(scratch, "meta"), meta)
             with self._shared():
                 if key not in self._entries:
                     final = os.path.join(self.directory, key.hex())
@@ -245,7 +206,7 @@ class PrefixCache:
                         if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
                             raise
                     else:
-                        self._add(_Entry(key, anchor, len(tokens), total, final))
+                        self._add(Entry(key, anchor, len(tokens), total, final))
                         self._evict()
                 entry = self._entries.get(key)
             if entry is None:
@@ -281,36 +242,28 @@ class PrefixCache:
 
     # -- lookup ---------------------------------------------------------------------------
 
-    def _candidates(self, raw: bytes, longest: int) -> Iterator[_Entry]:
-        """Entries whose tokens are a prefix of raw, longest first: O(longest) hashes.
+    def _candidates(self, raw: bytes, longest: int) -> Iterator[Entry]:
+        """Entries whose tokens are a prefix of raw, longest first: O(longest) hashes."""
+        for _, key in candidates(self._seed, raw, longest, self._anchor_count):
+            with self._lock:
+                entry = self._entries.get(key)
+            if entry is not None:
+                yield entry
 
-        Only blocks that anchor some entry are probed position by position."""
-        chain = _anchors(self._seed, raw, longest // BLOCK)
-        for q in range(len(chain) - 1, -1, -1):
-            if chain[q] not in self._anchor_count:
-                continue
-            start = q * BLOCK
-            for end in range(min(start + BLOCK - 1, longest), start - 1, -1):
-                key = _entry_key(chain[q], raw[start * 4:end * 4])
-                with self._lock:
-                    entry = self._entries.get(key)
-                if entry is not None:
-                    yield entry
-
-    def _open(self, entry: _Entry, raw: bytes) -> Optional[Snapshot]:
+    def _open(self, entry: Entry, raw: bytes) -> Optional[Snapshot]:
         """The entry as a Snapshot, if its files are whole and hold exactly these tokens."""
         try:
-            header, tokens = _read_meta(os.path.join(entry.dir, "meta"), with_tokens=True)
+            header, tokens = read_meta(os.path.join(entry.dir, "meta"), with_tokens=True)
             state = os.path.join(entry.dir, "state")
             if (header.get("identity") != self.identity or header.get("key") != entry.key.hex()
-                    or _raw(tokens) != raw[:entry.n_tokens * 4] or len(tokens) != entry.n_tokens
-                    or _crc32(state, header.get("state_bytes")) != header.get("state_crc32")):
+                    or raw_ids(tokens) != raw[:entry.n_tokens * ID_BYTES] or len(tokens) != entry.n_tokens
+                    or crc32(state, header.get("state_bytes")) != header.get("state_crc32")):
                 return None
         except (OSError, ValueError):
             return None
         return Snapshot(entry.key.hex(), tokens, state, entry.size)
 
-    def _touch(self, entry: _Entry, snap: Snapshot) -> None:
+    def _touch(self, entry: Entry, snap: Snapshot) -> None:
         """Most recently used, here and (through the meta's mtime) for other processes."""
         with self._lock:
             if entry.key in self._entries:
@@ -322,21 +275,14 @@ class PrefixCache:
 
     # -- bookkeeping ------------------------------------------------------------------------
 
-    def _meta(self, key: bytes, anchor: bytes, tokens: tuple[int, ...], state: str,
-              size: int) -> bytes:
-        header = json.dumps({"identity": self.identity, "key": key.hex(), "anchor": anchor.hex(),
-                             "n_tokens": len(tokens), "state_bytes": size,
-                             "state_crc32": _crc32(state, size)}).encode()
-        return MAGIC + _LEN.pack(len(header)) + header + _raw(tokens)
-
-    def _add(self, entry: _Entry) -> None:
+    def _add(self, entry: Entry) -> None:
         with self._lock:
             self._entries[entry.key] = entry
             self._bytes += entry.size
             if entry.anchor is not None:
                 self._anchor_count[entry.anchor] = self._anchor_count.get(entry.anchor, 0) + 1
 
-    def _remove(self, entry: _Entry) -> None:
+    def _remove(self, entry: Entry) -> None:
         with self._lock:
             if self._entries.pop(entry.key, None) is None:
                 return
@@ -348,7 +294,7 @@ class PrefixCache:
                 else:
                     del self._anchor_count[entry.anchor]
 
-    def _forget(self, entry: _Entry) -> None:
+    def _forget(self, entry: Entry) -> None:
         with self._shared():
             self._remove(entry)
             self._delete(entry.dir)
@@ -381,14 +327,14 @@ class PrefixCache:
     def _rescan(self) -> None:
         """Rebuild the index from disk: every namespace counts toward the bounds,
         only this one's entries can be found.  Recency is the meta's mtime."""
-        found: list[tuple[int, _Entry]] = []
-        for ns in _listdir(self.root):
+        found: list[tuple[int, Entry]] = []
+        for ns in listdir(self.root):
             ns_dir = os.path.join(self.root, ns)
-            if len(ns) != 32 or not _is_private_dir(ns_dir):
+            if len(ns) != 32 or not is_private_dir(ns_dir):
                 continue
-            for name in _listdir(ns_dir):
+            for name in listdir(ns_dir):
                 entry_dir = os.path.join(ns_dir, name)
-                entry = _scan_entry(entry_dir, own=ns == self.namespace)
+                entry = scan_entry(entry_dir, own=ns == self.namespace)
                 if entry is None:
                     self._delete(entry_dir)
                 else:
@@ -400,32 +346,6 @@ class PrefixCache:
             self._bytes = 0
         for _, scanned in found:
             self._add(scanned)
-
-    def _reclaim_orphans(self) -> int:
-        """Remove the work directories of processes that died (their `owner` lock is free)."""
-        reclaimed = 0
-        for name in _listdir(self.root):
-            path = os.path.join(self.root, name)
-            if not name.startswith("work-") or path == self._work or not _is_private_dir(path):
-                continue
-            try:
-                fd = os.open(os.path.join(path, "owner"), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-            except FileNotFoundError:
-                fd = None      # died between creating it and locking its owner file
-            except OSError:
-                continue
-            try:
-                if fd is not None:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                continue       # alive
-            finally:
-                if fd is not None:
-                    os.close(fd)
-            shutil.rmtree(path, ignore_errors=True)
-            reclaimed += 1
-        return reclaimed
-
 
 class _DirectoryLock:
     """The per-directory flock, and a generation counter in the lock file: a
@@ -469,98 +389,27 @@ def default_directory() -> Path:
     return Path(base) / "serve"
 
 
-def _private_dir(path: str, created_only: bool = False) -> None:
-    """Make `path` a 0700 directory, or check it is one of ours.
-
-    With created_only, an existing directory need only be a real directory
-    (the operator may point at a shared one, e.g. /tmp); everything inside is
-    private."""
-    try:
-        os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        if created_only:
-            if not stat.S_ISDIR(os.lstat(path).st_mode):
-                raise PrefixCacheError(f"{path} is not a directory (symlinks are not followed)")
-            return
-    except OSError as e:
-        raise PrefixCacheError(f"cannot create {path}: {e.strerror or e}") from None
-    if not _is_private_dir(path):
-        raise PrefixCacheError(f"{path} must be a directory of this user's with mode 0700, "
-                               "not a symlink")
-
-
-def _is_private_dir(path: str) -> bool:
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077
-
-
-def _listdir(path: str) -> list[str]:
-    try:
-        return os.listdir(path)
-    except OSError:
-        return []
-
-
-def _write_private(path: str, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-
-
-def _read_meta(path: str, with_tokens: bool) -> tuple[dict, tuple[int, ...]]:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as f:
-        if f.read(len(MAGIC)) != MAGIC:
-            raise ValueError("not a snapshot meta file")
-        (length,) = _LEN.unpack(f.read(_LEN.size) or b"\xff\xff\xff\xff")
-        if length > MAX_HEADER:
-            raise ValueError("meta header too long")
-        header = json.loads(f.read(length))
-        if not isinstance(header, dict):
-            raise ValueError("meta header is not an object")
-        if not with_tokens:
-            return header, ()
-        body = f.read()
-    n = header.get("n_tokens")
-    if not isinstance(n, int) or len(body) != 4 * n:
-        raise ValueError("meta token count does not match")
-    ids = array("i")
-    ids.frombytes(body)
-    if sys.byteorder == "big":
-        ids.byteswap()
-    return header, tuple(ids)
-
-
-def _scan_entry(entry_dir: str, own: bool) -> Optional[tuple[int, _Entry]]:
-    """(recency, entry) from an entry's meta header, or None when it is damaged."""
-    try:
-        meta = os.path.join(entry_dir, "meta")
-        header, _ = _read_meta(meta, with_tokens=False)
-        key, anchor = bytes.fromhex(header["key"]), bytes.fromhex(header["anchor"])
-        n, state_bytes = header["n_tokens"], header["state_bytes"]
-        st_meta = os.lstat(meta)
-        st_state = os.lstat(os.path.join(entry_dir, "state"))
-        if (os.path.basename(entry_dir) != header["key"] or not isinstance(n, int)
-                or not stat.S_ISREG(st_state.st_mode) or st_state.st_size != state_bytes):
-            return None
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    # Another namespace's entries count toward the bounds but can never be found.
-    entry = _Entry(key, anchor if own else None, n, st_meta.st_size + state_bytes, entry_dir)
-    return st_meta.st_mtime_ns, entry
-
-
-def _crc32(path: str, expected_size: object) -> Optional[int]:
-    """zlib CRC-32 of a file, or None when its size is not `expected_size`."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as f:
-        if os.fstat(f.fileno()).st_size != expected_size:
-            return None
-        crc = 0
-        while chunk := f.read(1 << 20):
-            crc = zlib.crc32(chunk, crc)
-    return crc
+def reclaim_orphans(root: str, own_work: str) -> int:
+    """Remove the work directories of processes that died (their `owner` lock is free)."""
+    reclaimed = 0
+    for name in listdir(root):
+        path = os.path.join(root, name)
+        if not name.startswith("work-") or path == own_work or not is_private_dir(path):
+            continue
+        try:
+            fd = os.open(os.path.join(path, "owner"), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            fd = None      # died between creating it and locking its owner file
+        except OSError:
+            continue
+        try:
+            if fd is not None:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue       # alive
+        finally:
+            if fd is not None:
+                os.close(fd)
+        shutil.rmtree(path, ignore_errors=True)
+        reclaimed += 1
+    return reclaimed

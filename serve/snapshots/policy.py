@@ -29,6 +29,13 @@ snapshot of the same prefix, at the measured cost) against them:
   its latest progress snapshot: the next snapshot of the same prompt holds
   all it does.
 
+With a shared tier (--shared-cache, serve/snapshots/shared.py), a snapshot
+saved locally is also published when the prefill it would spare another host
+(the positions past the longest snapshot of it published already) costs
+more than the publish plus that host's fetch and load, all measured; and a
+shared snapshot longer than the local tier's is fetched when the positions
+it adds cost more to prefill than the fetch and the load.
+
 Until a save has been measured there is nothing to weigh, and the first
 snapshot is saved (and measured). On K3 every checkpoint and every chunk
 boundary passes; on the reference engine a conversation's first checkpoint
@@ -61,6 +68,8 @@ class Costs:
     save_seconds: Optional[float] = None    # one snapshot written, checksummed and published
     load_seconds: Optional[float] = None    # one snapshot checked and restored
     snapshot_bytes: Optional[float] = None
+    publish_seconds: Optional[float] = None  # one snapshot written to the shared tier
+    fetch_seconds: Optional[float] = None    # one copied from the shared tier into the local one
 
     def spacing(self) -> Optional[int]:
         """The positions of prefill a progress snapshot waits for, as measured now."""
@@ -69,6 +78,16 @@ class Costs:
     def break_even(self) -> Optional[int]:
         """The positions of prefill that cost a save and a load, as measured now."""
         return self._positions((self.save_seconds or 0.0) + (self.load_seconds or 0.0))
+
+    def publish_break_even(self) -> Optional[int]:
+        """The positions of prefill that cost a publish, and a fetch and a load on the host
+        that restores it, as measured now."""
+        return self._positions((self.publish_seconds or 0.0) + (self.fetch_seconds or 0.0)
+                               + (self.load_seconds or 0.0))
+
+    def fetch_break_even(self) -> Optional[int]:
+        """The positions of prefill that cost a fetch and a load, as measured now."""
+        return self._positions((self.fetch_seconds or 0.0) + (self.load_seconds or 0.0))
 
     def _positions(self, seconds: float) -> Optional[int]:
         """The positions of prefill that cost `seconds`; None until a save and a prefill
@@ -121,7 +140,8 @@ class SnapshotPolicy:
             self._costs = Costs(**{name: _average(getattr(c, name), measured[name])
                                    if name in measured else getattr(c, name)
                                    for name in ("token_seconds", "save_seconds", "load_seconds",
-                                                "snapshot_bytes")})
+                                                "snapshot_bytes", "publish_seconds",
+                                                "fetch_seconds")})
         self._say_when_the_spacing_moves()
 
     def _say_when_the_spacing_moves(self) -> None:
@@ -138,6 +158,12 @@ class SnapshotPolicy:
                   f"a progress snapshot every {spacing:,} positions of prefill, a checkpoint when it "
                   f"spares more than {costs.break_even():,}")
 
+    def published(self, seconds: float) -> None:
+        self._update(publish_seconds=seconds)
+
+    def fetched(self, seconds: float) -> None:
+        self._update(fetch_seconds=seconds)
+
     # -- decisions --------------------------------------------------------------------
 
     def worth(self, kind: str, unsaved: int, first: bool = False) -> bool:
@@ -153,6 +179,23 @@ class SnapshotPolicy:
         costs = self._costs
         threshold = costs.spacing() if kind == "progress" else costs.break_even()
         return threshold is None or unsaved >= threshold
+
+    def worth_publishing(self, spared: int) -> bool:
+        """Whether publishing a snapshot to the shared tier pays: the prefill it spares
+        another host (`spared` positions past what is published already) costs more than
+        the publish, and that host's fetch and load. Until measured, it is published."""
+        if spared <= 0:
+            return False
+        threshold = self._costs.publish_break_even()
+        return threshold is None or spared >= threshold
+
+    def worth_fetching(self, gained: int) -> bool:
+        """Whether copying a shared snapshot holding `gained` positions more than the
+        local tier's pays: their prefill costs more than the fetch and the load."""
+        if gained <= 0:
+            return False
+        threshold = self._costs.fetch_break_even()
+        return threshold is None or gained >= threshold
 
     def count(self, kind: str, saved: bool) -> None:
         """A snapshot of `kind` considered: written, or not (not worth it, or it failed)."""

@@ -9,7 +9,12 @@ Entries are keyed by a digest of the reply rendered as an assistant history
 message (the segments the chat format writes for it), not by any wire field:
 every dialect that renders the same internal message finds the same entry.
 The memory belongs to one process and is bounded in bytes, least recently
-used first out.
+used first out. With a shared tier (--shared-cache) each reply is also
+published there, a file per rendering (serve/snapshots/shared_dir.py), and a
+reply this process does not remember is looked for there: the next turn on
+another host then tokenizes the reply as the host that wrote it did, and
+restores the snapshot that host published after it. (A reply whose client
+dropped its reasoning is found in this process's memory only.)
 """
 from __future__ import annotations
 
@@ -21,6 +26,8 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 from serve.core.segment import Segment
+from serve.snapshots.keys import ID_BYTES, ids_of, raw_ids
+from serve.snapshots.shared_dir import Rejected, SharedDir
 
 DEFAULT_CAPACITY = 64 << 20   # about 16M remembered ids
 
@@ -50,10 +57,11 @@ def digest(rendered: Sequence[Segment]) -> bytes:
 class ReplyMemory:
     """Bounded LRU of replies: rendered reply -> the ids that produced it. Thread-safe."""
 
-    def __init__(self, capacity_bytes: int = DEFAULT_CAPACITY):
+    def __init__(self, capacity_bytes: int = DEFAULT_CAPACITY, shared: Optional[SharedDir] = None):
         if capacity_bytes <= 0:
             raise ValueError("reply memory capacity must be positive")
         self.capacity_bytes = capacity_bytes
+        self.shared = shared
         self._by_rendering: "OrderedDict[bytes, Remembered]" = OrderedDict()
         # Replies with reasoning, by their rendering without it, then by the conversation
         # before them (--keep-reasoning).
@@ -83,6 +91,13 @@ class ReplyMemory:
         if entry.size > self.capacity_bytes:
             return
         key = digest(rendered)
+        self._keep(key, entry)
+        if self.shared is not None:
+            body = raw_ids(entry.ids) + reasoning.encode("utf-8", "surrogatepass")
+            self.shared.publish(key.hex(), "reply", {"n_ids": len(entry.ids)}, [body], len(body))
+
+    def _keep(self, key: bytes, entry: Remembered) -> None:
+        dropped = entry.dropped
         with self._lock:
             self._forget(key)
             self._by_rendering[key] = entry
@@ -106,13 +121,35 @@ class ReplyMemory:
                     del self._without_reasoning[stripped]
 
     def recall(self, rendered: Sequence[Segment]) -> Optional[Remembered]:
-        """The reply that renders exactly as `rendered`, if remembered."""
+        """The reply that renders exactly as `rendered`, if remembered (here, or published
+        by a host of the team)."""
         key = digest(rendered)
         with self._lock:
             entry = self._by_rendering.get(key)
             if entry is not None:
                 self._by_rendering.move_to_end(key)
-            return entry
+                return entry
+        return self._fetch(key) if self.shared is not None else None
+
+    def _fetch(self, key: bytes) -> Optional[Remembered]:
+        """A reply a host of the team published, checked."""
+        assert self.shared is not None
+        found = self.shared.read_whole(key.hex(), listed=False)
+        if found is None:
+            return None
+        header, body = found
+        n = header.get("n_ids")
+        try:
+            if not isinstance(n, int) or not 0 <= n * ID_BYTES <= len(body):
+                raise ValueError("no id count")
+            entry = Remembered(array("i", ids_of(body[:n * ID_BYTES])),
+                               body[n * ID_BYTES:].decode("utf-8", "surrogatepass"))
+        except ValueError:   # UnicodeDecodeError too
+            self.shared.reject(key.hex(), Rejected("damaged", f"{key.hex()} is not a reply"))
+            return None
+        if entry.size <= self.capacity_bytes:
+            self._keep(key, entry)
+        return entry
 
     def recall_without_reasoning(self, rendered: Sequence[Segment],
                                   context: Callable[[], Sequence[Segment]]) -> Optional[Remembered]:

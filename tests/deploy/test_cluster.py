@@ -420,14 +420,14 @@ def test_a_killed_host_moves_its_conversations_and_loses_nothing_sent_after(star
     assert b"message_stop" not in cut["stream"].body
     # The blocking one had no answer yet, not a byte: the router sent it to another host.
     assert cut["blocking"].status == 200 and cluster.host_of(cut["blocking"].headers) != victim
-    # Nothing sent after the failure was lost; the victim's conversations moved and were
-    # prefilled again there (nothing cached), the others stayed where they were.
+    # Nothing sent after the failure was lost; the victim's conversations moved, and restored
+    # there what the victim had published to the shared tier; the others stayed where they were.
     assert [r.status for r in after] == [200] * 6, [r.body[-200:] for r in after]
     for i, reply in enumerate(after):
         where = cluster.host_of(reply.headers)
         cached = reply.json()["usage"]["cache_read_input_tokens"]
         if i in mine:
-            assert where != victim and cached == 0, (i, where, cached)
+            assert where != victim and cached > 0, (i, where, cached)
         else:
             assert where == homes[i] and cached > 0, (i, where, cached)
     # Their next turn stays on the new host, and reuses what it prefilled.

@@ -13,7 +13,7 @@ import tracemalloc
 import pytest
 
 from conftest import ROOT
-from serve.snapshots import cache as prefix_cache
+from serve.snapshots import entry_format, keys
 from serve.snapshots.cache import BLOCK, PrefixCache, PrefixCacheError
 
 
@@ -206,7 +206,7 @@ def test_a_damaged_entry_is_dropped(tmp_path, damage):
         os.truncate(snap.path, 999)
     elif damage == "corrupt meta":
         with open(meta, "r+b") as f:
-            f.seek(len(prefix_cache.MAGIC) + 8)
+            f.seek(len(entry_format.MAGIC) + 8)
             f.write(b"\xff\xff")
     elif damage == "truncated meta":
         os.truncate(meta, os.path.getsize(meta) - 4)
@@ -330,7 +330,7 @@ def test_two_processes_write_concurrently(tmp_path):
     assert len(entry_dirs(c)) == len(c)
     # Every entry left is whole: each one looks up to itself.
     for name in os.listdir(c.directory):
-        header, tokens = prefix_cache._read_meta(os.path.join(c.directory, name, "meta"), True)
+        header, tokens = entry_format.read_meta(os.path.join(c.directory, name, "meta"), True)
         assert c.lookup(list(tokens) + [0]).tokens == tokens
     assert len(c) == len(entry_dirs(c))
     assert [n for n in os.listdir(tmp_path) if n.startswith("work-")] == [c._work.rsplit("/", 1)[1]]
@@ -385,13 +385,13 @@ def test_a_soak_keeps_entries_files_and_memory_bounded(tmp_path):
 
 def count_digests(monkeypatch) -> list[int]:
     calls = [0]
-    real = prefix_cache._digest
+    real = keys.digest
 
     def counting(prev: bytes, data: bytes) -> bytes:
         calls[0] += 1
         return real(prev, data)
 
-    monkeypatch.setattr(prefix_cache, "_digest", counting)
+    monkeypatch.setattr(keys, "digest", counting)
     return calls
 
 

@@ -1,0 +1,142 @@
+"""The team's snapshot tier: engine states every host publishes and every host restores.
+
+Behind each host's local prefix cache (the fast tier) sits a directory every
+host of a team reads (--shared-cache DIR, e.g. over NFS): a local snapshot
+worth it is published there too, and a prompt whose longest snapshot is
+there rather than here copies it into the local tier first, checked, then
+restores it as usual. So a host that dies leaves what it published for
+whoever takes its conversations, and a preamble warmed on one host is
+restored on all.
+
+    DIR/snapshots/<namespace>/<anchor>-<key>.snap   a state: token ids, then the engine state
+
+One file per snapshot (serve/snapshots/shared_dir.py: atomic publish, a
+checked header and digest, eviction by use). The namespace and every file's
+header carry the identity of the model and engine (serve/snapshots/identity.py);
+the token ids in the file must be the prefix looked up; the digest is checked
+before the copy in the local tier exists, so a state is loaded only once it
+proved whole.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import Iterator, Optional, Sequence
+
+from serve.snapshots.cache import PrefixCache, Snapshot
+from serve.snapshots.keys import ID_BYTES, candidates, ids_of, key_of, raw_ids, seed
+from serve.snapshots.shared_dir import CHUNK, Rejected, SharedDir
+
+SUFFIX = ".snap"
+
+
+class SharedTier:
+    """The shared snapshots of one model and engine. Thread-safe; hosts share it."""
+
+    def __init__(self, root: str, capacity_bytes: int, identity: str):
+        self._seed = seed(identity)
+        self.root = root
+        self.files = SharedDir(os.path.join(root, "snapshots", self._seed.hex()),
+                               capacity_bytes, identity)
+        self.fetched_tokens = 0          # positions copied from here into the local tier
+        self._count = threading.Lock()
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.files.capacity_bytes
+
+    def _index(self) -> tuple[set[bytes], dict[bytes, str]]:
+        """(anchors, key -> file name) of what is published now: one listing."""
+        anchors: set[bytes] = set()
+        keys: dict[bytes, str] = {}
+        for name in self.files.names():
+            anchor, _, key = name.removesuffix(SUFFIX).partition("-")
+            try:
+                anchors.add(bytes.fromhex(anchor))
+                keys[bytes.fromhex(key)] = name
+            except ValueError:
+                continue
+        return anchors, keys
+
+    def _found(self, tokens: Sequence[int], longest: int) -> Iterator[tuple[int, str]]:
+        """(positions, file) of the published prefixes of tokens[:longest], longest first."""
+        if longest < 0:
+            return
+        anchors, keys = self._index()
+        for end, key in candidates(self._seed, raw_ids(tokens[:longest]), longest, anchors):
+            if key in keys:
+                yield end, keys[key]
+
+    def longest(self, tokens: Sequence[int], limit: int, beyond: int = 0) -> Optional[tuple[int, str]]:
+        """(positions, file) of the longest published prefix of tokens[:limit] holding more
+        than `beyond` positions, or None."""
+        for end, name in self._found(tokens, limit):
+            return (end, name) if end > beyond else None
+        return None
+
+    def published(self, tokens: Sequence[int]) -> int:
+        """The positions the longest published prefix of `tokens` (itself included) holds."""
+        found = self.longest(tokens, len(tokens))
+        return found[0] if found else 0
+
+    def publish(self, snap: Snapshot) -> bool:
+        """Publish a local snapshot (its state file is read, not moved). False: not published
+        (the local entry vanished, or the write failed: counted)."""
+        anchor, key = key_of(self._seed, snap.tokens)
+        try:
+            state = open(snap.path, "rb")   # open: the local tier may evict it meanwhile
+        except OSError:
+            return False
+        with state:
+            size = os.fstat(state.fileno()).st_size
+            body = _chain(raw_ids(snap.tokens), iter(lambda: state.read(CHUNK), b""))
+            return self.files.publish(f"{anchor.hex()}-{key.hex()}{SUFFIX}", "snapshot",
+                                      {"n_tokens": snap.n_tokens},
+                                      body, snap.n_tokens * ID_BYTES + size)
+
+    def unpublish(self, snap: Snapshot) -> None:
+        """Remove a published snapshot a later one holds all of (a progress snapshot
+        superseded)."""
+        anchor, key = key_of(self._seed, snap.tokens)
+        self.files.remove(f"{anchor.hex()}-{key.hex()}{SUFFIX}")
+
+    def fetch(self, name: str, tokens: Sequence[int], n: int, local: PrefixCache
+              ) -> Optional[Snapshot]:
+        """Copy the published snapshot `name` of tokens[:n] into the local tier, checked on
+        the way; the local snapshot, or None (gone, damaged, foreign: counted)."""
+        reader = None
+        try:
+            reader = self.files.open(name)
+            if reader is None:
+                return None
+            if reader.header.get("n_tokens") != n or reader.body_bytes < n * ID_BYTES:
+                raise Rejected("damaged", f"{name} does not hold {n} positions")
+            if ids_of(reader.read(n * ID_BYTES)) != tuple(tokens[:n]):
+                raise Rejected("damaged", f"{name} holds other tokens than its name says")
+
+            def save(path: str) -> None:
+                with open(path, "wb") as out:
+                    reader.copy_to(out)
+                reader.verify()   # raised here, the local tier keeps nothing
+
+            snap = local.store(tokens[:n], save)
+        except Rejected as e:
+            self.files.reject(name, e)
+            return None
+        except OSError:
+            self.files.count("missing")   # e.g. ESTALE: evicted under this reader
+            return None
+        finally:
+            if reader is not None:
+                reader.close()
+        if snap is not None:
+            self.files.touch(name)
+            self.files.count("read")
+            with self._count:
+                self.fetched_tokens += n
+        return snap
+
+
+def _chain(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
+    yield first
+    yield from rest
