@@ -8,12 +8,14 @@ to DELAY_MS per evaluated token (WASTE_DELAY_MS: the engine's clock scaled towar
 K3's), twice: alone, and with --chores-model (default a Kimi-Linear-flavoured
 container written by tools/make_container.py; SmolLM2's build/smollm2.waste works
 too). Each run sends what a chat front end sends at the start of a chat: a title
-chore (blocking, a `### Task:` prompt as Open-WebUI's, up to CHORE_TOKENS tokens),
-then a person's message (streamed) while the chore runs, and times the message's
-first token against the same message sent alone. The chore names the chores model
-when there is one (Open-WebUI's task model set to it); alone, it names the one
-model. Also printed: the positions each engine evaluated (/metrics), which show
-where the chore ran.
+chore (blocking, Open-WebUI's own title template, up to CHORE_TOKENS tokens,
+naming the main model as Open-WebUI does by default), then a person's message
+(streamed) while the chore runs, and times the message's first token against the
+same message sent alone. The chore is known as one by its text (docs/chores.md):
+alone, it steps aside for the person at its next engine call; with a chores model,
+it runs on the chores model's engine. (Stepping aside saves the chore's state: the
+prefix cache is on, in a directory of each run's own.) Also printed: the positions each engine
+evaluated (/metrics), which show where the chore ran.
 """
 from __future__ import annotations
 
@@ -31,11 +33,10 @@ from typing import Optional
 from common import DEMO, ROOT, machine
 
 sys.path.insert(0, str(ROOT / "tests"))
+from openwebui_tasks import task  # noqa: E402
 from scripted import call, samples, timed_blocks, wait_idle  # noqa: E402
 from slow_clock import DIALECTS, prompt_text  # noqa: E402
 
-TITLE = ("### Task:\nGenerate a concise, 3-5 word title with an emoji summarizing the chat "
-         "history.\n### Chat History:\n<chat_history>\nUSER: {text}\n</chat_history>")
 CHAT = DIALECTS["chat"]
 
 
@@ -43,7 +44,8 @@ def serve(container: str, lib: str, tmp: str, delay_ms: float, chores: Optional[
     flags = ["--chores-model", chores, "--chores-model-id", "chores"] if chores else []
     proc = subprocess.Popen(
         [sys.executable, "-m", "serve", container, "--lib", lib, "--port", "0", "--quiet",
-         "--no-prefix-cache", "--no-thinking", "--usage", os.path.join(tmp, "usage"), *flags],
+         "--prefix-cache-dir", os.path.join(tmp, f"prefix-{bool(chores)}"), "--no-thinking",
+         "--usage", os.path.join(tmp, "usage"), *flags],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         env={**os.environ, "WASTE_DELAY_MS": str(delay_ms)})
     port = next((int(line.rsplit(":", 1)[1].split("/")[0]) for line in proc.stdout
@@ -71,8 +73,9 @@ def run(port: int, model: str, args: argparse.Namespace, trial: int) -> tuple[fl
     text = prompt_text(3, f"m{trial}")
     alone = first_token(port, text)
     wait_idle(port)
+    history = [{"role": "user", "content": prompt_text(8, f"c{trial}")}]
     chore = {"model": model, "max_tokens": args.chore_tokens, "temperature": 0,
-             "messages": [{"role": "user", "content": TITLE.format(text=prompt_text(8, f"c{trial}"))}]}
+             "messages": [{"role": "user", "content": task("TITLE_GENERATION", history)}]}
     running = threading.Thread(target=call, args=(port, "POST", CHAT.path, chore),
                                kwargs={"timeout": 3600})
     running.start()
@@ -105,11 +108,11 @@ def main() -> None:
               f"{args.chore_tokens} tokens, message {args.after:g} s after it")
         print(f"{'serving':<22} {'first token alone':>17} {'behind a chore':>14} "
               f"{'delayed by':>10}  positions evaluated")
-        for label, extra, model in (("one model", None, Path(args.container).name),
-                                    ("with a chores model", os.path.abspath(chores), "chores")):
+        main = Path(args.container).name.removesuffix(".waste")
+        for label, extra in (("one model", None), ("with a chores model", os.path.abspath(chores))):
             proc, port = serve(os.path.abspath(args.container), lib, tmp, args.delay_ms, extra)
             try:
-                results = [run(port, model, args, trial) for trial in range(args.repeat)]
+                results = [run(port, main, args, trial) for trial in range(args.repeat)]
                 spent = json.dumps(evaluated(port))
             finally:
                 proc.terminate()
