@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """A person's first token while a chore runs: one model, against a chores model beside it.
 
     .venv/bin/python bench/chores_model.py [CONTAINER] [--chores CONTAINER] [--delay-ms 9]
