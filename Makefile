@@ -23,7 +23,7 @@ DEMO_PY  := $(DEMO_VENV)/bin/python
 HOST     ?= 127.0.0.1
 PORT     ?= 8000
 
-.PHONY: all demo demo-k3 check typecheck test asan bench soak agents clean chromium router cluster
+.PHONY: all demo demo-k3 demo-chores check typecheck test asan bench soak agents clean chromium router cluster
 
 all: $(LIB)
 
@@ -77,6 +77,12 @@ demo: $(LIB) $(DEMO) $(DEMO_VENV)/.ok
 # The synthetic K3 container: XTML, tools, reasoning and images (random weights).
 demo-k3: $(LIB) $(DEMO) $(DEMO_VENV)/.ok
 	$(DEMO_PY) -m serve $(DEMO) --host $(HOST) --port $(PORT) --vision
+
+# The K3 demo container, with SmolLM2 beside it answering its chores (docs/configuration.md).
+demo-chores: $(LIB) $(DEMO) $(DEMO_VENV)/.ok
+	@exec 3>&1; why=$$($(DEMO_PY) tools/fetch_model.py $(SMOLLM2) 2>&1 1>&3) \
+	  || { echo "demo-chores: $$why"; exit 1; }
+	exec $(DEMO_PY) -m serve $(DEMO) --host $(HOST) --port $(PORT) --vision --chores-model $(SMOLLM2)
 
 test: $(LIB) $(VENV)/.ok $(WHEELHOUSE)/.ok chromium router
 	$(VPY) -m pytest -q tests

@@ -18,7 +18,10 @@ Runs, on the same engine and container:
   (--no-work-classes --background-max-tokens 4096): today's main.
 - after: the defaults (people first, chores preempted between engine calls,
   chores bounded), prefill in steps of 64 (WARP's batch, as K3 runs).
-RUNS below is the list to extend (a chores model, say).
+- chores model: the same, with a chores model beside it (--chores-model: by
+  default build/smollm2.waste when `make demo` has made it, else a
+  Kimi-Linear-flavoured container written here): the chores go to it.
+RUNS below is the list to extend.
 
 For each message: its first-token delay and how much of it was spent behind
 chores (the reply's waste.behind_chores_ms); for each chore, its time and
@@ -30,11 +33,15 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import re
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional
 
 from common import DEMO, ROOT, machine, server
@@ -46,7 +53,9 @@ K3_SECONDS_PER_TOKEN = 2.0
 RUNS = {
     "before": ("--no-work-classes", "--background-max-tokens", "4096", "--prefill-step", "512"),
     "after": ("--prefill-step", "64"),
+    "chores model": ("--prefill-step", "64", "--chores-model", "{chores}"),
 }
+SMOLLM2 = ROOT / "build" / "smollm2.waste"
 SYSTEM = "You are a helpful assistant. Answer clearly and cite what you rely on."
 QUESTIONS = ["How do tides work, and why are there two a day?",
              "Write a detailed explanation of spring and neap tides with a worked example.",
@@ -169,22 +178,35 @@ def replay(port: int, think: float) -> Chat:
     return chat
 
 
+SAMPLE = re.compile(r'^(serve_engine_seconds_total|serve_preemptions_total)(?:\{(.*)\})? (\S+)$')
+
+
 def engine_seconds(port: int) -> dict[str, float]:
-    """serve_engine_seconds_total by class, and serve_preemptions_total."""
+    """serve_engine_seconds_total by class, and serve_preemptions_total, summed over the
+    models (with a chores model each engine's samples carry a `model` label); and each
+    model's engine time, as `model NAME`."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60) as resp:
         lines = resp.read().decode().splitlines()
-    out = {}
+    out = {"interactive": 0.0, "background": 0.0, "preemptions": 0.0}
     for line in lines:
-        if line.startswith("serve_engine_seconds_total{"):
-            out[line.split('"')[1]] = float(line.split()[-1])
-        elif line.startswith("serve_preemptions_total "):
-            out["preemptions"] = float(line.split()[-1])
+        found = SAMPLE.match(line)
+        if not found:
+            continue
+        name, labels, value = found.groups()
+        label = dict(re.findall(r'(\w+)="([^"]*)"', labels or ""))
+        key = label.get("class", "") if name == "serve_engine_seconds_total" else "preemptions"
+        out[key] += float(value)
+        if "model" in label and name == "serve_engine_seconds_total":
+            out[f"model {label['model']}"] = out.get(f"model {label['model']}", 0.0) + float(value)
     return out
 
 
 def report(name: str, chat: Chat, engine: dict[str, float]) -> None:
+    by_model = ", ".join(f"{key[6:]} {value:.1f} s" for key, value in engine.items()
+                         if key.startswith("model "))
     print(f"\n{name}: engine {engine['interactive']:.1f} s on messages, "
-          f"{engine['background']:.1f} s on chores; {engine['preemptions']:.0f} preemptions")
+          f"{engine['background']:.1f} s on chores; {engine['preemptions']:.0f} preemptions"
+          + (f" (by model: {by_model})" if by_model else ""))
     print(f"  {'request':<13} {'sent s':>7} {'first token s':>14} {'behind chores s':>16} "
           f"{'done s':>8} {'tokens':>7}")
     for r in sorted(chat.results, key=lambda r: r.sent):
@@ -201,16 +223,27 @@ def main() -> None:
                     help="the reference engine's sleep per evaluated position (WASTE_DELAY_MS)")
     ap.add_argument("--lib", default=None)
     ap.add_argument("--runs", default=",".join(RUNS), help="which of " + ", ".join(RUNS))
+    ap.add_argument("--chores-model", default=None,
+                    help="the chores model of the `chores model` run (default: "
+                         "build/smollm2.waste if made, else a Kimi-Linear-flavoured container)")
     args = ap.parse_args()
+    made = tempfile.TemporaryDirectory(prefix="bench-chores-")
+    chores = args.chores_model or (str(SMOLLM2) if SMOLLM2.is_dir() else
+                                   str(Path(made.name) / "kimi-linear.waste"))
+    if not Path(chores).is_dir():
+        subprocess.run([sys.executable, str(ROOT / "tools" / "make_container.py"), chores,
+                        "--flavour", "kimi-linear"], check=True, capture_output=True)
     think = args.delay_ms / 1000.0 / K3_SECONDS_PER_TOKEN
     print(f"machine  {machine()}")
     print(f"clock    WASTE_DELAY_MS={args.delay_ms:g}: one position {args.delay_ms:g} ms "
           f"(K3: {K3_SECONDS_PER_TOKEN:g} s), a human second {think * 1000:.1f} ms")
     for name in args.runs.split(","):
-        with server(args.container, *RUNS[name], lib=args.lib,
+        flags = [flag.format(chores=chores) for flag in RUNS[name]]
+        with server(args.container, *flags, lib=args.lib,
                     env={"WASTE_DELAY_MS": f"{args.delay_ms:g}"}) as port:
             chat = replay(port, think)
-            report(f"{name} ({' '.join(RUNS[name])})", chat, engine_seconds(port))
+            report(f"{name} ({' '.join(flags)})", chat, engine_seconds(port))
+    made.cleanup()
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ from serve.formats.choice import resolve_chat_format
 from serve.engine.binding import Engine, Library, LibraryNotFound, load_library
 from serve.engine.types import EngineConfig, MemPlan, WasteError
 from serve.http.connections import DEFAULT_MAX_CONNECTIONS, stderr_log
+from serve.app import chores
+from serve.app.budget import BudgetError, Split, gib
 from serve.app.context import CAP, ContextChoice, beyond, choose_context
 from serve.http.server import DEFAULT_REQUEST_TIMEOUT, Server
 from serve.snapshots.identity import state_identity
@@ -28,6 +30,7 @@ from serve.snapshots.cache import (DEFAULT_MAX_ENTRIES, default_directory, Prefi
 from serve.snapshots.reply_memory import ReplyMemory
 from serve.dialects.sse import DEFAULT_HEARTBEAT
 from serve.service.facade import Service, ServiceOptions
+from serve.service.models import Models
 from serve.snapshots.policy import SnapshotPolicy
 from serve.app.warm import WarmError, Warmer, warm_requests
 from serve.app import team as shared_tier
@@ -176,16 +179,13 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                    help="seconds a stream may stay silent (waiting, prefilling) before it sends "
                         f"a sign of life its client counts (default {DEFAULT_HEARTBEAT:g})")
     work_flags.add_flags(p, positive, seconds)
+    chores.add_arguments(p, parse_size, non_negative)
     return p.parse_args(argv)
 
 
 def default_model_id(model: str) -> str:
     name = Path(model).resolve().name
     return name[:-len(".waste")] if name.endswith(".waste") else name
-
-
-def gib(n: int) -> str:
-    return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
 
 
 def describe_plan(plan: MemPlan) -> str:
@@ -207,7 +207,9 @@ def describe_cache(cache: Optional[PrefixCache]) -> str:
 
 
 def banner(lib: Library, engine: Engine, fmt: ChatFormat, args: argparse.Namespace, url: str,
-           service: Service, context: ContextChoice, tokens: Choice) -> str:
+           models: Models, context: ContextChoice, tokens: Choice,
+           split: Optional[Split] = None) -> str:
+    service = models.main
     info, mem = engine.info, engine.memory_used()
     chat = fmt.description
     lines = [
@@ -234,6 +236,8 @@ def banner(lib: Library, engine: Engine, fmt: ChatFormat, args: argparse.Namespa
          "abandon  a prefill whose client left goes on for its retry while no one waits"),
         structure_line(),
         *work_flags.banner_lines(args, lib.build_info(), service.options.prefix_cache is not None),
+        *(chores.banner_lines(models.chores, split)
+          if models.chores is not None and split is not None else []),
         f"listen   {url}",
     ]
     if args.host not in LOOPBACK and not args.api_key:
@@ -259,17 +263,20 @@ def default_prefix_cache_bytes(directory: str) -> int:
     return min(shutil.disk_usage(existing).free // 4, 16 << 30)
 
 
-def open_prefix_cache(args: argparse.Namespace, lib: Library, engine: Engine) -> Optional[PrefixCache]:
-    """The persistent snapshot store, namespaced by what this engine's states mean."""
+def open_prefix_cache(args: argparse.Namespace, lib: Library, engine: Engine,
+                      model: Optional[str] = None) -> Optional[PrefixCache]:
+    """The persistent snapshot store, namespaced by what this engine's states mean: the
+    main model's, or the chores `model`'s (whose hotlist is in its own directory)."""
     if args.no_prefix_cache:
         return None
     directory = args.prefix_cache_dir or str(default_directory())
     size = default_prefix_cache_bytes(directory) if args.prefix_cache is None else args.prefix_cache
     if size <= 0:
         return None
-    usage = args.usage or os.path.join(args.model, "usage.waste")
+    usage = (args.usage if model is None else None) or os.path.join(model or args.model,
+                                                                    "usage.waste")
     return PrefixCache(size, directory, max_entries=args.prefix_cache_entries,
-                       identity=state_identity(lib, engine, args.model, skip=[usage]))
+                       identity=state_identity(lib, engine, model or args.model, skip=[usage]))
 
 
 def fail(message: str) -> int:
@@ -292,9 +299,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     except WarmError as e:
         return fail(str(e))
     try:
-        context = choose_context(lib, args.model, args.ctx, args.budget, args.vision)
-    except ValueError as e:
+        split = chores.plan(lib, args)   # None without --chores-model
+        context = (split.main.context if split is not None else
+                   choose_context(lib, args.model, args.ctx, args.budget, args.vision))
+    except (ValueError, BudgetError, chores.ChoresError) as e:
         return fail(str(e))
+    if args.plan and split is not None:
+        for share in (split.main, split.chores):
+            print(f"memory plan for {share.model} (ctx {share.context.tokens or 'default'}: "
+                  f"{share.context.reason}; budget {gib(share.budget)}: {share.reason}):\n"
+                  f"{describe_plan(share.plan)}")
+        print(f"split    {chores.describe(split)}")
+        return 0
     if args.plan:
         try:
             plan = lib.plan_memory(args.model, context.tokens)
@@ -303,7 +319,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"memory plan for {args.model} (ctx {context.tokens or 'default'}: {context.reason}):"
               f"\n{describe_plan(plan)}")
         return 0
-    cfg = EngineConfig(budget=args.budget, ctx=context.tokens, threads=args.threads, cpus=args.cpus,
+    budget = args.budget if split is None else split.main.budget
+    cfg = EngineConfig(budget=budget, ctx=context.tokens, threads=args.threads, cpus=args.cpus,
                        cache_policy=args.cache, direct_io=not args.no_direct_io, vision=args.vision,
                        verify=args.verify, usage_path=args.usage, exclusive_open=args.exclusive_open)
     try:
@@ -311,13 +328,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (WasteError, ValueError) as e:
         return fail(f"cannot open {args.model}: {e}")
     try:
-        return serve(lib, engine, args, warm, context)
+        return serve(lib, engine, args, warm, context, cfg, split)
     finally:
         engine.close()
 
 
 def serve(lib: Library, engine: Engine, args: argparse.Namespace, warm: list,
-          context: ContextChoice) -> int:
+          context: ContextChoice, cfg: EngineConfig, split: Optional[Split]) -> int:
     fmt = resolve_chat_format(engine, args.model)
     log = None if args.quiet else stderr_log
     if warm and args.no_prefix_cache:
@@ -338,8 +355,9 @@ def serve(lib: Library, engine: Engine, args: argparse.Namespace, warm: list,
             cache.close()
             return fail(f"--shared-cache {args.shared_cache}: {getattr(e, 'strerror', None) or e}")
     try:
+        main_id = args.model_id or default_model_id(args.model)
         tokens = choose_tokenizer(engine, args.model, enabled=not args.engine_tokenizer)
-        options = ServiceOptions(model_id=args.model_id or default_model_id(args.model),
+        options = ServiceOptions(model_id=main_id,
                                  max_tokens=args.max_tokens, thinking=not args.no_thinking,
                                  vision=args.vision, allow_local_images=args.allow_local_images,
                                  prefix_cache=cache,
@@ -351,20 +369,28 @@ def serve(lib: Library, engine: Engine, args: argparse.Namespace, warm: list,
                                  responses=ResponseStore(shared=team.responses if team else None),
                                  keep_reasoning=args.keep_reasoning, max_queue=args.max_queue,
                                  context_beyond=beyond(lib, args.model, engine.info.ctx_max,
-                                                       args.budget, args.vision),
+                                                       cfg.budget, args.vision),
                                  tokenizer=tokens.tokenizer, bos=tokens.bos,
                                  **work_flags.options(args, lib.build_info()))
-        return run_server(lib, engine, fmt, options, args, log, warm, context, tokens)
+        with chores.opened(lib, args, split, default_model_id, cfg, options,
+                           lambda chores_engine, path: open_prefix_cache(
+                               args, lib, chores_engine, path)) as extra:
+            models = Models([Service(engine, lib, fmt, options), *extra],
+                            chores=extra[0] if extra else None)
+            return run_server(lib, engine, fmt, models, args, log, warm, context, tokens, split)
+    except chores.ChoresError as e:
+        return fail(str(e))
     finally:
         if cache is not None:
             cache.close()
 
 
-def run_server(lib: Library, engine: Engine, fmt: ChatFormat, options: ServiceOptions, args: argparse.Namespace,
-               log, warm: list, context: ContextChoice, tokens: Choice) -> int:
-    service = Service(engine, lib, fmt, options)
+def run_server(lib: Library, engine: Engine, fmt: ChatFormat, models: Models,
+               args: argparse.Namespace, log, warm: list, context: ContextChoice, tokens: Choice,
+               split: Optional[Split]) -> int:
+    service = models.main
     try:
-        server = Server((args.host, args.port), service, api_key=args.api_key or None, log=log,
+        server = Server((args.host, args.port), models, api_key=args.api_key or None, log=log,
                         max_connections=args.max_connections, request_timeout=args.request_timeout,
                         heartbeat=args.heartbeat)
     except OSError as e:
@@ -382,7 +408,7 @@ def run_server(lib: Library, engine: Engine, fmt: ChatFormat, options: ServiceOp
             warmer.stop()   # at its next prefill chunk
 
         def begin() -> None:
-            service.stop()    # queued requests get a 503, running ones stop at their next token
+            models.stop()     # queued requests get a 503, running ones stop at their next token
             server.shutdown()  # waits for serve_forever to return: not on this (the serving) thread
         threading.Thread(target=begin, daemon=True).start()
 
@@ -390,9 +416,8 @@ def run_server(lib: Library, engine: Engine, fmt: ChatFormat, options: ServiceOp
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     host = f"[{args.host}]" if ":" in args.host else args.host
-    print(banner(lib, engine, fmt, args, f"http://{host}:{server.port}/v1", service, context,
-                 tokens),
-          flush=True)
+    print(banner(lib, engine, fmt, args, f"http://{host}:{server.port}/v1", models, context,
+                 tokens, split), flush=True)
     if fmt.refusal is not None:
         print("note     /v1/chat/completions is unavailable; /v1/completions works", flush=True)
     if warmer is not None:
@@ -401,10 +426,10 @@ def run_server(lib: Library, engine: Engine, fmt: ChatFormat, options: ServiceOp
         server.serve_forever()
     finally:
         server.server_close()
-    # The engine may be closed only once no call runs on it: wait for the request holding it.
-    while not service.wait_idle(0.1):
+    # An engine may be closed only once no call runs on it: wait for the requests holding them.
+    while not models.wait_idle(0.1):
         if hurry.is_set():
-            abandon(options.prefix_cache)
+            abandon(models)
     # Then give cut replies a moment to send their last events.
     drained_by = time.monotonic() + DRAIN_SECONDS
     while not server.wait_requests(0.1) and not hurry.is_set() and time.monotonic() < drained_by:
@@ -412,8 +437,8 @@ def run_server(lib: Library, engine: Engine, fmt: ChatFormat, options: ServiceOp
     while warmer is not None and warmer.is_alive():  # it stops at its next chunk
         warmer.join(0.1)
         if hurry.is_set():
-            abandon(options.prefix_cache)
-    service.close()   # deferred snapshots stop before the engine closes
+            abandon(models)
+    models.close()    # deferred snapshots stop before the engines close
     try:
         engine.save_usage()  # what this run learned warms the expert cache of the next
     except WasteError as e:
@@ -422,10 +447,12 @@ def run_server(lib: Library, engine: Engine, fmt: ChatFormat, options: ServiceOp
     return 0
 
 
-def abandon(cache: Optional[PrefixCache]) -> NoReturn:
-    """A second signal while a request still runs on the engine: leave without closing it."""
-    if cache is not None:
-        cache.close()
+def abandon(models: Models) -> NoReturn:
+    """A second signal while a request still runs on an engine: leave without closing it (the
+    prefix caches are closed: their work directories go)."""
+    for service in models.services:
+        if service.options.prefix_cache is not None:
+            service.options.prefix_cache.close()
     print("serve: stopped without waiting for the running request", file=sys.stderr, flush=True)
     os._exit(1)  # returning would close the engine under the running call
 

@@ -22,6 +22,7 @@ R = TypeVar("R", ChatReply, CompletionReply, contravariant=True)   # the reply a
 class Exchange(Protocol[R]):
     left_out: list[str]                        # tools the server cannot run, named for the log
     ignored: list[str]                         # body fields the server does not read, for the log
+    model: str                                 # the id replies name: the model that answers
 
     @property
     def request(self) -> ChatRequest | CompletionRequest:

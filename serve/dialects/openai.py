@@ -6,7 +6,7 @@ that ends with `data: [DONE]`.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from serve.core.ids import new_id, now
 from serve.dialects.openai_request import (CHAT_FIELDS, COMPLETION_FIELDS, parse_chat_request,
@@ -34,8 +34,20 @@ class _OpenAIStream:
     request: ChatRequest | CompletionRequest
     left_out: list[str] = []
 
-    def __init__(self, chunk: Callable[[Any], dict]):
-        self._encode = sse_encoder(chunk)  # the varying part -> the SSE event of its chunk
+    model: str
+    _encoder: Optional[Callable[[Any], bytes]] = None
+
+    def _chunk(self, part: Any) -> dict:
+        """The chunk that carries one varying part (a chat delta, a completion's text)."""
+        raise NotImplementedError
+
+    def _encode(self, part: Any) -> bytes:
+        """The varying part -> the SSE event of its chunk. The encoder is made at the first
+        part: by then `model` names the model that answers (the server sets it after parsing).
+        It keeps bytes only, not this exchange: no cycle holds a request past its reply."""
+        if self._encoder is None:
+            self._encoder = sse_encoder(self._chunk)
+        return self._encoder(part)
 
     def error(self, error: ApiError) -> ApiError:
         return error   # the request's fields are OpenAI's own
@@ -59,8 +71,10 @@ class ChatExchange(_OpenAIStream):
     def __init__(self, body: dict, model: str):
         self.request = parse_chat_request(body)
         self.ignored = unknown_fields(body, CHAT_FIELDS)
-        self._id, self._created, self._model = new_id("chatcmpl"), now(), model
-        super().__init__(lambda delta: chat_chunk(self._id, self._created, self._model, delta))
+        self._id, self._created, self.model = new_id("chatcmpl"), now(), model
+
+    def _chunk(self, part: Any) -> dict:
+        return chat_chunk(self._id, self._created, self.model, part)
 
     def opening(self, start: ReplyStart) -> bytes:
         return self._encode({"role": "assistant", "content": ""}) if self.request.stream else b""
@@ -69,17 +83,17 @@ class ChatExchange(_OpenAIStream):
         if not self.request.stream:
             return b""   # the blocking body is the reply's message
         if delta.logprobs is not None:  # the entries go beside the delta, not in it
-            return sse_event(chat_chunk(self._id, self._created, self._model, _chat_delta(delta),
+            return sse_event(chat_chunk(self._id, self._created, self.model, _chat_delta(delta),
                                         logprobs=chat_logprobs(delta.logprobs)))
         return self._encode(_chat_delta(delta))
 
     def closing(self, reply: ChatReply) -> bytes:
-        return self._close(chat_chunk(self._id, self._created, self._model, {}, reply.finish_reason),
-                           usage_chunk(self._id, self._created, self._model,
+        return self._close(chat_chunk(self._id, self._created, self.model, {}, reply.finish_reason),
+                           usage_chunk(self._id, self._created, self.model,
                                        "chat.completion.chunk", reply.usage))
 
     def body(self, reply: ChatReply) -> dict:
-        return chat_completion(self._id, self._created, self._model, reply.message,
+        return chat_completion(self._id, self._created, self.model, reply.message,
                                reply.finish_reason, reply.usage, reply.logprobs)
 
 
@@ -87,10 +101,11 @@ class CompletionExchange(_OpenAIStream):
     def __init__(self, body: dict, model: str):
         self.request = parse_completion_request(body)
         self.ignored = unknown_fields(body, COMPLETION_FIELDS)
-        self._id, self._created, self._model = new_id("cmpl"), now(), model
+        self._id, self._created, self.model = new_id("cmpl"), now(), model
         self._offset = 0   # text_offset continues from chunk to chunk
-        super().__init__(lambda text: text_completion(self._id, self._created, self._model,
-                                                      text, None))
+
+    def _chunk(self, part: Any) -> dict:
+        return text_completion(self._id, self._created, self.model, part, None)
 
     def opening(self, start: ReplyStart) -> bytes:
         return b""
@@ -103,15 +118,15 @@ class CompletionExchange(_OpenAIStream):
         entries = delta.logprobs
         logprobs = completion_logprobs(entries, self._offset)
         self._offset += sum(text_length(e) for e in entries)
-        return sse_event(text_completion(self._id, self._created, self._model, delta.content,
+        return sse_event(text_completion(self._id, self._created, self.model, delta.content,
                                          None, logprobs=logprobs))
 
     def closing(self, reply: CompletionReply) -> bytes:
-        return self._close(text_completion(self._id, self._created, self._model, "",
+        return self._close(text_completion(self._id, self._created, self.model, "",
                                            reply.finish_reason),
-                           usage_chunk(self._id, self._created, self._model, "text_completion",
+                           usage_chunk(self._id, self._created, self.model, "text_completion",
                                        reply.usage))
 
     def body(self, reply: CompletionReply) -> dict:
-        return text_completion(self._id, self._created, self._model, reply.text,
+        return text_completion(self._id, self._created, self.model, reply.text,
                                reply.finish_reason, reply.usage, reply.logprobs)

@@ -8,13 +8,15 @@ goes through the handler's `generate`.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import parse_qsl
 
 from serve.service import metrics
 from serve.core.errors import ApiError
 from serve.dialects import anthropic, openai, responses
 from serve.dialects.input_items import listing
+from serve.service.facade import Service
+from serve.service.replies import ChatReply, CompletionReply
 from serve.service.response_store import Stored
 from serve.http.page import CONTENT_TYPE as PAGE_TYPE, chat_page
 
@@ -23,11 +25,9 @@ if TYPE_CHECKING:
 
 
 def health(handler: Handler, method: str, rest: str) -> None:
-    service = handler.server.service
     # A warm is idle-time work and requests are served meanwhile, so the answer is 200; its
     # "warming" member tells a router to send this host no new conversations until it is done.
-    handler.send_json(200, {"status": "ok", "warming": service.warming,
-                            **service.activity().as_json()})
+    handler.send_json(200, handler.server.models.health())
 
 
 def page(handler: Handler, method: str, rest: str) -> None:
@@ -39,40 +39,41 @@ def page(handler: Handler, method: str, rest: str) -> None:
 
 
 def metrics_text(handler: Handler, method: str, rest: str) -> None:
-    handler.send(200, metrics.CONTENT_TYPE, handler.server.service.metrics.render())
+    handler.send(200, metrics.CONTENT_TYPE, handler.server.models.render_metrics())
 
 
 def models(handler: Handler, method: str, rest: str) -> None:
-    handler.send_json(200, {"object": "list", "data": [handler.server.service.model()]})
+    handler.send_json(200, {"object": "list", "data": handler.server.models.listing()})
 
 
 def model(handler: Handler, method: str, model_id: str) -> None:
-    found = handler.server.service.model()
-    if model_id != found["id"]:
+    found = handler.server.models.named(model_id)
+    if found is None:
         raise ApiError(404, f"the model {model_id!r} does not exist", param="model",
                        code="model_not_found")
-    handler.send_json(200, found)
+    handler.send_json(200, found.model())
 
+
+# Each exchange is made naming the main model; the handler's generate names the one that
+# answers (serve/service/models.py picks it).
 
 def chat(handler: Handler, method: str, rest: str) -> None:
-    service = handler.server.service
-    handler.generate(openai.ChatExchange(handler.read_json(), service.options.model_id), service.chat)
+    main = handler.server.service.options.model_id
+    handler.generate(openai.ChatExchange(handler.read_json(), main), _chat_on)
 
 
 def complete(handler: Handler, method: str, rest: str) -> None:
-    service = handler.server.service
-    handler.generate(openai.CompletionExchange(handler.read_json(), service.options.model_id),
-                     service.complete)
+    main = handler.server.service.options.model_id
+    handler.generate(openai.CompletionExchange(handler.read_json(), main), _complete_on)
 
 
 def messages(handler: Handler, method: str, rest: str) -> None:
-    service = handler.server.service
-    exchange = anthropic.Exchange(handler.read_json(), service.options.model_id)
+    exchange = anthropic.Exchange(handler.read_json(), handler.server.service.options.model_id)
     if exchange.billing is not None:
         handler.server.log_once("billing", f"/v1/messages: {exchange.billing} is Claude Code's "
                                 "billing header, which changes on every request: it is left out "
                                 "of the prompt (logged once)")
-    handler.generate(exchange, service.chat)
+    handler.generate(exchange, _chat_on)
 
 
 def create_response(handler: Handler, method: str, rest: str) -> None:
@@ -80,15 +81,16 @@ def create_response(handler: Handler, method: str, rest: str) -> None:
     exchange = responses.Exchange(handler.read_json(), service.responses, service.options.model_id)
     # The id the reply is stored under, for a router to remember this host by: the
     # response's next turn and its retrieval find it only here (docs/serving-a-team.md).
-    handler.generate(exchange, service.chat,
+    handler.generate(exchange, _chat_on,
                      {"X-Serve-Response-Id": exchange.id} if exchange.stored else {})
 
 
 def count_tokens(handler: Handler, method: str, rest: str) -> None:
     translation = anthropic.parse_request(handler.read_json(), counting=True)
     translation.request.request_id = handler.request_id
+    service = handler.server.models.pick(handler.current.named_model, translation.request)
     try:
-        count = handler.server.service.count_chat(translation.request, handler.hangup)
+        count = service.count_chat(translation.request, handler.hangup)
     except ApiError as e:
         raise translation.error(e) from None
     handler.send_json(200, {"input_tokens": count})
@@ -122,6 +124,14 @@ def _stored(handler: Handler, response_id: str) -> Stored:
     if stored is None:
         raise _not_stored(response_id)
     return stored
+
+
+def _chat_on(service: Service) -> Callable[[Any, Any], ChatReply]:
+    return service.chat   # looked up on the service: a test may replace it on the instance
+
+
+def _complete_on(service: Service) -> Callable[[Any, Any], CompletionReply]:
+    return service.complete
 
 
 def _not_stored(response_id: str) -> ApiError:

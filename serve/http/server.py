@@ -33,6 +33,7 @@ from serve.http.routes import allowed, endpoint_label, find_route, nearest_route
 from serve.http.sinks import Answer, ExchangeSink
 from serve.dialects.sse import DEFAULT_HEARTBEAT, EventWriter
 from serve.service.facade import Service
+from serve.service.models import Models
 from serve.service.run import Run
 
 DEFAULT_REQUEST_TIMEOUT = 60.0  # seconds for a whole request's headers and body, idle time included
@@ -41,12 +42,16 @@ DEFAULT_REQUEST_TIMEOUT = 60.0  # seconds for a whole request's headers and body
 class Server(ConnectionServer):
     """The service's HTTP server: its handler, key and timeouts."""
 
-    def __init__(self, address: tuple[str, int], service: Service, *, api_key: Optional[str] = None,
+    def __init__(self, address: tuple[str, int], service: Service | Models, *,
+                 api_key: Optional[str] = None,
                  log: Optional[Callable[[str], None]] = None, socket_timeout: float = 30.0,
                  max_connections: int = DEFAULT_MAX_CONNECTIONS,
                  request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
                  heartbeat: float = DEFAULT_HEARTBEAT):
-        self.service = service
+        # Several models (serve/service/models.py) or one; `service` is the main model's,
+        # which counts HTTP requests and keeps stored responses for all of them.
+        self.models = service if isinstance(service, Models) else Models([service])
+        self.service = self.models.main
         self.api_key = api_key
         self.heartbeat = heartbeat  # seconds a stream may stay silent (serve/dialects/sse.py)
         self.socket_timeout = socket_timeout  # bounds each send to a client that stopped reading
@@ -97,6 +102,8 @@ class Ongoing:
     body_read: bool = False      # an endpoint read the body (else it is discarded before replying)
     body_bytes: int = 0
     counted: bool = False        # in /metrics already
+    named_model: Optional[str] = None   # the body's `model`, which picks the model that answers
+    answered_by: str = ""        # with several models: the one that answered, for the log line
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -270,10 +277,11 @@ class Handler(BaseHTTPRequestHandler):
         self.server.error_log(f"{self.request_id} internal error: {type(error).__name__}: {error}")
         return ApiError(500, f"internal error (request id {self.request_id})", kind="server_error")
 
-    def generate(self, exchange: Exchange[R], call: Callable[[Any, Run], R],
+    def generate(self, exchange: Exchange[R], call: Callable[[Service], Callable[[Any, Run], R]],
                  headers: Optional[dict[str, str]] = None) -> None:
-        """One generation: blocking (one JSON body) or streamed, as the exchange's request says;
-        `headers` go with the reply, not with an error in its place."""
+        """One generation: blocking (one JSON body) or streamed, as the exchange's request says,
+        by the model the body and its request pick (`call(service)` runs it); `headers` go with
+        the reply, not with an error in its place."""
         self.current.reply_headers = headers or {}
         if exchange.left_out and self.server.log is not None:
             self.server.log(f"{self.current.path}: tools left out (the server cannot "
@@ -286,8 +294,13 @@ class Handler(BaseHTTPRequestHandler):
         exchange.request.work = decision.work
         if decision.why and self.server.log is not None:
             self.server.log(f"{self.request_id} {decision.work} ({decision.why})")
-        run = self.server.service.new_run(self._hangup)
-        answer: Answer = ExchangeSink(self, exchange, run).run(lambda: call(exchange.request, run))
+        service = self.server.models.pick(self.current.named_model, exchange.request)
+        exchange.model = service.options.model_id
+        if len(self.server.models.services) > 1:
+            self.current.answered_by = f" model={exchange.model}"
+        run = service.new_run(self._hangup)
+        answer: Answer = ExchangeSink(self, exchange, run).run(
+            lambda: call(service)(exchange.request, run))
         self.current.tokens, self.current.timing = answer.tokens, answer.timing
         if answer.body is not None:
             self.send_json(answer.status, answer.body, self.current.reply_headers)
@@ -323,7 +336,12 @@ class Handler(BaseHTTPRequestHandler):
     # -- the body -----------------------------------------------------------------------
 
     def read_json(self) -> dict:
-        return parse_body(self._read_body())
+        """The body; its `model` is noted (the body itself is not kept: it may be tens of
+        megabytes)."""
+        body = parse_body(self._read_body())
+        named = body.get("model")
+        self.current.named_model = named if isinstance(named, str) else None
+        return body
 
     def _read_body(self) -> bytearray:
         # Any refusal here leaves unread bytes on the connection, so it is closed;
@@ -384,4 +402,5 @@ class Handler(BaseHTTPRequestHandler):
                     else repr(self.requestline[:200]))
             self.server.log(f"{self.address_string()} {what} {self.current.status} "
                             f"tokens={self.current.tokens} {ms:.0f}ms id={self.request_id}"
-                            + (f" ({self.current.timing})" if self.current.timing else ""))
+                            + (f" ({self.current.timing})" if self.current.timing else "")
+                            + self.current.answered_by)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import bisect
 import math
 import threading
-from typing import Callable, Optional, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence
 
 from serve.core.activity import Activity
 from serve.engine.types import Stats
@@ -39,10 +39,26 @@ def _labels(pairs: Sequence[tuple[str, str]]) -> str:
     return "{" + ",".join(f'{name}="{value}"' for (name, _), value in zip(pairs, escaped)) + "}"
 
 
-def _family(name: str, kind: str, help_text: str, samples: list[tuple[str, Sequence, float]]) -> str:
-    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
-    lines += [f"{name}{suffix}{_labels(labels)} {_number(value)}" for suffix, labels, value in samples]
-    return "\n".join(lines) + "\n"
+Sample = tuple[str, Sequence[tuple[str, str]], float]   # (name suffix, labels, value)
+
+
+class Family(NamedTuple):
+    """One metric family: kept as values until rendered, so that several engines' families
+    can be merged under one name (render_models)."""
+    name: str
+    kind: str
+    help_text: str
+    samples: list[Sample]
+
+    def text(self) -> str:
+        lines = [f"# HELP {self.name} {self.help_text}", f"# TYPE {self.name} {self.kind}"]
+        lines += [f"{self.name}{suffix}{_labels(labels)} {_number(value)}"
+                  for suffix, labels, value in self.samples]
+        return "\n".join(lines) + "\n"
+
+
+def _family(name: str, kind: str, help_text: str, samples: list[Sample]) -> Family:
+    return Family(name, kind, help_text, samples)
 
 
 class _Histogram:
@@ -64,11 +80,11 @@ class _Histogram:
         return out + [("_sum", [], self.total), ("_count", [], running)]
 
 
-def _class_families(now: Activity) -> list[str]:
+def _class_families(now: Activity) -> list[Family]:
     """The queue by class of work (interactive, background) and the chores' preemptions."""
     classes = sorted(now.classes.items())
 
-    def by_class(name: str, kind: str, what: str, value) -> str:
+    def by_class(name: str, kind: str, what: str, value) -> Family:
         return _family(name, kind, what, [("", [("class", work)], value(c)) for work, c in classes])
     return [
         by_class("serve_queue_waiting", "gauge", "Requests waiting for the engine, by class",
@@ -146,17 +162,24 @@ class Metrics:
     # -- exposition -----------------------------------------------------------------------
 
     def render(self) -> bytes:
+        return "".join(f.text() for f in [self.requests_family(), *self.engine_families()]).encode()
+
+    def requests_family(self) -> Family:
+        """What the HTTP side counts: one per server, whatever the number of models."""
+        with self._lock:
+            requests = sorted(self._requests.items())
+        return _family("serve_requests_total", "counter", "HTTP requests answered, by endpoint and "
+                       "status (499: the client left before its answer)",
+                       [("", [("endpoint", e), ("status", s)], n) for (e, s), n in requests])
+
+    def engine_families(self) -> list[Family]:
+        """What one engine and its service did and hold."""
         now = self._activity()
         cache = self._cache
         with self._lock:
-            requests = sorted(self._requests.items())
             tokens, prefix, engine = dict(self._tokens), dict(self._prefix), self._engine
             ttft, rate = self._ttft.samples(), self._rate.samples()
-        parts = [
-            _family("serve_requests_total", "counter", "HTTP requests answered, by endpoint and "
-                    "status (499: the client left before its answer)",
-                    [("", [("endpoint", e), ("status", s)], n) for (e, s), n in requests]),
-        ]
+        parts: list[Family] = []
         for kind, what in (("prompt", "Prompt tokens of finished generations"),
                            ("cached", "Prompt tokens restored from a prefix snapshot, not prefilled"),
                            ("completion", "Tokens generated")):
@@ -205,9 +228,9 @@ class Metrics:
                 parts += self._policy_families(self._policy)
         if self._shared:
             parts += self._shared_families(cache)
-        return "".join(parts).encode()
+        return parts
 
-    def _shared_families(self, cache: Optional[PrefixCache]) -> list[str]:
+    def _shared_families(self, cache: Optional[PrefixCache]) -> list[Family]:
         """The shared tier (--shared-cache): what each of its directories did, and holds."""
         events = [name for name in Counters.__dataclass_fields__]
         counted = {what: Counters(**vars(d.counters)) for what, d in self._shared.items()}
@@ -229,7 +252,7 @@ class Metrics:
         ]
 
     @staticmethod
-    def _policy_families(policy: SnapshotPolicy) -> list[str]:
+    def _policy_families(policy: SnapshotPolicy) -> list[Family]:
         """The snapshot policy's measured costs and what they imply (docs/snapshots.md)."""
         costs = policy.costs
         spacing = policy.spacing or costs.spacing()
@@ -267,3 +290,15 @@ class Metrics:
                     [("", [("kind", kind)], skipped[kind]) for kind in KINDS if kind != "progress"]),
         ]
         return parts
+
+
+def render_models(http: Metrics, models: Sequence[tuple[str, Metrics]]) -> bytes:
+    """Several engines in one server: HTTP requests once (from `http`), and each family of
+    the engines' once, its samples labelled with their model's id."""
+    merged: dict[str, Family] = {}
+    for model_id, each in models:
+        for family in each.engine_families():
+            labelled = [(suffix, [("model", model_id), *labels], value)
+                        for suffix, labels, value in family.samples]
+            merged.setdefault(family.name, family._replace(samples=[])).samples.extend(labelled)
+    return "".join(f.text() for f in [http.requests_family(), *merged.values()]).encode()
