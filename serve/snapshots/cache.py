@@ -36,13 +36,13 @@ import struct
 import tempfile
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Optional, Sequence
 
 from serve.snapshots.entry_format import (Entry, PrefixCacheError, crc32, encode_meta,
                                           is_private_dir, listdir, private_dir, read_meta,
                                           scan_entry, write_private)
+from serve.snapshots.snapshot import Snapshot
 from serve.snapshots.keys import BLOCK, ID_BYTES, candidates, key_of, raw_ids, seed
 
 if TYPE_CHECKING:
@@ -53,19 +53,6 @@ __all__ = ["BLOCK", "DEFAULT_MAX_ENTRIES", "PrefixCache", "PrefixCacheError", "S
 
 DEFAULT_MAX_ENTRIES = 1024
 _GEN = struct.Struct("<Q")
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    key: str
-    tokens: tuple[int, ...]
-    path: str       # the engine state file
-    size: int       # bytes on disk, state and meta
-    written: bool = False   # store() saved the state (rather than finding it kept already)
-
-    @property
-    def n_tokens(self) -> int:
-        return len(self.tokens)
 
 
 CLOSE_WAIT = 10.0   # seconds close() waits for a snapshot being written: a save takes far less

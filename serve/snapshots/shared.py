@@ -23,8 +23,8 @@ import os
 import threading
 from typing import Iterator, Optional, Sequence
 
-from serve.snapshots.cache import PrefixCache, Snapshot
 from serve.snapshots.keys import ID_BYTES, candidates, ids_of, key_of, raw_ids, seed
+from serve.snapshots.snapshot import LocalTier, Snapshot
 from serve.snapshots.shared_dir import CHUNK, Rejected, SharedDir
 
 SUFFIX = ".snap"
@@ -100,7 +100,7 @@ class SharedTier:
         anchor, key = key_of(self._seed, snap.tokens)
         self.files.remove(f"{anchor.hex()}-{key.hex()}{SUFFIX}")
 
-    def fetch(self, name: str, tokens: Sequence[int], n: int, local: PrefixCache
+    def fetch(self, name: str, tokens: Sequence[int], n: int, local: LocalTier
               ) -> Optional[Snapshot]:
         """Copy the published snapshot `name` of tokens[:n] into the local tier, checked on
         the way; the local snapshot, or None (gone, damaged, foreign: counted)."""
