@@ -8,11 +8,12 @@ goes through the handler's `generate`.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 from urllib.parse import parse_qsl
 
 from serve.service import metrics
 from serve.core.errors import ApiError
+from serve.http.answering import Answering
 from serve.dialects import anthropic, openai, responses
 from serve.dialects.input_items import listing
 from serve.service.facade import Service
@@ -20,17 +21,15 @@ from serve.service.replies import ChatReply, CompletionReply
 from serve.service.response_store import Stored
 from serve.http.page import CONTENT_TYPE as PAGE_TYPE, chat_page
 
-if TYPE_CHECKING:
-    from serve.http.server import Handler
 
 
-def health(handler: Handler, method: str, rest: str) -> None:
+def health(handler: Answering, method: str, rest: str) -> None:
     # A warm is idle-time work and requests are served meanwhile, so the answer is 200; its
     # "warming" member tells a router to send this host no new conversations until it is done.
     handler.send_json(200, handler.server.models.health())
 
 
-def page(handler: Handler, method: str, rest: str) -> None:
+def page(handler: Answering, method: str, rest: str) -> None:
     body, policy = chat_page()
     handler.send(200, PAGE_TYPE, body, {"Content-Security-Policy": policy,
                                         "X-Content-Type-Options": "nosniff",
@@ -38,15 +37,15 @@ def page(handler: Handler, method: str, rest: str) -> None:
                                         "Cache-Control": "no-cache"})
 
 
-def metrics_text(handler: Handler, method: str, rest: str) -> None:
+def metrics_text(handler: Answering, method: str, rest: str) -> None:
     handler.send(200, metrics.CONTENT_TYPE, handler.server.models.render_metrics())
 
 
-def models(handler: Handler, method: str, rest: str) -> None:
+def models(handler: Answering, method: str, rest: str) -> None:
     handler.send_json(200, {"object": "list", "data": handler.server.models.listing()})
 
 
-def model(handler: Handler, method: str, model_id: str) -> None:
+def model(handler: Answering, method: str, model_id: str) -> None:
     found = handler.server.models.named(model_id)
     if found is None:
         raise ApiError(404, f"the model {model_id!r} does not exist", param="model",
@@ -57,17 +56,17 @@ def model(handler: Handler, method: str, model_id: str) -> None:
 # Each exchange is made naming the main model; the handler's generate names the one that
 # answers (serve/service/models.py picks it).
 
-def chat(handler: Handler, method: str, rest: str) -> None:
+def chat(handler: Answering, method: str, rest: str) -> None:
     main = handler.server.service.options.model_id
     handler.generate(openai.ChatExchange(handler.read_json(), main), _chat_on)
 
 
-def complete(handler: Handler, method: str, rest: str) -> None:
+def complete(handler: Answering, method: str, rest: str) -> None:
     main = handler.server.service.options.model_id
     handler.generate(openai.CompletionExchange(handler.read_json(), main), _complete_on)
 
 
-def messages(handler: Handler, method: str, rest: str) -> None:
+def messages(handler: Answering, method: str, rest: str) -> None:
     exchange = anthropic.Exchange(handler.read_json(), handler.server.service.options.model_id)
     if exchange.billing is not None:
         handler.server.log_once("billing", f"/v1/messages: {exchange.billing} is Claude Code's "
@@ -76,7 +75,7 @@ def messages(handler: Handler, method: str, rest: str) -> None:
     handler.generate(exchange, _chat_on)
 
 
-def create_response(handler: Handler, method: str, rest: str) -> None:
+def create_response(handler: Answering, method: str, rest: str) -> None:
     service = handler.server.service
     exchange = responses.Exchange(handler.read_json(), service.responses, service.options.model_id)
     # The id the reply is stored under, for a router to remember this host by: the
@@ -85,7 +84,7 @@ def create_response(handler: Handler, method: str, rest: str) -> None:
                      {"X-Serve-Response-Id": exchange.id} if exchange.stored else {})
 
 
-def count_tokens(handler: Handler, method: str, rest: str) -> None:
+def count_tokens(handler: Answering, method: str, rest: str) -> None:
     translation = anthropic.parse_request(handler.read_json(), counting=True)
     translation.request.request_id = handler.request_id
     service = handler.server.models.pick(handler.current.named_model, translation.request)
@@ -96,7 +95,7 @@ def count_tokens(handler: Handler, method: str, rest: str) -> None:
     handler.send_json(200, {"input_tokens": count})
 
 
-def stored_response(handler: Handler, method: str, response_id: str) -> None:
+def stored_response(handler: Answering, method: str, response_id: str) -> None:
     store = handler.server.service.responses
     stored = _stored(handler, response_id)
     if method == "DELETE" and not store.delete(response_id):
@@ -105,13 +104,13 @@ def stored_response(handler: Handler, method: str, response_id: str) -> None:
                       {"id": response_id, "object": "response.deleted", "deleted": True})
 
 
-def input_items(handler: Handler, method: str, response_id: str) -> None:
+def input_items(handler: Answering, method: str, response_id: str) -> None:
     items = _stored(handler, response_id).input_items
     handler.send_json(200, listing(items, dict(parse_qsl(handler.path.partition("?")[2],
                                                          keep_blank_values=True))))
 
 
-def cancel(handler: Handler, method: str, response_id: str) -> None:
+def cancel(handler: Answering, method: str, response_id: str) -> None:
     _stored(handler, response_id)
     # As OpenAI answers for a response not made with background: true, the only kind
     # there is here (background is refused at creation).
@@ -119,7 +118,7 @@ def cancel(handler: Handler, method: str, response_id: str) -> None:
                         "background: true can be cancelled, and this server runs none")
 
 
-def _stored(handler: Handler, response_id: str) -> Stored:
+def _stored(handler: Answering, response_id: str) -> Stored:
     stored = handler.server.service.responses.get(response_id)
     if stored is None:
         raise _not_stored(response_id)

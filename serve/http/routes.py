@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Callable, Optional
 
 from serve.core.errors import ApiError
+from serve.http.answering import Answering
 from serve.dialects import anthropic
 from serve.http import endpoints
 
-if TYPE_CHECKING:
-    from serve.http.server import Handler
 
 ID = "{id}"
 
@@ -18,7 +17,7 @@ ID = "{id}"
 class Route:
     path: str                                 # the whole path, ID standing for one segment;
     methods: tuple[str, ...]                  # with `prefix`, how paths begin
-    answer: Callable[["Handler", str, str], None]   # (handler, method, what match() found)
+    answer: Callable[[Answering, str, str], None]   # (handler, method, what match() found)
     prefix: bool = False
     open: bool = False                        # no API key: it holds no data (the page asks for one)
     errors: Callable[[ApiError], dict] = ApiError.body   # the error shape its clients read

@@ -13,7 +13,6 @@ import socket
 import io
 import threading
 import time
-from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable, Optional
 
@@ -24,6 +23,7 @@ from serve.core.work import CLASS_HEADER
 from serve.dialects.exchange import R, Exchange
 from serve.engine.queue import ClientGone
 from serve.http import heap, request_line
+from serve.http.answering import Ongoing
 from serve.http.auth import authorized, unauthorized
 from serve.http.connections import DEFAULT_MAX_CONNECTIONS, ConnectionServer
 from serve.http.json_body import parse_body
@@ -84,26 +84,6 @@ class Server(ConnectionServer):
         if new:
             self.log(f"{endpoint}: request fields this server does not read, ignored (named "
                      f"once): {', '.join(new)}")
-
-
-@dataclass
-class Ongoing:
-    """One request's record, from its request line to its log line (Handler.current)."""
-    request_id: str
-    started: float = field(default_factory=time.monotonic)
-    path: str = "-"              # as routed and logged: the origin form, without its query
-    endpoint: str = "other"      # what /metrics counts it under
-    shape: Callable[[ApiError], dict] = ApiError.body   # its errors, as its API writes them
-    status: int = 0              # what was sent (a stream's 200), or 499 for a client that left
-    tokens: int = 0              # generated
-    timing: str = ""             # a generation's: where its time went (sinks.py's Answer)
-    streaming: bool = False      # an event stream's headers have gone out
-    reply_headers: dict[str, str] = field(default_factory=dict)   # what a generation's reply carries
-    body_read: bool = False      # an endpoint read the body (else it is discarded before replying)
-    body_bytes: int = 0
-    counted: bool = False        # in /metrics already
-    named_model: Optional[str] = None   # the body's `model`, which picks the model that answers
-    answered_by: str = ""        # with several models: the one that answered, for the log line
 
 
 class Handler(BaseHTTPRequestHandler):

@@ -1,0 +1,87 @@
+"""What an endpoint may use of the request it answers: the handler's face toward endpoints.py.
+
+The route table (routes.py) and the endpoints (endpoints.py) take the request
+as an `Answering`, so they need not import the handler (server.py) that calls
+them: the handler meets this Protocol, and mypy checks that it does.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Protocol
+
+from serve.core.errors import ApiError
+from serve.core.hangup import Hangup
+from serve.dialects.exchange import R, Exchange
+from serve.service.facade import Service
+from serve.service.models import Models
+from serve.service.run import Run
+
+
+@dataclass
+class Ongoing:
+    """One request's record, from its request line to its log line (Handler.current)."""
+    request_id: str
+    started: float = field(default_factory=time.monotonic)
+    path: str = "-"              # as routed and logged: the origin form, without its query
+    endpoint: str = "other"      # what /metrics counts it under
+    shape: Callable[[ApiError], dict] = ApiError.body   # its errors, as its API writes them
+    status: int = 0              # what was sent (a stream's 200), or 499 for a client that left
+    tokens: int = 0              # generated
+    timing: str = ""             # a generation's: where its time went (sinks.py's Answer)
+    streaming: bool = False      # an event stream's headers have gone out
+    reply_headers: dict[str, str] = field(default_factory=dict)   # what a generation's reply carries
+    body_read: bool = False      # an endpoint read the body (else it is discarded before replying)
+    body_bytes: int = 0
+    counted: bool = False        # in /metrics already
+    named_model: Optional[str] = None   # the body's `model`, which picks the model that answers
+    answered_by: str = ""        # with several models: the one that answered, for the log line
+
+
+class ServerFace(Protocol):
+    """What an endpoint reads of the server: its models, the main model's service, its log."""
+
+    @property
+    def models(self) -> Models: ...
+
+    @property
+    def service(self) -> Service: ...
+
+    def log_once(self, key: str, line: str) -> None: ...
+
+
+class Answering(Protocol):
+    """One request as an endpoint sees it: read its body, answer it once."""
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def server(self) -> ServerFace: ...
+
+    @property
+    def current(self) -> Ongoing: ...
+
+    @property
+    def request_id(self) -> str: ...
+
+    def read_json(self) -> dict:
+        """The body as a JSON object (a 400 otherwise), read once."""
+        ...
+
+    @property
+    def hangup(self) -> Hangup:
+        """Asks whether the client has closed its end."""
+        ...
+
+    def generate(self, exchange: Exchange[R], call: Callable[[Service], Callable[[Any, Run], R]],
+                 headers: Optional[dict[str, str]] = None) -> None:
+        """Run a generation and answer with it, blocking or streamed as the request says."""
+        ...
+
+    def send_json(self, status: int, payload: Any, headers: Optional[dict[str, str]] = None) -> None:
+        ...
+
+    def send(self, status: int, content_type: str, body: bytes,
+             headers: Optional[dict[str, str]] = None) -> None:
+        ...
