@@ -64,3 +64,43 @@ def test_every_module_imports_on_its_own():
     for path in sorted(SERVE.rglob("*.py")):
         if path.name != "__main__.py":
             importlib.import_module(".".join(path.relative_to(ROOT).with_suffix("").parts))
+
+
+def test_no_two_modules_import_each_other_even_for_types():
+    # TYPE_CHECKING imports count: a circle kept only for annotations is still one to read.
+    graph = {".".join(path.relative_to(ROOT).with_suffix("").parts): set(imports(path))
+             for path in SERVE.rglob("*.py")}
+    state: dict[str, str] = {}
+    circles = []
+
+    def walk(module: str, trail: list[str]) -> None:
+        state[module] = "open"
+        for target in sorted(graph.get(module, ())):
+            if state.get(target) == "open":
+                circles.append(trail[trail.index(target):] + [target])
+            elif target in graph and target not in state:
+                walk(target, trail + [target])
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            walk(module, [module])
+    assert circles == []
+
+
+# The limits docs/architecture.md keeps: a module is read in one sitting, a class in one screenful of scrolls.
+MODULE_LINES, CLASS_LINES = 500, 300
+
+
+def test_modules_and_classes_stay_small():
+    over = []
+    for path in sorted(SERVE.rglob("*.py")):
+        text = path.read_text()
+        if len(text.splitlines()) > MODULE_LINES:
+            over.append(f"{path.relative_to(ROOT)}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and node.end_lineno is not None:
+                lines = node.end_lineno - node.lineno + 1
+                if lines > CLASS_LINES:
+                    over.append(f"{path.relative_to(ROOT)}: class {node.name}, {lines} lines")
+    assert over == []
