@@ -8,16 +8,17 @@
 
 /* Jobs with fewer multiply-adds than this run on the caller alone: below
  * it the hand-off costs more than a second thread saves.  Measured with
- * bench/pool_threshold.py (docs/engine.md, "Threads"). */
+ * bench/engine_threads.py (docs/engine.md, "Threads"). */
 #ifndef WPOOL_WORK_THRESHOLD
-#define WPOOL_WORK_THRESHOLD ((size_t)1 << 14)
+#define WPOOL_WORK_THRESHOLD ((size_t)1 << 16)
 #endif
 
-/* How long an idle helper polls for the next job before it sleeps: longer
- * than the gaps inside a decode step and between its tokens, so a decoding
- * context never pays a wake-up.  Measured with bench/pool_threshold.py. */
+/* How long an idle helper polls for the next job before it sleeps: enough
+ * for the gaps between the jobs of a decode step on an idle machine, and no
+ * more: a helper polling on a busy machine spends the CPU time the scheduler
+ * would otherwise let it work with (bench/engine_threads.py). */
 #ifndef WPOOL_SPIN_US
-#define WPOOL_SPIN_US 2000
+#define WPOOL_SPIN_US 10
 #endif
 
 /* Chunks per thread: a thread the OS delays leaves its unclaimed chunks to
@@ -89,7 +90,7 @@ static uint64_t next_job(wpool *pool, uint32_t seen) {
         if (OPEN(s) && GEN(s) != seen) return s;
         if (atomic_load_explicit(&pool->stopping, memory_order_relaxed)) return 0;
         cpu_relax();
-        if (spins % 256 == 0 && wsys_now_ms() > deadline) break;
+        if (spins % 16 == 0 && wsys_now_ms() > deadline) break;
     }
     pthread_mutex_lock(&pool->lock);
     atomic_fetch_add(&pool->sleepers, 1);
