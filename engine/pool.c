@@ -172,8 +172,9 @@ void wpool_run(wpool *pool, size_t n_rows, size_t work, wpool_rows_fn fn, void *
     pool->n_rows = n_rows;
     pool->n_chunks = n_chunks;
     atomic_store_explicit(&pool->next_chunk, 0, memory_order_relaxed);
-    uint64_t closed = atomic_load(&pool->state);
-    atomic_store(&pool->state, closed + ((uint64_t)1 << 32)); /* open: odd generation */
+    const uint64_t next_gen = (uint64_t)1 << 32;
+    uint64_t open = atomic_load(&pool->state) + next_gen; /* odd generation, nobody inside */
+    atomic_store(&pool->state, open);
     if (atomic_load(&pool->sleepers) > 0) {
         pthread_mutex_lock(&pool->lock);
         pthread_cond_broadcast(&pool->wake);
@@ -182,10 +183,9 @@ void wpool_run(wpool *pool, size_t n_rows, size_t work, wpool_rows_fn fn, void *
     claim_chunks(pool);
     /* Close once every helper that joined has left: their chunks are done.
      * A helper holding a chunk may share this core, hence the yields. */
-    uint64_t open = closed + ((uint64_t)1 << 32);
-    for (unsigned spins = 1;
-         !atomic_compare_exchange_weak(&pool->state, &open, open + ((uint64_t)1 << 32)); spins++) {
-        open = closed + ((uint64_t)1 << 32);
+    for (unsigned spins = 1;; spins++) {
+        uint64_t expected = open;
+        if (atomic_compare_exchange_weak(&pool->state, &expected, open + next_gen)) break;
         if (spins % 64 == 0) sched_yield();
         else cpu_relax();
     }
