@@ -7,7 +7,7 @@
 #include <stdlib.h>
 
 /* Jobs with fewer multiply-adds than this run on the caller alone: below
- * it the hand-off costs more than a second thread saves.  Measured with
+ * it the hand-off cost more than a second thread saved in every run of
  * bench/engine_threads.py (docs/engine.md, "Threads"). */
 #ifndef WPOOL_WORK_THRESHOLD
 #define WPOOL_WORK_THRESHOLD ((size_t)1 << 16)
