@@ -23,7 +23,7 @@ DEMO_PY  := $(DEMO_VENV)/bin/python
 HOST     ?= 127.0.0.1
 PORT     ?= 8000
 
-.PHONY: all demo demo-k3 demo-chores check typecheck test asan bench soak agents clean chromium router cluster
+.PHONY: all demo demo-k3 demo-chores check typecheck test asan tsan bench soak agents clean chromium router cluster
 
 all: $(LIB)
 
@@ -35,6 +35,12 @@ build/libwaste-asan.so: $(ENGINE_SRC) $(ENGINE_HDR)
 	@mkdir -p build
 	$(CC) $(WFLAGS) -O1 -g -D_GNU_SOURCE -fPIC -fvisibility=hidden -fno-omit-frame-pointer \
 	  -fsanitize=address,undefined -fno-sanitize-recover=undefined $(SHARED) -o $@ $(ENGINE_SRC) $(LDLIBS)
+
+# The same engine with ThreadSanitizer, for the tests that run threads and contexts at once.
+build/libwaste-tsan.so: $(ENGINE_SRC) $(ENGINE_HDR)
+	@mkdir -p build
+	$(CC) $(WFLAGS) -O1 -g -D_GNU_SOURCE -fPIC -fvisibility=hidden -fsanitize=thread $(SHARED) -o $@ \
+	  $(ENGINE_SRC) $(LDLIBS)
 
 $(DEMO): tools/make_container.py
 	@rm -rf $@ && mkdir -p build
@@ -113,6 +119,13 @@ asan: build/libwaste-asan.so $(VENV)/.ok
 # mypy over serve/ (its settings: pyproject.toml's [tool.mypy]).
 typecheck: $(VENV)/.ok
 	$(VPY) -m mypy
+
+# Not part of check (it is slow): the thread pool's and the concurrent contexts' tests under
+# TSan.  -s lets a race report reach the terminal before halt_on_error ends the process.
+tsan: build/libwaste-tsan.so $(VENV)/.ok
+	WASTE_LIB=$(CURDIR)/build/libwaste-tsan.so LD_PRELOAD="$$($(CC) -print-file-name=libtsan.so)" \
+	TSAN_OPTIONS=halt_on_error=1 $(VPY) -m pytest -q -s -p no:cacheprovider tests/engine/test_abi.py \
+	  -k "thread or contexts or batches"
 
 check: typecheck test asan
 

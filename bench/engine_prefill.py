@@ -2,11 +2,12 @@
 """Prefill speed of the reference engine by position, before and after batched prefill, in one run.
 
     .venv/bin/python bench/engine_prefill.py [CONTAINER] [--ctx N] [--threads N] [--before COMMIT]
-                                             [--no-agent]
+                                             [--before-lib PATH] [--no-agent]
 
 CONTAINER defaults to the K3 demo container (build/demo.waste, `make build/demo.waste`).
 The engine "before" is built from COMMIT (default: the last one before batched
-prefill) in a temporary directory; "after" is ./libwaste.so (or --lib).
+prefill) in a temporary directory, or is --before-lib, a libwaste already built
+that saves states in today's layout; "after" is ./libwaste.so (or --lib).
 
 1. Prefill tokens/s of 512 positions starting at 0, 4K, 8K, 16K and 32K, both
    engines, at --ctx (default 65536).  The positions before a window are filled
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -57,8 +59,9 @@ def prefill(engine: Engine, tokens: list[int], chunk: int = WINDOW) -> None:
 
 
 def windows(old_lib, new_lib, container: Path, config: EngineConfig, tokens: list[int],
-            tmp: Path, n_kv_heads: int) -> list[tuple[int, float, float]]:
-    """(start, old tok/s, new tok/s) per window."""
+            tmp: Path, n_kv_heads: int | None) -> list[tuple[int, float, float]]:
+    """(start, old tok/s, new tok/s) per window; n_kv_heads None: the old engine reads
+    today's state layout."""
     states = {}
     with Engine(new_lib, container, config) as engine:
         filled = 0
@@ -67,7 +70,10 @@ def windows(old_lib, new_lib, container: Path, config: EngineConfig, tokens: lis
             filled = start
             states[start] = tmp / f"new-{start}.state"
             engine.save_state(states[start])
-            v2_to_v1(states[start], tmp / f"old-{start}.state", n_kv_heads)
+            if n_kv_heads is None:
+                shutil.copyfile(states[start], tmp / f"old-{start}.state")
+            else:
+                v2_to_v1(states[start], tmp / f"old-{start}.state", n_kv_heads)
     rows = []
     for start in STARTS:
         rates = []
@@ -116,6 +122,8 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=65536)
     ap.add_argument("--threads", type=int, default=0, help="0: one per core")
     ap.add_argument("--before", default=PREVIOUS_ENGINE, help="the commit of the old engine")
+    ap.add_argument("--before-lib", default=None,
+                    help="an old engine already built, with today's state layout (instead of --before)")
     ap.add_argument("--lib", default=None, help="the new engine (default ./libwaste.so)")
     ap.add_argument("--no-agent", action="store_true", help="skip the 42K-token agent prompt")
     args = ap.parse_args()
@@ -125,13 +133,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-prefill-") as tmp_name:
         tmp = Path(tmp_name)
         (tmp / "old").mkdir()
-        old_lib = load_library(str(build_engine_at(args.before, tmp / "old")))
+        old_path = args.before_lib or str(build_engine_at(args.before, tmp / "old"))
+        old_lib = load_library(old_path)
         manifest = json.loads((container / "manifest.json").read_text())
-        n_kv_heads = manifest.get("n_kv_heads", manifest["n_heads"])
+        n_kv_heads = None if args.before_lib else manifest.get("n_kv_heads", manifest["n_heads"])
         rng = random.Random(19)
         tokens = [rng.randrange(manifest["vocab_size"]) for _ in range(STARTS[-1] + WINDOW)]
         print(f"prefill by position, {container.name}, ctx {args.ctx}, threads "
-              f"{args.threads or 'one per core'}: before {args.before} ({old_lib.version()}), "
+              f"{args.threads or 'one per core'}: before {args.before_lib or args.before} ({old_lib.version()}), "
               f"after ({new_lib.version()}) — {machine()}")
         print(f"{'positions':<14} {'before tok/s':>13} {'after tok/s':>12} {'ratio':>7}")
         for start, old, new in windows(old_lib, new_lib, container, config, tokens, tmp, n_kv_heads):

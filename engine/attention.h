@@ -1,6 +1,6 @@
 /*
  * attention.h -- causal multi-head attention of a chunk of queries over the
- * KV cache, spread over the thread team.
+ * KV cache, spread over the thread pool.
  *
  * The cache of one layer holds each key/value head's positions contiguously:
  * keys[kv_head][position][head_dim] (values alike), `stride` positions per
@@ -26,7 +26,7 @@ typedef struct {
 /* For t < n: out[t] = attention of q[t] (at position pos0 + t) over the
  * cached positions 0..pos0+t.  q and out are [n][n_heads*head_dim]; the
  * chunk's own keys and values must already be in the cache. */
-void wattn_chunk(const wpool_team *team, const wattn_shape *shape, const float *keys,
+void wattn_chunk(wpool *pool, const wattn_shape *shape, const float *keys,
                  const float *values, const float *q, uint32_t pos0, size_t n, float *out);
 
 /* Multiply-adds of wattn_chunk, for the thread pool's threshold. */

@@ -5,21 +5,21 @@
 #include "ops.h"
 
 /* out[n][hidden] = w2 . (silu(w1 . in) * (w3 . in)), row by row. */
-static void swiglu(const wpool_team *team, wstate *s, float *out, const float *in, size_t n,
+static void swiglu(wpool *pool, wstate *s, float *out, const float *in, size_t n,
                    const wmat *w1, const wmat *w3, const wmat *w2) {
     size_t ffn = w1->rows;
-    wmat_mul(team, s->hb, w1, in, n, &s->xq);
-    wmat_mul(team, s->hb2, w3, in, n, &s->xq);
+    wmat_mul(pool, s->hb, w1, in, n, &s->xq);
+    wmat_mul(pool, s->hb2, w3, in, n, &s->xq);
     for (size_t t = 0; t < n; t++) wops_swiglu(s->hb + t * ffn, s->hb2 + t * ffn, ffn);
-    wmat_mul(team, out, w2, s->hb, n, &s->xq);
+    wmat_mul(pool, out, w2, s->hb, n, &s->xq);
 }
 
 static void add_rows(float *x, const float *y, size_t count) {
     for (size_t i = 0; i < count; i++) x[i] += y[i];
 }
 
-void wffn_dense(const wlayer *L, wstate *s, const wpool_team *team, size_t n) {
-    swiglu(team, s, s->xb2, s->xb, n, &L->w1, &L->w3, &L->w2);
+void wffn_dense(const wlayer *L, wstate *s, wpool *pool, size_t n) {
+    swiglu(pool, s, s->xb2, s->xb, n, &L->w1, &L->w3, &L->w2);
     add_rows(s->x, s->xb2, n * L->w2.rows);
 }
 
@@ -42,13 +42,13 @@ static void route_token(const wmanifest *m, float *probs, uint32_t *chosen, floa
 
 /* Route every token, then list each expert's tokens (a counting sort, so
  * each list is in token order). */
-static void route(const wmanifest *m, const wlayer *L, wstate *s, const wpool_team *team, size_t n) {
+static void route(const wmanifest *m, const wlayer *L, wstate *s, wpool *pool, size_t n) {
     wroute *r = &s->route;
     size_t top_k = m->top_k;
     if (m->llama) { /* a dense FFN stored as the layer's only expert */
         for (size_t t = 0; t < n; t++) r->chosen[t] = 0, r->weight[t] = 1.0f;
     } else {
-        wmat_mul(team, s->router, &L->router, s->xb, n, &s->xq);
+        wmat_mul(pool, s->router, &L->router, s->xb, n, &s->xq);
         for (size_t t = 0; t < n; t++)
             route_token(m, s->router + t * m->n_experts, r->chosen + t * top_k, r->weight + t * top_k);
     }
@@ -64,7 +64,7 @@ static void route(const wmanifest *m, const wlayer *L, wstate *s, const wpool_te
 }
 
 /* Expert e (its record's payload) applied to its `count` tokens' rows. */
-static void run_expert(const wmanifest *m, wstate *s, const wpool_team *team, const uint8_t *payload,
+static void run_expert(const wmanifest *m, wstate *s, wpool *pool, const uint8_t *payload,
                        const uint32_t *member, const float *weight, size_t count, size_t n) {
     size_t h = m->hidden, ffn = m->expert_ffn, up = (size_t)wquant_bytes(m->expert_q, ffn, h);
     wmat w1 = wmat_view(m->expert_q, ffn, h, payload);
@@ -75,7 +75,7 @@ static void run_expert(const wmanifest *m, wstate *s, const wpool_team *team, co
         for (size_t i = 0; i < count; i++) memcpy(s->rows + i * h, s->xb + member[i] * h, h * sizeof(float));
         in = s->rows;
     }
-    swiglu(team, s, s->xb2, in, count, &w1, &w3, &w2);
+    swiglu(pool, s, s->xb2, in, count, &w1, &w3, &w2);
     for (size_t i = 0; i < count; i++) { /* scatter */
         float *sum = s->moe + member[i] * h;
         const float *y = s->xb2 + i * h;
@@ -83,11 +83,11 @@ static void run_expert(const wmanifest *m, wstate *s, const wpool_team *team, co
     }
 }
 
-waste_status wffn_moe(const wmanifest *m, const wlayer *L, wstate *s, const wpool_team *team,
+waste_status wffn_moe(const wmanifest *m, const wlayer *L, wstate *s, wpool *pool,
                       wexperts *experts, uint32_t layer, size_t n, char *err, size_t errcap) {
     size_t h = m->hidden;
     const wroute *r = &s->route;
-    route(m, L, s, team, n);
+    route(m, L, s, pool, n);
     memset(s->moe, 0, n * h * sizeof *s->moe);
     for (uint32_t e = 0; e < m->n_experts; e++) {
         size_t begin = r->first[e], count = r->first[e + 1] - begin;
@@ -95,10 +95,10 @@ waste_status wffn_moe(const wmanifest *m, const wlayer *L, wstate *s, const wpoo
         const uint8_t *payload;
         waste_status st = wexperts_get(experts, layer, e, (uint32_t)count, &payload, err, errcap);
         if (st != WASTE_OK) return st;
-        run_expert(m, s, team, payload, r->member + begin, r->member_weight + begin, count, n);
+        run_expert(m, s, pool, payload, r->member + begin, r->member_weight + begin, count, n);
     }
     if (m->shared_expert) {
-        swiglu(team, s, s->xb2, s->xb, n, &L->w1, &L->w3, &L->w2);
+        swiglu(pool, s, s->xb2, s->xb, n, &L->w1, &L->w3, &L->w2);
         add_rows(s->moe, s->xb2, n * h);
     }
     add_rows(s->x, s->moe, n * h);

@@ -20,11 +20,11 @@
 #include "pool.h"
 
 /* s->x += w2 . (silu(w1 . s->xb) * (w3 . s->xb)) for tokens [0, n). */
-void wffn_dense(const wlayer *L, wstate *s, const wpool_team *team, size_t n);
+void wffn_dense(const wlayer *L, wstate *s, wpool *pool, size_t n);
 
 /* s->x += the MoE layer `layer` applied to s->xb, tokens [0, n).  An expert
  * that cannot be read fails the batch: WASTE_E_IO with the reason in err. */
-waste_status wffn_moe(const wmanifest *m, const wlayer *L, wstate *s, const wpool_team *team,
+waste_status wffn_moe(const wmanifest *m, const wlayer *L, wstate *s, wpool *pool,
                       wexperts *experts, uint32_t layer, size_t n, char *err, size_t errcap);
 
 #endif

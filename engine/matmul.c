@@ -104,9 +104,9 @@ static void mul_rows(void *arg, size_t begin, size_t end) {
     }
 }
 
-void wmat_mul(const wpool_team *team, float *out, const wmat *w, const float *x, size_t n,
+void wmat_mul(wpool *pool, float *out, const wmat *w, const float *x, size_t n,
               wqvec *xq) {
     if (w->q.kind != WQ_F32 && w->q.group == 32) wdot_quantize(x, n, w->cols, xq);
     job j = {.out = out, .w = w, .x = x, .xq = xq, .n = n};
-    wpool_run(team, w->rows, w->rows * w->cols * n, mul_rows, &j);
+    wpool_run(pool, w->rows, w->rows * w->cols * n, mul_rows, &j);
 }

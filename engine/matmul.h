@@ -2,7 +2,7 @@
  * matmul.h -- weight matrices in any stored format (FORMAT.md, "Weight
  * formats") and their products with the activations of a chunk of tokens.
  * Each weight row is read once per chunk, not once per token: rows are split
- * across the thread team (pool.h) and every row meets all the chunk's tokens
+ * across the thread pool (pool.h) and every row meets all the chunk's tokens
  * (dot.h), so results depend neither on the chunk nor on the thread count.
  */
 #ifndef WASTE_MATMUL_H
@@ -34,7 +34,7 @@ void wmat_dequant_row(const wmat *w, size_t row, float *out);
  * Blocked formats with groups of 32 quantise x into xq (room for n*cols
  * codes and n*cols/32 blocks, see dot.h) and take integer dot products; f32
  * and other q8 groups use x as is. */
-void wmat_mul(const wpool_team *team, float *out, const wmat *w, const float *x, size_t n,
+void wmat_mul(wpool *pool, float *out, const wmat *w, const float *x, size_t n,
               wqvec *xq);
 
 #endif

@@ -206,26 +206,26 @@ static void store_kv(const wmanifest *m, wstate *s, uint32_t layer, size_t n) {
 }
 
 /* x += wo . attention(rmsnorm(x) * attn_norm), for tokens [0, n). */
-static void attention_block(const wmanifest *m, const wlayer *L, wstate *s, const wpool_team *team,
+static void attention_block(const wmanifest *m, const wlayer *L, wstate *s, wpool *pool,
                             uint32_t layer, size_t n) {
     size_t h = m->hidden, kv = wmanifest_kv_dim(m), hd = m->head_dim;
     for (size_t t = 0; t < n; t++) wops_rmsnorm(s->xb + t * h, s->x + t * h, L->attn_norm, h, m->norm_eps);
-    wmat_mul(team, s->q, &L->wq, s->xb, n, &s->xq);
-    wmat_mul(team, s->k, &L->wk, s->xb, n, &s->xq);
-    wmat_mul(team, s->v, &L->wv, s->xb, n, &s->xq);
+    wmat_mul(pool, s->q, &L->wq, s->xb, n, &s->xq);
+    wmat_mul(pool, s->k, &L->wk, s->xb, n, &s->xq);
+    wmat_mul(pool, s->v, &L->wv, s->xb, n, &s->xq);
     for (size_t t = 0; t < n; t++) {
         wops_rope(s->q + t * h, m->n_heads, hd, s->rope + t * hd);
         wops_rope(s->k + t * kv, m->n_kv_heads, hd, s->rope + t * hd);
     }
     store_kv(m, s, layer, n);
     const wattn_shape shape = {m->n_heads, m->n_kv_heads, hd, s->stride};
-    wattn_chunk(team, &shape, wstate_kv(s, m, 0, layer, 0), wstate_kv(s, m, 1, layer, 0), s->q,
+    wattn_chunk(pool, &shape, wstate_kv(s, m, 0, layer, 0), wstate_kv(s, m, 1, layer, 0), s->q,
                 s->pos, n, s->xb);
-    wmat_mul(team, s->xb2, &L->wo, s->xb, n, &s->xq);
+    wmat_mul(pool, s->xb2, &L->wo, s->xb, n, &s->xq);
     for (size_t i = 0; i < n * h; i++) s->x[i] += s->xb2[i];
 }
 
-waste_status wmodel_forward(const wmanifest *m, const wweights *w, wstate *s, const wpool_team *team,
+waste_status wmodel_forward(const wmanifest *m, const wweights *w, wstate *s, wpool *pool,
                             wexperts *experts, size_t n, int want_logits, char *err,
                             size_t errcap) {
     size_t h = m->hidden;
@@ -233,19 +233,19 @@ waste_status wmodel_forward(const wmanifest *m, const wweights *w, wstate *s, co
         wops_rope_angles(s->rope + t * m->head_dim, m->head_dim, s->pos + (uint32_t)t, m->rope_theta);
     for (uint32_t l = 0; l < m->n_layers; l++) {
         const wlayer *L = &w->layers[l];
-        attention_block(m, L, s, team, l, n);
+        attention_block(m, L, s, pool, l, n);
         for (size_t t = 0; t < n; t++) wops_rmsnorm(s->xb + t * h, s->x + t * h, L->ffn_norm, h, m->norm_eps);
         if (l < m->n_dense_layers) {
-            wffn_dense(L, s, team, n);
+            wffn_dense(L, s, pool, n);
         } else {
-            waste_status st = wffn_moe(m, L, s, team, experts, l, n, err, errcap);
+            waste_status st = wffn_moe(m, L, s, pool, experts, l, n, err, errcap);
             if (st != WASTE_OK) return st;
         }
     }
     if (want_logits) {
         const float *last = s->x + (n - 1) * h;
         wops_rmsnorm(s->xb, last, w->final_norm, h, m->norm_eps);
-        wmat_mul(team, s->logits, &w->lm_head, s->xb, 1, &s->xq);
+        wmat_mul(pool, s->logits, &w->lm_head, s->xb, 1, &s->xq);
     }
     s->pos += (uint32_t)n;
     return WASTE_OK;

@@ -92,7 +92,7 @@ void wmodel_embed(const wweights *w, int32_t token, float *out);
  * embeddings the caller put in s->x[0..n), at s->pos onwards; s->pos
  * advances by n on success.  want_logits fills s->logits for the last of
  * them.  The caller checks that s->pos + n <= s->ctx. */
-waste_status wmodel_forward(const wmanifest *m, const wweights *w, wstate *s, const wpool_team *team,
+waste_status wmodel_forward(const wmanifest *m, const wweights *w, wstate *s, wpool *pool,
                             wexperts *experts, size_t n, int want_logits, char *err, size_t errcap);
 
 #endif

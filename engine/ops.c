@@ -27,10 +27,10 @@ static void matvec_rows(void *arg, size_t begin, size_t end) {
     }
 }
 
-void wops_matvec(const wpool_team *team, float *out, const float *w, const float *x, size_t rows,
+void wops_matvec(wpool *pool, float *out, const float *w, const float *x, size_t rows,
                  size_t cols) {
     matvec_job j = {.out = out, .w = w, .x = x, .cols = cols};
-    wpool_run(team, rows, rows * cols, matvec_rows, &j);
+    wpool_run(pool, rows, rows * cols, matvec_rows, &j);
 }
 
 void wops_softmax(float *x, size_t n) {

@@ -13,7 +13,7 @@
 void wops_rmsnorm(float *out, const float *x, const float *weight, size_t n, float eps);
 
 /* out[rows] = W[rows][cols] . x (f32 weights; the vision tower's). */
-void wops_matvec(const wpool_team *team, float *out, const float *w, const float *x, size_t rows,
+void wops_matvec(wpool *pool, float *out, const float *w, const float *x, size_t rows,
                  size_t cols);
 
 /* In-place softmax. */

@@ -1,127 +1,192 @@
 #include "pool.h"
 
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
 
-/* Splitting costs a wake-up per helper: only worth it for jobs with at
- * least this many multiply-adds. */
-#define WORK_THRESHOLD ((size_t)1 << 15)
+/* Jobs with fewer multiply-adds than this run on the caller alone: below
+ * it the hand-off cost more than a second thread saved in every run of
+ * bench/engine_threads.py (docs/engine.md, "Threads"). */
+#ifndef WPOOL_WORK_THRESHOLD
+#define WPOOL_WORK_THRESHOLD ((size_t)1 << 16)
+#endif
 
-typedef struct {
-    pthread_t thread;
-    int started;
-    int pinned_cpu; /* the CPU it is pinned to, -1 = the home mask */
-} helper;
+/* How long an idle helper polls for the next job before it sleeps: enough
+ * for the gaps between the jobs of a decode step on an idle machine, and no
+ * more: a helper polling on a busy machine spends the CPU time the scheduler
+ * would otherwise let it work with (bench/engine_threads.py). */
+#ifndef WPOOL_SPIN_US
+#define WPOOL_SPIN_US 10
+#endif
 
-static struct {
-    pthread_mutex_t dispatch; /* one job at a time, process-wide */
-    pthread_mutex_t lock;     /* guards the job fields below */
-    pthread_cond_t wake, done;
-    unsigned long generation;
+/* Chunks per thread: a thread the OS delays leaves its unclaimed chunks to
+ * the others instead of holding up the job. */
+#define CHUNKS_PER_THREAD 4
+
+/* The job word: its generation in the high 32 bits, the helpers working on
+ * it in the low ones.  An odd generation is a job open to join; the caller
+ * closes it (makes the generation even) only when no helper is inside, so
+ * the job's fields never change under a helper that joined. */
+#define GEN(state) ((uint32_t)((state) >> 32))
+#define OPEN(state) (GEN(state) & 1u)
+
+struct wpool {
+    int n_threads; /* helpers + the caller */
+    int n_helpers;
+    pthread_t helpers[WPOOL_MAX_THREADS];
+    wcpus cpus;
+
+    _Atomic uint64_t state;
+    /* The open job; written by the caller while no job is open. */
     wpool_rows_fn fn;
     void *arg;
-    size_t n_rows;
-    int n_chunks;
-    int pending;
-    const wcpus *cpus;
-    helper helpers[WPOOL_MAX_THREADS];
-} pool = {
-    .dispatch = PTHREAD_MUTEX_INITIALIZER,
-    .lock = PTHREAD_MUTEX_INITIALIZER,
-    .wake = PTHREAD_COND_INITIALIZER,
-    .done = PTHREAD_COND_INITIALIZER,
+    size_t n_rows, n_chunks;
+    atomic_size_t next_chunk;
+
+    /* Idle helpers sleep here; the caller signals only when one does. */
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    atomic_int sleepers;
+    atomic_int stopping;
 };
 
+typedef struct {
+    wpool *pool;
+    int index;
+} helper_start;
+
 /* The mask threads had when the library was loaded, before any pinning:
- * where an unpinned helper goes back to. */
+ * where an unpinned helper runs. */
 static wsys_mask home_mask;
 
 __attribute__((constructor)) static void remember_home_mask(void) { wsys_mask_get(&home_mask); }
 
-static void run_chunk(wpool_rows_fn fn, void *arg, size_t n_rows, int chunk, int n_chunks) {
-    size_t begin = n_rows * (size_t)chunk / (size_t)n_chunks;
-    size_t end = n_rows * (size_t)(chunk + 1) / (size_t)n_chunks;
-    if (begin < end) fn(arg, begin, end);
+static void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
 }
 
-/* Helper i does chunk i + 1 of every job with enough chunks. */
+/* Claim chunks of the open job until none is left. */
+static void claim_chunks(wpool *pool) {
+    size_t chunk;
+    while ((chunk = atomic_fetch_add(&pool->next_chunk, 1)) < pool->n_chunks) {
+        size_t begin = pool->n_rows * chunk / pool->n_chunks;
+        size_t end = pool->n_rows * (chunk + 1) / pool->n_chunks;
+        pool->fn(pool->arg, begin, end);
+    }
+}
+
+/* The state once a job other than generation `seen` is open, or 0 when the
+ * pool is stopping: poll for WPOOL_SPIN_US, then sleep. */
+static uint64_t next_job(wpool *pool, uint32_t seen) {
+    double deadline = wsys_now_ms() + WPOOL_SPIN_US / 1000.0;
+    for (unsigned spins = 1;; spins++) {
+        uint64_t s = atomic_load(&pool->state);
+        if (OPEN(s) && GEN(s) != seen) return s;
+        if (atomic_load_explicit(&pool->stopping, memory_order_relaxed)) return 0;
+        cpu_relax();
+        if (spins % 16 == 0 && wsys_now_ms() > deadline) break;
+    }
+    pthread_mutex_lock(&pool->lock);
+    atomic_fetch_add(&pool->sleepers, 1);
+    uint64_t s;
+    /* sleepers is raised before this look at the state and the caller looks
+     * at sleepers after publishing: one of the two sees the other. */
+    while (!((s = atomic_load(&pool->state)), OPEN(s) && GEN(s) != seen) &&
+           !atomic_load(&pool->stopping))
+        pthread_cond_wait(&pool->wake, &pool->lock);
+    atomic_fetch_sub(&pool->sleepers, 1);
+    pthread_mutex_unlock(&pool->lock);
+    return atomic_load(&pool->stopping) ? 0 : s;
+}
+
 static void *helper_main(void *p) {
-    int index = (int)(size_t)p;
-    helper *self = &pool.helpers[index];
-    unsigned long seen = 0;
-    /* It inherited its creator's mask, which may be a pinned caller's. */
-    wsys_mask_apply(&home_mask);
-    pthread_mutex_lock(&pool.lock);
-    for (;;) {
-        while (pool.generation == seen) pthread_cond_wait(&pool.wake, &pool.lock);
-        seen = pool.generation;
-        int chunk = index + 1;
-        if (chunk >= pool.n_chunks) continue;
-        wpool_rows_fn fn = pool.fn;
-        void *arg = pool.arg;
-        size_t n_rows = pool.n_rows;
-        int n_chunks = pool.n_chunks;
-        const wcpus *cpus = pool.cpus;
-        pthread_mutex_unlock(&pool.lock);
-
-        int want = cpus && cpus->n > 0 ? cpus->ids[index % cpus->n] : -1;
-        if (want != self->pinned_cpu) {
-            wsys_mask mask = home_mask;
-            if (want >= 0) wsys_mask_of(cpus, index, &mask);
-            wsys_mask_apply(&mask);
-            self->pinned_cpu = want;
-        }
-        run_chunk(fn, arg, n_rows, chunk, n_chunks);
-
-        pthread_mutex_lock(&pool.lock);
-        if (--pool.pending == 0) pthread_cond_signal(&pool.done);
+    helper_start start = *(helper_start *)p;
+    free(p);
+    wpool *pool = start.pool;
+    wsys_mask mask = home_mask; /* not the mask of whoever opened the context */
+    if (pool->cpus.n > 0) wsys_mask_of(&pool->cpus, start.index, &mask);
+    wsys_mask_apply(&mask);
+    uint32_t seen = 0;
+    uint64_t s;
+    while ((s = next_job(pool, seen)) != 0) {
+        seen = GEN(s);
+        /* Join while the job is still the one seen; it may close first. */
+        while (GEN(s) == seen && OPEN(s) &&
+               !atomic_compare_exchange_weak(&pool->state, &s, s + 1))
+            ;
+        if (GEN(s) != seen || !OPEN(s)) continue;
+        claim_chunks(pool);
+        atomic_fetch_sub(&pool->state, 1);
     }
     return NULL;
 }
 
-/* Start helpers up to `count`; returns how many are running. */
-static int ensure_helpers(int count) {
-    int running = 0;
-    for (int i = 0; i < count && i < WPOOL_MAX_THREADS; i++) {
-        helper *h = &pool.helpers[i];
-        if (!h->started) {
-            h->pinned_cpu = -1;
-            pthread_attr_t attr;
-            pthread_attr_init(&attr);
-            pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-            h->started = pthread_create(&h->thread, &attr, helper_main, (void *)(size_t)i) == 0;
-            pthread_attr_destroy(&attr);
-            if (!h->started) break;
+wpool *wpool_open(int n_threads, const wcpus *cpus) {
+    wpool *pool = calloc(1, sizeof *pool);
+    if (!pool) return NULL;
+    pthread_mutex_init(&pool->lock, NULL);
+    pthread_cond_init(&pool->wake, NULL);
+    if (cpus) pool->cpus = *cpus;
+    int want = n_threads - 1 > WPOOL_MAX_THREADS ? WPOOL_MAX_THREADS : n_threads - 1;
+    for (int i = 0; i < want; i++) {
+        helper_start *start = malloc(sizeof *start);
+        if (!start) break;
+        *start = (helper_start){pool, i};
+        if (pthread_create(&pool->helpers[i], NULL, helper_main, start) != 0) {
+            free(start);
+            break;
         }
-        running++;
+        pool->n_helpers++;
     }
-    return running;
+    pool->n_threads = pool->n_helpers + 1;
+    return pool;
 }
 
-void wpool_run(const wpool_team *team, size_t n_rows, size_t work, wpool_rows_fn fn, void *arg) {
-    int n_chunks = team->n_threads;
-    if (n_chunks > WPOOL_MAX_THREADS + 1) n_chunks = WPOOL_MAX_THREADS + 1;
-    if ((size_t)n_chunks > n_rows) n_chunks = (int)n_rows;
-    if (n_chunks <= 1 || work < WORK_THRESHOLD) {
+void wpool_close(wpool *pool) {
+    if (!pool) return;
+    pthread_mutex_lock(&pool->lock);
+    atomic_store(&pool->stopping, 1);
+    pthread_cond_broadcast(&pool->wake);
+    pthread_mutex_unlock(&pool->lock);
+    for (int i = 0; i < pool->n_helpers; i++) pthread_join(pool->helpers[i], NULL);
+    pthread_cond_destroy(&pool->wake);
+    pthread_mutex_destroy(&pool->lock);
+    free(pool);
+}
+
+void wpool_run(wpool *pool, size_t n_rows, size_t work, wpool_rows_fn fn, void *arg) {
+    size_t n_chunks = pool ? (size_t)pool->n_threads * CHUNKS_PER_THREAD : 1;
+    if (n_chunks > n_rows) n_chunks = n_rows;
+    if (n_chunks <= 1 || pool->n_helpers == 0 || work < WPOOL_WORK_THRESHOLD) {
         fn(arg, 0, n_rows);
         return;
     }
-    pthread_mutex_lock(&pool.dispatch);
-    n_chunks = 1 + ensure_helpers(n_chunks - 1);
-    pthread_mutex_lock(&pool.lock);
-    pool.fn = fn;
-    pool.arg = arg;
-    pool.n_rows = n_rows;
-    pool.n_chunks = n_chunks;
-    pool.pending = n_chunks - 1;
-    pool.cpus = team->cpus;
-    pool.generation++;
-    pthread_cond_broadcast(&pool.wake);
-    pthread_mutex_unlock(&pool.lock);
-
-    run_chunk(fn, arg, n_rows, 0, n_chunks);
-
-    pthread_mutex_lock(&pool.lock);
-    while (pool.pending > 0) pthread_cond_wait(&pool.done, &pool.lock);
-    pthread_mutex_unlock(&pool.lock);
-    pthread_mutex_unlock(&pool.dispatch);
+    pool->fn = fn;
+    pool->arg = arg;
+    pool->n_rows = n_rows;
+    pool->n_chunks = n_chunks;
+    atomic_store_explicit(&pool->next_chunk, 0, memory_order_relaxed);
+    const uint64_t next_gen = (uint64_t)1 << 32;
+    uint64_t open = atomic_load(&pool->state) + next_gen; /* odd generation, nobody inside */
+    atomic_store(&pool->state, open);
+    if (atomic_load(&pool->sleepers) > 0) {
+        pthread_mutex_lock(&pool->lock);
+        pthread_cond_broadcast(&pool->wake);
+        pthread_mutex_unlock(&pool->lock);
+    }
+    claim_chunks(pool);
+    /* Close once every helper that joined has left: their chunks are done.
+     * A helper holding a chunk may share this core, hence the yields. */
+    for (unsigned spins = 1;; spins++) {
+        uint64_t expected = open;
+        if (atomic_compare_exchange_weak(&pool->state, &expected, open + next_gen)) break;
+        if (spins % 64 == 0) sched_yield();
+        else cpu_relax();
+    }
 }

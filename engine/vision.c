@@ -241,7 +241,6 @@ static int resized_side(int side, double s, int u) {
 /* Patch at resized pixel (x0, y0) -> normalised vision_hidden features. */
 static void encode_patch(const wvision *v, const wimg *img, const axis_map *mx, const axis_map *my,
                          int x0, int y0, float *pixels, float *feat) {
-    const wpool_team single = {1, NULL}; /* the tower is small; stay on the caller's thread */
     int p = (int)v->cfg.patch;
     size_t vh = (size_t)v->cfg.vhidden;
     for (int c = 0; c < 3; c++)
@@ -249,7 +248,8 @@ static void encode_patch(const wvision *v, const wimg *img, const axis_map *mx, 
             for (int x = 0; x < p; x++)
                 pixels[(c * p + y) * p + x] =
                     bilinear(img, mx, my, x0 + x, y0 + y, c) / 127.5f - 1.0f;
-    wops_matvec(&single, feat, v->patch_proj, pixels, vh, 3 * (size_t)(p * p));
+    /* the tower is small: no pool, the caller's thread */
+    wops_matvec(NULL, feat, v->patch_proj, pixels, vh, 3 * (size_t)(p * p));
     for (size_t i = 0; i < vh; i++) feat[i] = gelu(feat[i] + v->patch_bias[i]);
     wops_rmsnorm(feat, feat, v->norm, vh, VISION_NORM_EPS);
 }
@@ -280,14 +280,13 @@ waste_status wvision_encode(const wvision *vis, const wimg *img, float **embeds,
     int ok =
         out && pixels && feats && axis_map_init(&mx, img->w, rw) && axis_map_init(&my, img->h, rh);
     if (ok) {
-        const wpool_team single = {1, NULL};
         for (size_t t = 0; t < n; t++) {
             size_t bx = t % gx, by = t / gx;
             for (int k = 0; k < m * m; k++) /* patches row-major within the block */
                 encode_patch(vis, img, &mx, &my, (int)(bx * (size_t)u) + (k % m) * p,
                              (int)(by * (size_t)u) + (k / m) * p, pixels, feats + (size_t)k * vh);
             float *e = out + t * hidden;
-            wops_matvec(&single, e, vis->proj, feats, hidden, block);
+            wops_matvec(NULL, e, vis->proj, feats, hidden, block);
             for (size_t i = 0; i < hidden; i++) e[i] += vis->proj_bias[i];
         }
     }

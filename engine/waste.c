@@ -44,7 +44,7 @@ struct waste_ctx {
     wvision *vision;
     wmedia media;
     wcpus cpus;
-    wpool_team team;
+    wpool *pool;
     waste_memplan used;
     int lock_fd;
     int32_t bos, eos, media_pad;
@@ -286,8 +286,8 @@ static waste_status configure_threads(waste_ctx *ctx, const waste_cfg *cfg, char
         if (st != WASTE_OK) return st;
     }
     int n = cfg->n_threads ? cfg->n_threads : ctx->cpus.n ? ctx->cpus.n : wsys_available_cpus();
-    ctx->team.n_threads = n > WPOOL_MAX_THREADS + 1 ? WPOOL_MAX_THREADS + 1 : n;
-    ctx->team.cpus = &ctx->cpus;
+    ctx->pool = wpool_open(n, &ctx->cpus);
+    if (!ctx->pool) return wdetail(err, errcap, WASTE_E_OOM, "out of memory for the thread pool");
     return WASTE_OK;
 }
 
@@ -373,6 +373,7 @@ void waste_close(waste_ctx *ctx) {
     if (!ctx) return;
     wmedia_clear(&ctx->media);
     if (ctx->vision) wvision_free(ctx->vision);
+    wpool_close(ctx->pool);
     wexperts_close(&ctx->x);
     wstate_free(&ctx->s);
     wweights_free(&ctx->w);
@@ -549,7 +550,7 @@ static waste_status eval_batch(waste_ctx *ctx, const int32_t *tokens, size_t n, 
         if (tokens[i] != ctx->media_pad || !wmedia_take_row(&ctx->media, row))
             wmodel_embed(&ctx->w, tokens[i], row);
     }
-    return wmodel_forward(&ctx->m, &ctx->w, &ctx->s, &ctx->team, &ctx->x, n, want_logits,
+    return wmodel_forward(&ctx->m, &ctx->w, &ctx->s, ctx->pool, &ctx->x, n, want_logits,
                           ctx->detail, sizeof ctx->detail);
 }
 

@@ -18,7 +18,8 @@
  *   - Strings returned as `const char *` are owned by the library (static, or
  *     by the context for as long as it is open); hosts never free them.
  *   - A waste_ctx is NOT thread-safe: serialize every call on one context.
- *     Distinct contexts are independent.
+ *     Distinct contexts are independent and may run at once: each has
+ *     compute threads of its own (waste_cfg.n_threads).
  */
 #ifndef WASTE_H
 #define WASTE_H
@@ -91,7 +92,9 @@ typedef struct {
     uint64_t ram_budget_bytes; /* hard ceiling on engine allocations; 0 = engine picks */
     uint32_t ctx_tokens;       /* longest sequence (prompt + generation); 0 = 4096, or the
                                   container's context_length when smaller */
-    int n_threads;             /* compute threads; 0 = one per core (or per listed CPU) */
+    int n_threads;             /* this context's compute threads, the caller's included; 0 = one
+                                  per core (or per listed CPU).  Contexts that run at once
+                                  should share the cores out between them */
     const char *cpu_list;      /* "0-5" / "0-2,6-8"; NULL = unrestricted */
     int cache_policy;          /* waste_cache_policy */
     int use_direct_io;         /* bypass the page cache for expert reads */

@@ -465,6 +465,41 @@ def test_thread_count_does_not_change_results(lib, k3_container, prompt):
     assert results[0] == results[1] == results[2]
 
 
+def test_contexts_prefill_and_decode_at_once(lib, k3_container, gguf_container):
+    """Three contexts in one process -- two of one container, one of another -- each with a
+    pool of two threads, prefill a batched prompt and decode at the same moment from three
+    host threads (ctypes lets go of the GIL): every one finishes with the tokens and
+    log-probabilities it gives alone."""
+    import threading
+    jobs = []
+    for path in (k3_container, k3_container, gguf_container):
+        rng = random.Random(len(jobs))
+        vocab = manifest(path)["vocab_size"]
+        jobs.append((path, [rng.randrange(vocab) for _ in range(150)]))
+
+    def answer(path: Path, prompt: list[int], start: threading.Barrier | None = None):
+        with opened(lib, path, ctx_tokens=512, n_threads=2) as ctx:
+            if start:
+                start.wait()
+            status, seen = generate(lib, ctx, prompt, max_tokens=40)
+        assert status == OK
+        return [(t["token"], t["logprob"]) for t in seen]
+
+    alone = [answer(path, prompt) for path, prompt in jobs]
+    together: list = [None] * len(jobs)
+    start = threading.Barrier(len(jobs))
+
+    def run(i: int) -> None:
+        together[i] = answer(*jobs[i], start)
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not any(t.is_alive() for t in threads)
+    assert together == alone and all(len(a) == 40 for a in alone)
+
+
 def test_model_info(lib, k3_container):
     m = manifest(k3_container)
     h, moe = m["hidden"], m["n_layers"] - m["n_dense_layers"]
