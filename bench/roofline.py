@@ -29,7 +29,7 @@ from pathlib import Path
 
 from common import ROOT, machine
 
-from serve.engine import Engine, EngineConfig, GenParams, load_library
+from serve import Engine, EngineConfig, GenParams, load_library
 
 CONTAINER = ROOT / "build" / "smollm2.waste"
 TEXT = ("The lighthouse keeper climbed the spiral stairs every evening at dusk, counted the ships "

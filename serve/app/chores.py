@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -45,6 +46,9 @@ def add_arguments(p: argparse.ArgumentParser, size: Callable[[str], int],
     p.add_argument("--chores-budget", type=size, default=None, metavar="SIZE",
                    help="RAM for the chores model, out of --budget (default: what it "
                         "recommends, at most a quarter of the budget)")
+    p.add_argument("--chores-threads", type=count, default=0, metavar="N",
+                   help="compute threads of the chores model (default: a quarter of the "
+                        "cores, at least 1); the main model keeps --threads")
 
 
 def plan(lib: Library, args: argparse.Namespace) -> Optional[Split]:
@@ -53,8 +57,9 @@ def plan(lib: Library, args: argparse.Namespace) -> Optional[Split]:
         for flag in ("chores_model_id", "chores_budget"):
             if getattr(args, flag) is not None:
                 raise ChoresError(f"--{flag.replace('_', '-')} needs --chores-model")
-        if args.chores_ctx:
-            raise ChoresError("--chores-ctx needs --chores-model")
+        for flag in ("chores_ctx", "chores_threads"):
+            if getattr(args, flag):
+                raise ChoresError(f"--{flag.replace('_', '-')} needs --chores-model")
         return None
     if not Path(args.chores_model).is_dir():
         raise ChoresError(f"{args.chores_model}: not a model container directory")
@@ -89,7 +94,7 @@ def opened(lib: Library, args: argparse.Namespace, split: Optional[Split],
     try:
         engine = Engine(lib, path, dataclasses.replace(
             cfg, budget=split.chores.budget, ctx=split.chores.context.tokens, vision=False,
-            usage_path=None))
+            usage_path=None, threads=threads(args)))
     except (WasteError, ValueError) as e:
         raise ChoresError(f"cannot open the chores model {path}: {e}") from None
     cache = None
@@ -116,6 +121,13 @@ def opened(lib: Library, args: argparse.Namespace, split: Optional[Split],
         if cache is not None:
             cache.close()
         engine.close()
+
+
+def threads(args: argparse.Namespace) -> int:
+    """The chores model's threads. Each context has a pool of its own (docs/engine.md,
+    "Threads"), and chores run while a person's reply does: a quarter of the cores keeps
+    the person's engine nearly whole when both run, the way the memory plan does."""
+    return args.chores_threads or max(1, (os.cpu_count() or 1) // 4)
 
 
 def banner_lines(service: Service, split: Split) -> list[str]:

@@ -93,20 +93,26 @@ PARAMS = [(path, case, stream) for path, (_, cases) in BODIES.items() for case i
           for stream in ((False,) if path == COUNT else (False, True))]
 
 
-@pytest.fixture(scope="module")
-def busy(k3_vision_container, lib_path, tmp_path_factory):
-    """(the server, its long prefill), the prefill holding the engine."""
+def busy_server(container, lib_path, work, tokens: str, *flags: str):
+    """(the server, its long prefill), the prefill holding the engine; `tokens` begins the
+    banner's tokens line, saying which tokenizer the server chose."""
     with pytest.MonkeyPatch.context() as env:
         env.setenv("WASTE_DELAY_MS", str(DELAY_MS))
-        with serve(k3_vision_container, lib_path, tmp_path_factory.mktemp("busy"), "--vision",
-                   "--ctx", str(CTX), "--no-prefix-cache", "--no-finish-abandoned") as srv:
-            assert any(line.startswith("tokens   serve's own") for line in srv.banner), srv.banner
+        with serve(container, lib_path, work, "--ctx", str(CTX), "--no-prefix-cache",
+                   "--no-finish-abandoned", *flags) as srv:
+            assert any(line.startswith(tokens) for line in srv.banner), srv.banner
             long = LongPrefill(srv.port, LONG_ITEMS)
             try:
                 assert long.holding.wait(60), long.raw
                 yield srv, long
             finally:
                 long.close()
+
+
+@pytest.fixture(scope="module")
+def busy(k3_vision_container, lib_path, tmp_path_factory):
+    yield from busy_server(k3_vision_container, lib_path, tmp_path_factory.mktemp("busy"),
+                           "tokens   serve's own", "--vision")
 
 
 def test_count_tokens_answers_while_a_prefill_runs(busy):
@@ -154,18 +160,8 @@ def test_the_log_and_metrics_count_refusals_as_400s(busy):
 @pytest.fixture(scope="module")
 def busy_engine_tokenizer(k3_container, lib_path, tmp_path_factory):
     """As `busy`, tokenizing on the engine (--engine-tokenizer): between its prefill chunks."""
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("WASTE_DELAY_MS", str(DELAY_MS))
-        with serve(k3_container, lib_path, tmp_path_factory.mktemp("busy-engine"), "--ctx", str(CTX),
-                   "--no-prefix-cache", "--no-finish-abandoned", "--engine-tokenizer",
-                   "--quiet") as srv:
-            assert any(line.startswith("tokens   on the engine") for line in srv.banner), srv.banner
-            long = LongPrefill(srv.port, LONG_ITEMS)
-            try:
-                assert long.holding.wait(60), long.raw
-                yield srv, long
-            finally:
-                long.close()
+    yield from busy_server(k3_container, lib_path, tmp_path_factory.mktemp("busy-engine"),
+                           "tokens   on the engine", "--engine-tokenizer", "--quiet")
 
 
 CHUNK_S = 512 * DELAY_MS / 1000   # one prefill chunk: ~8 s

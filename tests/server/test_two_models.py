@@ -6,6 +6,7 @@ one (chat.json): both written by tools/make_container.py, so nothing needs the n
 """
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import sys
@@ -18,6 +19,7 @@ from scripted import (ScriptedEngine, call, held_engine, post_open, read_all, re
 from openwebui_tasks import task
 from served import run_cli, serve
 from serve.app.budget import split_budget
+from serve.app.chores import threads
 from serve.engine.binding import Engine
 from serve.engine.types import EngineConfig, MemPlan
 from serve.service.models import Models
@@ -188,6 +190,7 @@ def test_an_impossible_plan_is_refused_at_start_in_one_line(flags, says, lib_pat
     (["--chores-model", "/nonexistent"], "serve: /nonexistent: not a model container directory"),
     (["--chores-ctx", "4096"], "serve: --chores-ctx needs --chores-model"),
     (["--chores-model-id", "x"], "serve: --chores-model-id needs --chores-model"),
+    (["--chores-threads", "2"], "serve: --chores-threads needs --chores-model"),
 ])
 def test_chores_flags_without_a_chores_model_are_refused(flags, says, lib_path, k3_container):
     out = run_cli(str(k3_container), "--port", "0", *flags, lib_path=lib_path)
@@ -309,3 +312,9 @@ def test_an_open_webui_title_chore_naming_the_main_model_never_touches_its_engin
     assert reply["model"] == CHORES
     moved = {m: n - before[m] for m, n in evaluated(two.port).items()}
     assert moved["k3"] == 0 and moved[CHORES] > 0
+
+
+def test_the_chores_model_takes_a_quarter_of_the_cores_unless_told():
+    quarter = max(1, (os.cpu_count() or 1) // 4)
+    assert threads(argparse.Namespace(chores_threads=0)) == quarter
+    assert threads(argparse.Namespace(chores_threads=3)) == 3
