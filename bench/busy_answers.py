@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """What a request that needs no engine waits while a long prefill holds it: count_tokens
 and a refused prompt (too long for the context), with serve's own tokenizer and with
 --engine-tokenizer, side by side.

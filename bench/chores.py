@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """An Open-WebUI chat replayed at a scaled K3 clock: the person's first tokens, before and after chores went to the back.
 
     .venv/bin/python bench/chores.py [CONTAINER] [--delay-ms MS] [--lib PATH] [--runs NAME,...]

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """The thread pool's two constants, measured: the work threshold and the spin time.
 
     .venv/bin/python bench/engine_threads.py [--threads N] [--rounds N] [--spins US,US,...]

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Prefill cost per position by step size: what one call to waste_eval should hand the engine.
 
     .venv/bin/python bench/prefill_step.py [CONTAINER] [--lib PATH] [--positions N] [--repeat N]

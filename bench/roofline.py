@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Decode against the machine's memory bandwidth: how close to the roofline it runs.
 
     .venv/bin/python bench/roofline.py [--threads N] [--runs N] [--lib PATH]

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Tokens per second of the off-engine tokenizer (serve/tokenizer/) against waste_tokenize.
 
     .venv/bin/python bench/tokenizer.py [--tokens 60000] [CONTAINER ...]
