@@ -69,20 +69,23 @@ def test_the_writer_beats_after_each_silence_and_comments_do_not_count():
         beats.append(time.monotonic())
         writer.put(b"data: beat\n\n")
 
+    # The writer's clock starts when it is made: a busy machine may run the test's next line late.
+    started = time.monotonic()
     writer = EventWriter(sent, heartbeat=BEAT, on_silence=beat)
     writer.start()
-    started = time.monotonic()
-    time.sleep(4 * BEAT)                       # silence: beats
-    assert beats and beats[0] - started >= BEAT
-    quiet = len(beats)
-    for _ in range(int(4 * BEAT / 0.05)):      # comments only: still beats
-        writer.put(b": prefill\n\n", alive=False)
-        time.sleep(0.05)
-    assert len(beats) > quiet
-    # Each heartbeat came at least a heartbeat after the sign of life before it.
-    alive = [at for at, data in sent.sends if b"data:" in data]
-    assert all(b - a >= BEAT * 0.99 for a, b in zip([started] + alive, beats))
-    writer.close()
+    try:
+        time.sleep(4 * BEAT)                       # silence: beats
+        assert beats and beats[0] - started >= BEAT
+        quiet = len(beats)
+        for _ in range(int(4 * BEAT / 0.05)):      # comments only: still beats
+            writer.put(b": prefill\n\n", alive=False)
+            time.sleep(0.05)
+        assert len(beats) > quiet
+        # Each heartbeat came at least a heartbeat after the sign of life before it.
+        alive = [at for at, data in sent.sends if b"data:" in data]
+        assert all(b - a >= BEAT * 0.99 for a, b in zip([started] + alive, beats))
+    finally:
+        writer.close()   # a failure here must not leave a writer thread for later tests to count
     after = len(beats)
     time.sleep(2 * BEAT)
     assert len(beats) == after and not writer.is_alive()   # a closed stream never beats
