@@ -37,7 +37,9 @@ from serve.service.logprobs import chat_logprobs, completion_logprobs
 from serve.service.metrics import Metrics
 from serve.service.preempt import Preemption
 from serve.service.prefill import DEFAULT_CHUNK, Prefill, PrefillCancelled, start_empty
+from serve.snapshots import tiers
 from serve.snapshots.cache import PrefixCache
+from serve.snapshots.lookup import Lookup
 from serve.snapshots.shared_dir import SharedDir
 from serve.service.prompt import ChatCheck, check_fits, Prompt, PromptBuilder
 from serve.service.replies import ChatReply, CompletionReply, ReplySink
@@ -158,6 +160,7 @@ class Service:
             early = self.prompts.chat(req, check, staged)
             run = self._run(sink)
             run.accepted(check.thinking)
+            lookup = self._look_up(early, run)
             with self._turn(run, req.work):
                 prompt = self.prompts.with_images(early)
                 reader = ChatReader(self.chat_format.new_parser(check.thinking), req.sampling.stop,
@@ -168,7 +171,7 @@ class Service:
                     logprobs=req.logprobs, constraint=constraint, label=req.request_id,
                     stop=self._prefill_stop(run, req.request_id),
                     pause=self._pause(run, req.work, req.request_id),
-                    max_tokens=self._max_tokens(req.work))
+                    max_tokens=self._max_tokens(req.work), lookup=lookup)
                 message = reader.message()
                 outcome.usage.waste["reasoning"] = check.reasoning
                 self._account(outcome.usage.waste, req.work, run)
@@ -196,13 +199,14 @@ class Service:
         check_fits(self.engine, len(req.prompt), "prompt", self.options.context_beyond)
         prompt = Prompt(self.prompts.text(req.prompt))
         run = self._run(sink)
+        lookup = self._look_up(prompt, run)
         with self._turn(run, req.work):
             reader = TextReader(req.sampling.stop, self.engine.specials.values())
             outcome = self.generation.run(prompt, req.sampling, run, reader,
                                           logprobs=req.logprobs, label=req.request_id,
                                           stop=self._prefill_stop(run, req.request_id),
                                           pause=self._pause(run, req.work, req.request_id),
-                                          max_tokens=self._max_tokens(req.work))
+                                          max_tokens=self._max_tokens(req.work), lookup=lookup)
             self._account(outcome.usage.waste, req.work, run)
         return CompletionReply(reader.text, outcome.finish_reason, outcome.usage, outcome.client_gone,
                                None if outcome.logprobs is None else completion_logprobs(outcome.logprobs))
@@ -214,6 +218,16 @@ class Service:
         if not grammar.check_available(req, fmt.prompts_response_format, fmt.prompts_tools, off):
             return None
         return grammar.compile_grammar(fmt.grammar(req, thinking))
+
+    def _look_up(self, prompt: Prompt, run: Run) -> Optional[Lookup]:
+        """The prompt's snapshot, found (and fetched from the shared tier) while the request
+        waits, not on the engine: the engine only brings it up to date (serve/snapshots/lookup.py).
+        A client that leaves stops a fetch between two chunks."""
+        cache = self.options.prefix_cache
+        if cache is None:
+            return None
+        tokens, limit = prompt.restorable
+        return tiers.find(cache, self.policy, tokens, limit, stop=run.gone)
 
     def new_run(self, client_gone: Callable[[], bool]) -> Run:
         """A Run for a caller whose own thread takes its events (Run.take): cancelled when

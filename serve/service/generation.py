@@ -26,6 +26,7 @@ from serve.service.run import Run
 from serve.service.metrics import Metrics
 from serve.service.prefill import DEFAULT_CHUNK, Pause, Prefill, PrefillCancelled
 from serve.snapshots.cache import PrefixCache
+from serve.snapshots.lookup import Lookup
 from serve.service.prompt import Prompt, too_long
 from serve.service.reply_reader import ReplyReader
 from serve.snapshots.policy import SnapshotPolicy
@@ -78,7 +79,7 @@ class Generation:
             stop_tokens: Sequence[int] = (), logprobs: Optional[int] = None,
             constraint: Optional[str] = None, label: str = "",
             stop: Optional[Callable[[], bool]] = None, pause: Optional[Pause] = None,
-            max_tokens: Optional[int] = None) -> Outcome:
+            max_tokens: Optional[int] = None, lookup: Optional[Lookup] = None) -> Outcome:
         """Prefill, generate until the reader says the reply is done, and account for it.
 
         `constraint`: a compiled grammar the reply must follow; `label` names the
@@ -87,7 +88,8 @@ class Generation:
         client that left is snapshotted there, and nothing is generated. `pause`: a
         chore's, asked before each engine call (a chore decodes in serve, when it can, so
         that it can step aside between two tokens); `max_tokens`: the default when the
-        request sets none (else the server's)."""
+        request sets none (else the server's); `lookup`: the prompt's prefix-cache lookup,
+        made while the request waited (tiers.find)."""
         if prompt.image_paths:
             pause = None   # snapshots never reach past images
         if pause is not None and self.decoding_off(decode.missing()) is None:
@@ -122,7 +124,7 @@ class Generation:
         report = decode.Report(constrained=False).waste()
         unevaluated = 0
         try:
-            rest = self._prefill(prompt, clock, run, label, stop or run.gone, pause)
+            rest = self._prefill(prompt, clock, run, label, stop or run.gone, pause, lookup)
         except PrefillCancelled:
             clock.client_gone = True
             result = GenResult(n_tokens=0, cancelled=True, context_full=False, detail=None)
@@ -184,7 +186,8 @@ class Generation:
     # -- prefill --------------------------------------------------------------------------
 
     def _prefill(self, prompt: Prompt, clock: _Clock, run: Run, label: str,
-                 stop: Callable[[], bool], pause: Optional[Pause]) -> list[int]:
+                 stop: Callable[[], bool], pause: Optional[Pause], lookup: Optional[Lookup]
+                 ) -> list[int]:
         """Restore and evaluate all but the tail of the prompt; returns the tail for generate."""
         log, chunk, cache = self.log, self.prefill_chunk, self.prefix_cache
 
@@ -198,7 +201,7 @@ class Generation:
         def run_prefill(tokens: list[int], upto: int) -> None:
             prefill = Prefill(self.engine, tokens, cache=cache, policy=self.policy, chunk=chunk,
                               progress=progress, stop=stop, pause=pause)
-            clock.cached_tokens = prefill.restore(upto)
+            clock.cached_tokens = prefill.restore(upto, lookup)
             run.prefilling(len(prompt.ids), clock.cached_tokens)
             if cache is not None:
                 self.metrics.prefix_lookup(clock.cached_tokens > 0)
@@ -218,7 +221,10 @@ class Generation:
             # queue empty, and the images are queued again right before generate.
             # When there is nothing to restore or to chunk, one generate does it all.
             upto = prompt.image_start
-            if upto <= chunk and (cache is None or cache.lookup(prompt.text_ids, limit=upto) is None):
+            if upto <= chunk and (lookup is None or lookup.found is None):
+                # Nothing found while it waited (a snapshot stored since holds at most a chunk).
+                if cache is not None and lookup is not None:
+                    cache.counted(lookup)
                 run.prefilling(len(prompt.ids), 0)
                 return prompt.ids
             self.engine.image_clear()

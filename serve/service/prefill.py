@@ -21,6 +21,7 @@ from serve.engine.binding import REFERENCE_BUILD
 from serve.engine.types import WasteError
 from serve.engine.api import EngineApi
 from serve.snapshots.cache import PrefixCache, Snapshot
+from serve.snapshots.lookup import Lookup
 from serve.snapshots.policy import SnapshotPolicy
 from serve.snapshots import tiers
 
@@ -106,18 +107,18 @@ class Prefill:
         self._snapshots = cache is not None
         self._rolling: Optional[Snapshot] = None   # the latest progress snapshot, until superseded
 
-    def restore(self, limit: int) -> int:
-        """Load the longest snapshot of tokens[:limit], if any; the positions it holds."""
+    def restore(self, limit: int, early: Optional[Lookup] = None) -> int:
+        """Load the longest snapshot of tokens[:limit], if any; the positions it holds.
+
+        `early`: the lookup made while the request waited for the engine (tiers.find:
+        hashed, verified, fetched from the shared tier), only brought up to date here
+        (tiers.claim); without one it is made now, on the engine (idle-time work)."""
         if self.cache is None:
             return 0
-        started = time.monotonic()
-        snap = self.cache.lookup(self.tokens, limit=limit)   # its check counts toward a load
-        checked = time.monotonic() - started
-        # A longer one in the shared tier is copied into the local tier first, checked on the
-        # way (timed as a fetch).
-        fetched = tiers.fetch(self.cache, self.policy, self.tokens, limit, snap)
-        if fetched is not None:
-            snap, checked = fetched, 0.0
+        if early is None:
+            early = tiers.find(self.cache, self.policy, self.tokens, limit)
+        lookup = tiers.claim(self.cache, self.policy, early)
+        snap = lookup.found
         if snap is None:
             return 0
         started = time.monotonic()
@@ -127,7 +128,8 @@ class Prefill:
             self.cache.drop(snap)
             self.engine.reset()
             return 0
-        self.policy.loaded_state(checked + time.monotonic() - started)
+        # The check counts toward a load's cost wherever it ran (a fetch is timed apart).
+        self.policy.loaded_state(lookup.checked + time.monotonic() - started)
         self.cache.note_restored(snap.n_tokens)
         self.pos = self.cached = self.saved = snap.n_tokens
         return self.cached

@@ -42,6 +42,15 @@ class Prompt:
     thinking: bool = False                # the reply opens in the think channel
 
     @property
+    def restorable(self) -> tuple[list[int], int]:
+        """The ids a snapshot may hold a prefix of, and the most positions it may hold: never
+        the first image's (the same placeholder ids stand for any picture), nor the last
+        (generation needs a prompt token of its own)."""
+        if self.image_paths:
+            return self.text_ids, self.image_start
+        return self.ids, len(self.ids) - 1
+
+    @property
     def history(self) -> list[int]:
         """The conversation's ids: the prompt before the generation prompt."""
         return self.ids[:len(self.ids) - len(self.generation)]

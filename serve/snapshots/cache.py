@@ -35,15 +35,16 @@ import shutil
 import struct
 import tempfile
 import threading
+import time
 from collections import OrderedDict
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
-from serve.snapshots.entry_format import (Entry, PrefixCacheError, crc32, encode_meta,
-                                          is_private_dir, listdir, private_dir, read_meta,
-                                          scan_entry, write_private)
+from serve.snapshots.entry_format import (Entry, PrefixCacheError, encode_meta, is_private_dir,
+                                          listdir, private_dir, scan_root, write_private)
+from serve.snapshots.lookup import Lookup, open_entry, unchanged, usable
 from serve.snapshots.snapshot import Snapshot
-from serve.snapshots.keys import BLOCK, ID_BYTES, candidates, key_of, raw_ids, seed
+from serve.snapshots.keys import BLOCK, anchors, key_of, probe, raw_ids, seed
 
 if TYPE_CHECKING:
     from serve.snapshots.shared import SharedTier
@@ -88,6 +89,7 @@ class PrefixCache:
         self._anchor_count: dict[bytes, int] = {}
         self._bytes = 0
         self._generation = -1
+        self._additions = 0     # entries of this namespace added to the index, ever (lookup.py)
         self.hits = self.misses = self.restored_tokens = 0
         self.shared: Optional[SharedTier] = None   # the team's tier behind this one (--shared-cache)
         self.reclaimed = 0   # dead processes' work directories removed at start
@@ -115,30 +117,66 @@ class PrefixCache:
             return {"entries": len(self._entries), "bytes": self._bytes, "hits": self.hits,
                     "misses": self.misses, "restored_tokens": self.restored_tokens}
 
-    def lookup(self, tokens: Sequence[int], limit: Optional[int] = None) -> Optional[Snapshot]:
-        """The longest snapshot whose tokens are a proper prefix of `tokens`.
+    def find(self, tokens: Sequence[int], limit: Optional[int] = None) -> Lookup:
+        """The longest snapshot whose tokens are a proper prefix of `tokens`, verified, and
+        nothing counted: what a request looks up while it waits for the engine, to claim()
+        once it holds it (serve/snapshots/lookup.py).
 
         `limit` caps the usable prefix length (e.g. the first image position:
         identical placeholder ids do not mean identical image embeddings).
         A proper prefix, because generation needs at least one new token.
         A damaged or vanished entry met on the way is dropped.
         """
-        longest = len(tokens) - 1 if limit is None else min(limit, len(tokens) - 1)
-        if longest < 0:
-            return None
-        raw = raw_ids(tokens[:longest])
-        for entry in self._candidates(raw, longest):
-            snap = self._open(entry, raw)
-            if snap is None:
-                self._forget(entry)
-                continue
-            self._touch(entry, snap)
-            with self._lock:
-                self.hits += 1
-            return snap
+        longest = usable(tokens, limit)
+        raw = raw_ids(tokens[:max(longest, 0)])
         with self._lock:
-            self.misses += 1
-        return None
+            additions = self._additions
+        chain = anchors(self._seed, raw, longest // BLOCK) if longest >= 0 else []
+        lookup = Lookup(tokens, limit, longest, raw, chain, additions)
+        return self._verify_longest(lookup, beyond=-1) or lookup
+
+    def recheck(self, lookup: Lookup) -> Lookup:
+        """Under the engine: a lookup made earlier, brought up to date without reading what
+        it verified again. A longer entry added since is verified now and taken; the
+        verified entry is kept while its files are the ones verified; one evicted or
+        changed meanwhile means looking up again. Nothing counted."""
+        if lookup.longest < 0:
+            return lookup
+        with self._lock:
+            grew = self._additions != lookup.additions
+        if grew:
+            held = lookup.found.n_tokens if lookup.found is not None else -1
+            longer = self._verify_longest(lookup, beyond=held)
+            if longer is not None:
+                return longer
+        if lookup.entry is None:
+            return lookup
+        with self._lock:
+            indexed = self._entries.get(lookup.entry.key) is not None
+        if indexed and unchanged(lookup):
+            return lookup
+        return self.find(lookup.tokens, lookup.limit)   # evicted or changed: again, from scratch
+
+    def counted(self, lookup: Lookup) -> Lookup:
+        """A rechecked lookup, to restore now: counted once, a hit or a miss."""
+        if lookup.longest >= 0:
+            with self._lock:
+                if lookup.found is not None:
+                    self.hits += 1
+                else:
+                    self.misses += 1
+        if lookup.entry is not None:
+            self._touch(lookup.entry)
+        return lookup
+
+    def lookup(self, tokens: Sequence[int], limit: Optional[int] = None) -> Optional[Snapshot]:
+        """find(), recheck() and counted() at once: the snapshot to restore now."""
+        return self.counted(self.recheck(self.find(tokens, limit))).found
+
+    def entry(self, key: str) -> Optional[Entry]:
+        """The indexed entry of a snapshot's key (Snapshot.key), or None."""
+        with self._lock:
+            return self._entries.get(bytes.fromhex(key))
 
     def note_restored(self, n_tokens: int) -> None:
         """Count positions a caller actually restored from a snapshot (stats)."""
@@ -162,7 +200,7 @@ class PrefixCache:
                 self._writes += 1
         if known is not None:
             snap = Snapshot(key.hex(), tokens, os.path.join(known.dir, "state"), known.size)
-            self._touch(known, snap)
+            self._touch(known)
             return snap
         try:
             return self._write(key, anchor, tokens, save)
@@ -204,8 +242,7 @@ class PrefixCache:
 
     def drop(self, snap: Snapshot) -> None:
         """Forget a snapshot and remove it (e.g. one that failed to load)."""
-        with self._lock:
-            entry = self._entries.get(bytes.fromhex(snap.key))
+        entry = self.entry(snap.key)
         if entry is not None:
             self._forget(entry)
 
@@ -229,28 +266,24 @@ class PrefixCache:
 
     # -- lookup ---------------------------------------------------------------------------
 
-    def _candidates(self, raw: bytes, longest: int) -> Iterator[Entry]:
-        """Entries whose tokens are a prefix of raw, longest first: O(longest) hashes."""
-        for _, key in candidates(self._seed, raw, longest, self._anchor_count):
+    def _verify_longest(self, lookup: Lookup, beyond: int) -> Optional[Lookup]:
+        """The lookup holding the longest entry past `beyond` positions whose files check
+        out, or None; entries whose files fail are dropped."""
+        for _, key in probe(lookup.chain, lookup.raw, lookup.longest, self._anchor_count, beyond):
             with self._lock:
                 entry = self._entries.get(key)
-            if entry is not None:
-                yield entry
+            if entry is None:
+                continue
+            started = time.monotonic()
+            opened = open_entry(entry, lookup.raw, self.identity)
+            if opened is None:
+                self._forget(entry)
+                continue
+            self._touch(entry)   # most recent: kept ahead of others while its request waits
+            return lookup.verified(entry, *opened, time.monotonic() - started)
+        return None
 
-    def _open(self, entry: Entry, raw: bytes) -> Optional[Snapshot]:
-        """The entry as a Snapshot, if its files are whole and hold exactly these tokens."""
-        try:
-            header, tokens = read_meta(os.path.join(entry.dir, "meta"), with_tokens=True)
-            state = os.path.join(entry.dir, "state")
-            if (header.get("identity") != self.identity or header.get("key") != entry.key.hex()
-                    or raw_ids(tokens) != raw[:entry.n_tokens * ID_BYTES] or len(tokens) != entry.n_tokens
-                    or crc32(state, header.get("state_bytes")) != header.get("state_crc32")):
-                return None
-        except (OSError, ValueError):
-            return None
-        return Snapshot(entry.key.hex(), tokens, state, entry.size)
-
-    def _touch(self, entry: Entry, snap: Snapshot) -> None:
+    def _touch(self, entry: Entry) -> None:
         """Most recently used, here and (through the meta's mtime) for other processes."""
         with self._lock:
             if entry.key in self._entries:
@@ -267,6 +300,7 @@ class PrefixCache:
             self._entries[entry.key] = entry
             self._bytes += entry.size
             if entry.anchor is not None:
+                self._additions += 1   # a lookup made before this may have a longer entry now
                 self._anchor_count[entry.anchor] = self._anchor_count.get(entry.anchor, 0) + 1
 
     def _remove(self, entry: Entry) -> None:
@@ -314,24 +348,12 @@ class PrefixCache:
     def _rescan(self) -> None:
         """Rebuild the index from disk: every namespace counts toward the bounds,
         only this one's entries can be found.  Recency is the meta's mtime."""
-        found: list[tuple[int, Entry]] = []
-        for ns in listdir(self.root):
-            ns_dir = os.path.join(self.root, ns)
-            if len(ns) != 32 or not is_private_dir(ns_dir):
-                continue
-            for name in listdir(ns_dir):
-                entry_dir = os.path.join(ns_dir, name)
-                entry = scan_entry(entry_dir, own=ns == self.namespace)
-                if entry is None:
-                    self._delete(entry_dir)
-                else:
-                    found.append(entry)
-        found.sort(key=lambda pair: pair[0])
+        found = scan_root(self.root, self.namespace, self._delete)
         with self._lock:
             self._entries.clear()
             self._anchor_count.clear()
             self._bytes = 0
-        for _, scanned in found:
+        for scanned in found:
             self._add(scanned)
 
 class _DirectoryLock:

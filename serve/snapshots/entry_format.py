@@ -13,7 +13,7 @@ import stat
 import struct
 import zlib
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from serve.snapshots.keys import ID_BYTES, ids_of, raw_ids
 
@@ -81,6 +81,25 @@ def scan_entry(entry_dir: str, own: bool) -> Optional[tuple[int, Entry]]:
     # Another namespace's entries count toward the bounds but can never be found.
     entry = Entry(key, anchor if own else None, n, st_meta.st_size + state_bytes, entry_dir)
     return st_meta.st_mtime_ns, entry
+
+
+def scan_root(root: str, namespace: str, damaged: Callable[[str], None]) -> list[Entry]:
+    """Every namespace's entries under a cache directory, least recently used first (the
+    meta's mtime); `damaged(entry_dir)` is told of each that fails its scan."""
+    found: list[tuple[int, Entry]] = []
+    for ns in listdir(root):
+        ns_dir = os.path.join(root, ns)
+        if len(ns) != 32 or not is_private_dir(ns_dir):
+            continue
+        for name in listdir(ns_dir):
+            entry_dir = os.path.join(ns_dir, name)
+            entry = scan_entry(entry_dir, own=ns == namespace)
+            if entry is None:
+                damaged(entry_dir)
+            else:
+                found.append(entry)
+    found.sort(key=lambda pair: pair[0])
+    return [entry for _, entry in found]
 
 
 def crc32(path: str, expected_size: object) -> Optional[int]:

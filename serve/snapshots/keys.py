@@ -67,10 +67,18 @@ def candidates(chain_seed: bytes, raw: bytes, longest: int,
     """(length, key) of every entry that could hold a prefix of raw, longest first, probing
     position by position only the blocks whose anchor is in `known_anchors`: O(longest)
     hashes. A caller that finds one early stops hashing."""
-    chain = anchors(chain_seed, raw, longest // BLOCK)
+    return probe(anchors(chain_seed, raw, longest // BLOCK), raw, longest, known_anchors)
+
+
+def probe(chain: Sequence[bytes], raw: bytes, longest: int, known_anchors: Container[bytes],
+          beyond: int = -1) -> Iterator[tuple[int, bytes]]:
+    """candidates() over a chain hashed already (anchors(), kept by a lookup made earlier),
+    only those longer than `beyond`: probing again costs a few tail hashes, no block's."""
     for q in range(len(chain) - 1, -1, -1):
+        start = q * BLOCK
+        if start + BLOCK - 1 <= beyond:
+            return
         if chain[q] not in known_anchors:
             continue
-        start = q * BLOCK
-        for end in range(min(start + BLOCK - 1, longest), start - 1, -1):
+        for end in range(min(start + BLOCK - 1, longest), max(start, beyond + 1) - 1, -1):
             yield end, entry_key(chain[q], raw[start * ID_BYTES:end * ID_BYTES])

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 from serve.snapshots.keys import ID_BYTES, candidates, ids_of, key_of, raw_ids, seed
 from serve.snapshots.snapshot import LocalTier, Snapshot
-from serve.snapshots.shared_dir import CHUNK, Rejected, SharedDir
+from serve.snapshots.shared_dir import CHUNK, Reader, Rejected, SharedDir, Stopped
 
 SUFFIX = ".snap"
+WAIT_POLL = 0.05   # seconds between two looks at whether a request waiting for a copy left
 
 
 class SharedTier:
@@ -39,7 +40,8 @@ class SharedTier:
         self.files = SharedDir(os.path.join(root, "snapshots", self._seed.hex()),
                                capacity_bytes, identity)
         self.fetched_tokens = 0          # positions copied from here into the local tier
-        self._count = threading.Lock()
+        self._count = threading.Lock()   # fetched_tokens, and _copying
+        self._copying: dict[str, threading.Event] = {}   # file -> set when its copy is over
 
     @property
     def capacity_bytes(self) -> int:
@@ -100,41 +102,77 @@ class SharedTier:
         anchor, key = key_of(self._seed, snap.tokens)
         self.files.remove(f"{anchor.hex()}-{key.hex()}{SUFFIX}")
 
-    def fetch(self, name: str, tokens: Sequence[int], n: int, local: LocalTier
-              ) -> Optional[Snapshot]:
+    def fetch(self, name: str, tokens: Sequence[int], n: int, local: LocalTier,
+              stop: Optional[Callable[[], bool]] = None) -> Optional[Snapshot]:
         """Copy the published snapshot `name` of tokens[:n] into the local tier, checked on
-        the way; the local snapshot, or None (gone, damaged, foreign: counted)."""
-        reader = None
+        the way; the local snapshot, or None (gone, damaged, foreign: counted; or `stop()`
+        said to give up, between two chunks: nothing is left behind).
+
+        One copy of a file at a time in this process: a request that wants the file
+        another is copying waits for that copy, then finds the snapshot local (or copies
+        it itself, when the other gave up)."""
+        if not self._alone(name, stop):
+            return None
         try:
+            return self._copy(name, tokens, n, local, stop)
+        finally:
+            with self._count:
+                done = self._copying.pop(name)
+            done.set()
+
+    def _alone(self, name: str, stop: Optional[Callable[[], bool]]) -> bool:
+        """Wait until no other thread copies `name`, and mark it as this one's copy; False
+        when `stop()` said to give up first."""
+        while True:
+            with self._count:
+                running = self._copying.get(name)
+                if running is None:
+                    self._copying[name] = threading.Event()
+                    return True
+            while not running.wait(WAIT_POLL):
+                if stop is not None and stop():
+                    return False
+
+    def _copy(self, name: str, tokens: Sequence[int], n: int, local: LocalTier,
+              stop: Optional[Callable[[], bool]]) -> Optional[Snapshot]:
+        opened: list[Reader] = []
+
+        def save(path: str) -> None:   # called only when the local tier lacks it
             reader = self.files.open(name)
             if reader is None:
-                return None
+                raise _Missing()   # counted by open()
+            opened.append(reader)
             if reader.header.get("n_tokens") != n or reader.body_bytes < n * ID_BYTES:
                 raise Rejected("damaged", f"{name} does not hold {n} positions")
             if ids_of(reader.read(n * ID_BYTES)) != tuple(tokens[:n]):
                 raise Rejected("damaged", f"{name} holds other tokens than its name says")
+            with open(path, "wb") as out:
+                reader.copy_to(out, stop)
+            reader.verify()   # raised here, the local tier keeps nothing
 
-            def save(path: str) -> None:
-                with open(path, "wb") as out:
-                    reader.copy_to(out)
-                reader.verify()   # raised here, the local tier keeps nothing
-
+        try:
             snap = local.store(tokens[:n], save)
         except Rejected as e:
             self.files.reject(name, e)
+            return None
+        except (_Missing, Stopped):
             return None
         except OSError:
             self.files.count("missing")   # e.g. ESTALE: evicted under this reader
             return None
         finally:
-            if reader is not None:
+            for reader in opened:
                 reader.close()
-        if snap is not None:
+        if snap is not None and snap.written:
             self.files.touch(name)
             self.files.count("read")
             with self._count:
                 self.fetched_tokens += n
         return snap
+
+
+class _Missing(Exception):
+    """The file went between the listing and the copy."""
 
 
 def _chain(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:

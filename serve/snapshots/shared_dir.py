@@ -35,7 +35,7 @@ import struct
 import threading
 import time
 from dataclasses import dataclass
-from typing import BinaryIO, Iterable, Optional
+from typing import BinaryIO, Callable, Iterable, Optional
 
 MAGIC = b"serve-shared 1\n"
 MAX_HEADER = 4096
@@ -53,6 +53,10 @@ class Rejected(Exception):
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.counted = False   # reject() counts each once, whoever catches it
+
+
+class Stopped(Exception):
+    """A copy given up between two chunks: its caller removes what it wrote."""
 
 
 @dataclass
@@ -85,9 +89,12 @@ class Reader:
         self._left -= len(data)
         return data
 
-    def copy_to(self, out: BinaryIO) -> None:
-        """The rest of the body into `out`."""
+    def copy_to(self, out: BinaryIO, stop: Optional[Callable[[], bool]] = None) -> None:
+        """The rest of the body into `out`; raises Stopped between two chunks when `stop()`
+        says so (the request it is for was given up)."""
         while self._left:
+            if stop is not None and stop():
+                raise Stopped()
             out.write(self.read(CHUNK))
 
     def verify(self) -> None:

@@ -3,16 +3,60 @@
 Timed for the snapshot policy (serve/snapshots/policy.py), which decides;
 the local tier (serve/snapshots/cache.py) is always the one the engine loads
 from. Both calls are no-ops without a shared tier.
+
+A request finds its snapshot while it waits for the engine (find: the local
+tier's lookup, and a longer snapshot copied from the shared tier into the local
+one), and claims it once it holds the engine (claim: brought up to date,
+counted; serve/snapshots/lookup.py says why that is safe).
 """
 from __future__ import annotations
 
 import time
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from serve.snapshots.cache import PrefixCache, Snapshot
+from serve.snapshots.lookup import Files, Lookup
 from serve.snapshots.policy import SnapshotPolicy
 
 FETCH_TRIES = 3   # shared snapshots tried, longest first, before prefilling from the local one
+
+
+def find(cache: PrefixCache, policy: SnapshotPolicy, tokens: Sequence[int],
+         limit: Optional[int] = None, stop: Optional[Callable[[], bool]] = None) -> Lookup:
+    """The longest snapshot of a proper prefix of tokens[:limit], verified, from either
+    tier (a shared one copied into the local tier when that pays); `stop()`, asked between
+    two chunks of a copy, gives it up. Nothing is counted until claim()."""
+    lookup = cache.find(tokens, limit)
+    if lookup.longest < 0:
+        return lookup
+    fetched = fetch(cache, policy, tokens, lookup.longest, lookup.found, stop)
+    return lookup if fetched is None else _local(cache, lookup, fetched)
+
+
+def claim(cache: PrefixCache, policy: SnapshotPolicy, lookup: Lookup) -> Lookup:
+    """Under the engine: the lookup find() made, brought up to date (PrefixCache.recheck)
+    and counted once. When the snapshot it verified went meanwhile, the shared tier is
+    asked again too, as find() did."""
+    current = cache.recheck(lookup)
+    held = current.found.n_tokens if current.found is not None else 0
+    if lookup.found is not None and held < lookup.found.n_tokens and current.longest >= 0:
+        fetched = fetch(cache, policy, lookup.tokens, current.longest, current.found)
+        if fetched is not None:
+            current = _local(cache, current, fetched)
+    return cache.counted(current)
+
+
+def _local(cache: PrefixCache, lookup: Lookup, fetched: Snapshot) -> Lookup:
+    """The lookup holding a snapshot just copied into the local tier: checked on the way
+    in, so not read again. One this copy did not write (another request's) is verified as
+    any local entry is."""
+    entry = cache.entry(fetched.key) if fetched.written else None
+    try:
+        if entry is not None:
+            return lookup.verified(entry, fetched, Files.of(entry.dir), 0.0)
+    except OSError:
+        pass   # evicted at once
+    return cache.find(lookup.tokens, lookup.limit)
 
 
 def publish(cache: PrefixCache, policy: SnapshotPolicy, snap: Snapshot) -> bool:
@@ -30,7 +74,8 @@ def publish(cache: PrefixCache, policy: SnapshotPolicy, snap: Snapshot) -> bool:
 
 
 def fetch(cache: PrefixCache, policy: SnapshotPolicy, tokens: Sequence[int], limit: int,
-          have: Optional[Snapshot]) -> Optional[Snapshot]:
+          have: Optional[Snapshot], stop: Optional[Callable[[], bool]] = None
+          ) -> Optional[Snapshot]:
     """A snapshot of tokens[:limit] longer than `have` (the local tier's), copied from the
     shared tier into the local one when that pays; None otherwise."""
     shared = cache.shared
@@ -45,8 +90,10 @@ def fetch(cache: PrefixCache, policy: SnapshotPolicy, tokens: Sequence[int], lim
             return None
         tried.add(found[1])
         started = time.monotonic()
-        snap = shared.fetch(found[1], tokens, found[0], cache)
+        snap = shared.fetch(found[1], tokens, found[0], cache, stop)
         if snap is not None:
             policy.fetched(time.monotonic() - started)
             return snap
+        if stop is not None and stop():
+            return None
     return None
