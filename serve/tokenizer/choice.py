@@ -30,7 +30,7 @@ PROBE = (
     "x" * 300 + " " + "9" * 40 + " " + "-" * 80 + "\n" * 30,
     # Where WARP's scanner and the Kimi pattern differ (serve/tokenizer/warp_split.py):
     "HelloWorld getHTTPResponse XMLHttpRequest ÉCOLEétudiant ПриветМир ΑλφαΒήτα",
-    "١٢٣ ४२ ๑๒ １２３ ²³ ½ Ⅻ ქართული Հայերեն ሰላም ᏣᎳᎩ ꯃꯤ ᠮᠣᠩᠭᠣᠯ 𝐀𝐁𝐂 ﬁne",
+    "١٢٣ ४२ ๑๒ １２３ ²³ ½ Ⅻ x١٢٣ ქართული-Հայերեն, ሰላም! ᏣᎳᎩ ꯃꯤ ᠮᠣᠩᠭᠣᠯ 𝐀𝐁𝐂 ﬁne",
     "a\u00a0word x\u00a0! y  \u00a0z \u00a0\u00a0( \t\u00a0q 5\u00a09 \u00a0\n\u00a0"
     "\u3000全角\u3000 \u2003em\u2002en\u2009thin\u202fnarrow\u00a0",
     "你好，世界！「引用」（括号）。中文,English;混合 漢字ひらがな 〇々〆 ⺀⼀ 𪚲!",
