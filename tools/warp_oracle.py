@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import warp_corpus  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
+FIXTURE = ROOT / "tests" / "fixtures" / "warp_tokenizer.json.gz"
 VOCAB = 20000
 SEED = 29
 
@@ -95,6 +96,21 @@ def vocabulary(texts: list[str]) -> list[bytes]:
     return [bytes([b]) for b in range(256)] + [t for _, t in frequent[:VOCAB - 256]]
 
 
+def read_fixture(path: Path = FIXTURE) -> dict:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return json.load(f)
+
+
+def fixture_ranks(fixture: dict) -> dict[bytes, int]:
+    """The fixture's vocabulary: token bytes -> rank."""
+    blob, sizes = base64.b64decode(fixture["vocab"]), base64.b64decode(fixture["vocab_sizes"])
+    ranks, at = {}, 0
+    for rank, size in enumerate(sizes):
+        ranks[blob[at:at + size]] = rank
+        at += size
+    return ranks
+
+
 def build_harness(warp: Path, work: Path) -> Path:
     src = warp / "src"
     if not (src / "tokenizer.c").is_file():
@@ -130,7 +146,7 @@ def commit_of(warp: Path) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("warp", type=Path, help="a checkout of WARP's source")
-    parser.add_argument("--out", type=Path, default=ROOT / "tests/fixtures/warp_tokenizer.json.gz")
+    parser.add_argument("--out", type=Path, default=FIXTURE)
     parser.add_argument("--commit", help="the WARP commit, when the directory is not a git checkout")
     args = parser.parse_args()
     plain = warp_corpus.plain_texts(SEED, 2200)

@@ -7,36 +7,25 @@ its pieces (next_piece) and ids (waste_tok_encode, as content and as markup) ove
 """
 from __future__ import annotations
 
-import base64
-import gzip
-import json
 from dataclasses import replace
 from functools import lru_cache
-from pathlib import Path
 
 import pytest
 
 from serve.tokenizer.encoder import BpeTokenizer
 from serve.tokenizer.split import splitter
 from serve.tokenizer.vocabulary import Vocabulary
-
-FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "warp_tokenizer.json.gz"
+from tools.warp_oracle import fixture_ranks, read_fixture
 
 
 @lru_cache(maxsize=1)
 def fixture() -> dict:
-    with gzip.open(FIXTURE, "rt", encoding="utf-8") as f:
-        return json.load(f)
+    return read_fixture()
 
 
 def fixture_vocabulary() -> Vocabulary:
-    data = fixture()
-    blob, sizes = base64.b64decode(data["vocab"]), base64.b64decode(data["vocab_sizes"])
-    ranks, at = {}, 0
-    for rank, size in enumerate(sizes):
-        ranks[blob[at:at + size]] = rank
-        at += size
-    specials = {s["text"]: s["id"] for s in data["specials"]}
+    ranks = fixture_ranks(fixture())
+    specials = {s["text"]: s["id"] for s in fixture()["specials"]}
     return Vocabulary(ranks, specials, ("warp",), None, tuple(ranks[bytes([b])] for b in range(256)))
 
 
