@@ -253,7 +253,8 @@ class Generation:
             "cached_tokens": clock.cached_tokens,
             "experts_hit": s.experts_hit, "experts_missed": s.experts_missed,
             "expert_hit_rate": s.experts_hit / looked_up if looked_up else 0.0,
-            "bytes_read": s.bytes_read, "direct_io": s.direct_io, "ms": round(ms, 3),
+            "bytes_read": s.bytes_read, "io_ms": round(s.sec_io * 1000.0, 3),
+            "direct_io": s.direct_io, "ms": round(ms, 3),
             "tokens_per_second": round(tps, 3), "context_full": context_full,
             **decoding})
 
