@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import argparse
 import random
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Optional
 
 from common import DEMO, ROOT, machine
 from serve import BpeTokenizer, Engine, EngineConfig, load_library, load_vocabulary as load
-from serve.tokenizer.vocabulary import Vocabulary
-from tools.warp_oracle import fixture_ranks, read_fixture
+from tools.warp_oracle import fixture_tokens, read_fixture, write_vocabulary
 
 WORDS = ("the of and to in is was for that with as on by at from his her it an were are which "
          "this be or have had not but one all their they there been has when who will more no "
@@ -120,8 +120,11 @@ def main() -> None:
                     lambda: BpeTokenizer(vocab), text, expected)
                 for split in splits:
                     splits_row(container.name, vocab, split, kind, text)
-    ranks = fixture_ranks(read_fixture())
-    vocab = Vocabulary(ranks, {}, ("warp",), None, tuple(ranks[bytes([b])] for b in range(256)))
+    with tempfile.TemporaryDirectory() as tmp:
+        fixture = read_fixture()
+        write_vocabulary(Path(tmp), fixture_tokens(fixture), fixture["specials"])
+        Path(tmp, "manifest.json").write_text('{"format_version": 0}')   # WARP's
+        vocab = load(tmp)
     for kind in ("prose", "scripts", "code", "gibberish"):
         rng = random.Random(7)
         text = text_of(kind, rng, 1000)
@@ -131,7 +134,7 @@ def main() -> None:
             splits_row("fixture vocab", vocab, split, kind, text)
 
 
-def splits_row(container: str, vocab: Vocabulary, split: str, kind: str, text: str) -> None:
+def splits_row(container: str, vocab, split: str, kind: str, text: str) -> None:
     fresh = split_tokenizer(vocab, split)
     label = f"{split} ({fresh().backend})" if split == "kimi" else split
     row(container, label, kind, None, fresh, text, None)

@@ -101,14 +101,27 @@ def read_fixture(path: Path = FIXTURE) -> dict:
         return json.load(f)
 
 
+def fixture_tokens(fixture: dict) -> list[bytes]:
+    """The fixture's vocabulary, in rank order."""
+    blob, sizes = base64.b64decode(fixture["vocab"]), base64.b64decode(fixture["vocab_sizes"])
+    tokens, at = [], 0
+    for size in sizes:
+        tokens.append(blob[at:at + size])
+        at += size
+    return tokens
+
+
 def fixture_ranks(fixture: dict) -> dict[bytes, int]:
     """The fixture's vocabulary: token bytes -> rank."""
-    blob, sizes = base64.b64decode(fixture["vocab"]), base64.b64decode(fixture["vocab_sizes"])
-    ranks, at = {}, 0
-    for rank, size in enumerate(sizes):
-        ranks[blob[at:at + size]] = rank
-        at += size
-    return ranks
+    return {token: rank for rank, token in enumerate(fixture_tokens(fixture))}
+
+
+def write_vocabulary(root: Path, tokens: list[bytes], specials: list[dict]) -> None:
+    """A container's tokenizer files as WARP reads them: tokenizer.model (a token's rank is
+    its place) and specials.json (raw UTF-8: WARP does not unescape JSON strings)."""
+    (root / "tokenizer.model").write_text(
+        "".join(f"{base64.b64encode(t).decode()} {rank}\n" for rank, t in enumerate(tokens)))
+    (root / "specials.json").write_text(json.dumps(specials, ensure_ascii=False), "utf-8")
 
 
 def build_harness(warp: Path, work: Path) -> Path:
@@ -157,9 +170,7 @@ def main() -> None:
         work = Path(tmp)
         container = work / "vocab"
         container.mkdir()
-        (container / "tokenizer.model").write_text(
-            "".join(f"{base64.b64encode(t).decode()} {rank}\n" for rank, t in enumerate(tokens)))
-        (container / "specials.json").write_text(json.dumps(specials, ensure_ascii=False), "utf-8")
+        write_vocabulary(container, tokens, specials)
         cases = [(t, False) for t in plain + marked] + [(t, True) for t in marked]
         found = run(build_harness(args.warp, work), container, cases)
     for case, as_markup in zip(found[len(plain):], found[len(plain) + len(marked):]):

@@ -8,8 +8,6 @@ vocabulary written as a WARP container.
 """
 from __future__ import annotations
 
-import base64
-import json
 from pathlib import Path
 from typing import Sequence
 
@@ -18,7 +16,8 @@ import pytest
 from serve.tokenizer.choice import PROBE, choose, difference
 from serve.tokenizer.encoder import BpeTokenizer
 from serve.tokenizer.vocabulary import load
-from test_warp_fixture import fixture_vocabulary, warp_pieces
+from test_warp_fixture import fixture, fixture_vocabulary, warp_pieces
+from tools.warp_oracle import fixture_tokens, write_vocabulary
 
 
 class TokenizerEngine:
@@ -41,13 +40,9 @@ class TokenizerEngine:
 def container(tmp_path_factory) -> Path:
     """The fixture's vocabulary as a WARP container's tokenizer files (a WARP manifest
     names its format_version, not "format": "waste-ref")."""
-    vocab = fixture_vocabulary()
     root = tmp_path_factory.mktemp("warp") / "k3.waste"
     root.mkdir()
-    (root / "tiktoken.model").write_text("".join(
-        f"{base64.b64encode(token).decode()} {rank}\n" for token, rank in vocab.ranks.items()))
-    (root / "specials.json").write_text(json.dumps(
-        [{"id": i, "text": text} for text, i in vocab.specials.items()]), "utf-8")
+    write_vocabulary(root, fixture_tokens(fixture()), fixture()["specials"])
     (root / "manifest.json").write_text('{"format_version": 0, "arch": "kimi_k3"}')
     return root
 
