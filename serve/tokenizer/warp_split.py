@@ -3,12 +3,12 @@
 WARP does not run the Kimi family's tiktoken pattern: it scans bytes with
 classes of its own, and its pieces differ from tiktoken's on ordinary text.
 - Han: U+4E00-9FFF, 3400-4DBF, F900-FAFF, 20000-2FA1F only.
-- Letters: ASCII letters and a few fixed blocks (Latin-1 from U+00C0 with x and
-  division signs, Latin Extended-A/B and Additional, combining marks, Greek,
-  Cyrillic, Hebrew, Arabic, kana, Hangul syllables); no case, so "HelloWorld"
-  is one piece. Everything else (Devanagari, Thai, emoji, U+3000, non-ASCII
-  digits but Arabic-Indic, which are in the Arabic block) is punctuation, and a
-  run of punctuation takes Han with it.
+- Letters: ASCII letters and a few fixed blocks (U+00C0-024F, so with the
+  multiplication and division signs; combining marks; Greek; Cyrillic; Hebrew
+  and Arabic, so Arabic-Indic digits are letters; kana; Hangul syllables; Latin
+  Extended Additional); no case, so "HelloWorld" is one piece. Everything else
+  (Devanagari, Thai, emoji, U+3000, other digits) is punctuation, and a run of
+  punctuation takes Han with it.
 - Digits: ASCII only, at most three to a piece.
 - White space: space, \\t \\n \\v \\f \\r and U+00A0 only.
 - The rule "a white-space run followed by more text gives back its last char"

@@ -8,6 +8,7 @@ vocabulary written as a WARP container.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Sequence
 
@@ -15,6 +16,7 @@ import pytest
 
 from serve.tokenizer.choice import PROBE, choose, difference
 from serve.tokenizer.encoder import BpeTokenizer
+from serve.tokenizer.split import pattern
 from serve.tokenizer.vocabulary import load
 from test_warp_fixture import fixture, fixture_vocabulary, warp_pieces
 from tools.warp_oracle import fixture_tokens, write_vocabulary
@@ -54,6 +56,18 @@ def engine_splitting_with(container: Path, pretokenizer: str) -> TokenizerEngine
 
 def test_a_warp_container_has_both_candidates_warps_first(container):
     assert load(container).pretokenizers == ("warp", "kimi")
+
+
+@pytest.mark.parametrize("named", ["warp", "kimi"])
+def test_a_manifest_naming_a_pre_tokenizer_has_that_one_alone(container, tmp_path, named):
+    for path in container.iterdir():
+        (tmp_path / path.name).symlink_to(path)
+    (tmp_path / "manifest.json").unlink()
+    (tmp_path / "manifest.json").write_text(json.dumps({"format_version": 0, "pretokenizer": named}))
+    assert load(tmp_path).pretokenizers == (named,)
+    engine = engine_splitting_with(container, "smollm")
+    assert choose(engine, tmp_path).note == ("on the engine, between its calls: serve's own "
+                                            "differs (probe 1)")
 
 
 def test_warps_engine_gets_the_warp_splitter(container):
@@ -109,9 +123,7 @@ WHERE_THEY_DIFFER = ["HelloWorld", "Ⅻ ١٢٣ ४२.", "x١٢٣", "ქარ�
 def test_the_probe_holds_each_case_where_the_candidates_split_differently(case):
     """Each kind of text WARP's scanner splits unlike the Kimi pattern is in the probe
     (the long piece by its byte windows, the rest by their pieces)."""
-    vocab = fixture_vocabulary()
-    kimi = BpeTokenizer(vocab, "kimi", use_tiktoken=False)
-    pieces = kimi._splitter.pattern.findall(case)
+    pieces = pattern("kimi").findall(case)
     if len(case.encode()) > 1024:
         assert [p.encode() for p in pieces] == warp_pieces(case)   # one piece, merged in windows
     else:
