@@ -73,8 +73,6 @@ def pattern(name: str) -> re.Pattern[str]:
         return _smollm()
     if name == "kimi":
         return _kimi()
-    if name == "warp":
-        return warp_split.PATTERN
     raise ValueError(f"no pre-tokenizer {name!r}")
 
 
