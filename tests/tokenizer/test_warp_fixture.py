@@ -10,6 +10,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from serve.tokenizer.bpe import Merger
 from serve.tokenizer.encoder import BpeTokenizer
@@ -94,3 +95,14 @@ def test_the_merge_window_changes_ids_the_fixture_holds():
 ])
 def test_warps_rules(text, pieces):
     assert warp_pieces(text) == pieces
+
+
+@settings(max_examples=300)
+@given(text=st.text(st.one_of(st.sampled_from(" \t\n\r\u00a0\u3000'sS"),
+                              st.characters(exclude_categories=("Cs",), exclude_characters="\0")),
+                    max_size=60))
+def test_pieces_cover_the_text_byte_for_byte(text):
+    """Whatever the text, the pieces are its UTF-8 bytes cut, none empty (the halves of a
+    U+00A0 included): nothing is lost or doubled between the units and the bytes."""
+    pieces = warp_pieces(text)
+    assert b"".join(pieces) == text.encode("utf-8") and all(pieces)
