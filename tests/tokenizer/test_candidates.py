@@ -18,7 +18,7 @@ from serve.tokenizer.choice import PROBE, choose, difference
 from serve.tokenizer.encoder import BpeTokenizer
 from serve.tokenizer.split import pattern
 from serve.tokenizer.vocabulary import load
-from test_warp_fixture import fixture, fixture_vocabulary, warp_pieces
+from test_warp_fixture import fixture, warp_pieces
 from tools.warp_oracle import fixture_tokens, write_vocabulary
 
 
