@@ -224,9 +224,10 @@ class Service:
         """The prompt's snapshot, found (and fetched from the shared tier) while the request
         waits, not on the engine: the engine only brings it up to date (serve/snapshots/lookup.py).
         A client that leaves stops a fetch between two chunks."""
-        cache = self.options.prefix_cache
-        if cache is None:
-            return None
+        cache, line = self.options.prefix_cache, self.queue
+        if cache is None or self._stopping.is_set() \
+                or ((line.busy or len(line)) and len(line) >= line.max_waiting):
+            return None   # to be refused a place in line (503) at once; if not, looked up there
         tokens, limit = prompt.restorable
         return tiers.find(cache, self.policy, tokens, limit, stop=run.gone)
 

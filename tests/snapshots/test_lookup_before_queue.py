@@ -412,3 +412,15 @@ def test_a_copy_given_up_is_taken_over_by_the_request_waiting_for_it(tmp_path, m
     finally:
         a.close()
         b.close()
+
+
+def test_a_request_refused_a_place_in_line_looks_nothing_up_first(hosts, monkeypatch):
+    host = hosts("h", max_queue=0)
+    ask(host.port, FIRST)
+    trace = Trace(monkeypatch)
+    with host.service.queue.turn(Idle()):
+        resp = call(host.port, "POST", CHAT, {"messages": LATER, **ANSWER_ONLY})
+    assert resp.status == 503 and "waiting for the engine" in resp.json()["error"]["message"]
+    assert trace.calls == []
+    got = ask(host.port, LATER)                  # with room in line, it is looked up again
+    assert cached(got) > 0 and "find" in trace.waiting() and trace.on_engine() == []
