@@ -23,7 +23,8 @@ every namespace, least recently used first.
 Lookups cost O(prompt length) whatever the number of entries (keys, in
 serve/snapshots/keys.py); an entry's files are described in
 serve/snapshots/entry_format.py. RAM per entry is a few hundred bytes, never
-its token list. This is the fast, local tier: `shared`, when set, is the
+its token list. A request looks up (find) while it waits for the engine, and
+the engine only rechecks what it found (serve/snapshots/lookup.py). This is the fast, local tier: `shared`, when set, is the
 team's tier behind it (serve/snapshots/shared.py).
 """
 from __future__ import annotations
@@ -119,8 +120,8 @@ class PrefixCache:
 
     def find(self, tokens: Sequence[int], limit: Optional[int] = None) -> Lookup:
         """The longest snapshot whose tokens are a proper prefix of `tokens`, verified, and
-        nothing counted: what a request looks up while it waits for the engine, to claim()
-        once it holds it (serve/snapshots/lookup.py).
+        nothing counted: what a request looks up while it waits for the engine, rechecked
+        and counted once it holds it (tiers.claim; serve/snapshots/lookup.py).
 
         `limit` caps the usable prefix length (e.g. the first image position:
         identical placeholder ids do not mean identical image embeddings).
