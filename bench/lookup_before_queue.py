@@ -3,7 +3,7 @@
 are made while it waits, against the same lookup made on the engine, side by side.
 
     .venv/bin/python bench/lookup_before_queue.py [CONTAINER] [--lib PATH]
-        [--tokens 16000] [--shared-mbps 50] [--ahead 2]
+        [--tokens 16000] [--shared-mbps 50] [--ahead 2] [--runs 3]
 
 One host prefills a conversation of `--tokens` positions and publishes its
 snapshot to a shared directory; the shared directory is read at `--shared-mbps`
@@ -28,7 +28,7 @@ import tempfile
 import threading
 import time
 from contextlib import ExitStack
-from pathlib import Path
+from statistics import median
 from typing import Any
 
 from common import DEMO, ROOT, Quiet, machine
@@ -73,6 +73,11 @@ class Host:
         body = {"messages": messages, "temperature": 0, "max_tokens": 8}
         return self.service.chat(parse_chat_request(body), Quiet())
 
+    def published(self) -> None:
+        """Wait for what the last reply queued for the team (not the next request's time)."""
+        assert self.cache.shared is not None
+        self.cache.shared.publisher.flush()
+
     def engine_seconds(self, work: str = INTERACTIVE) -> float:
         return self.service.queue.snapshot_counts()[work].engine_seconds
 
@@ -93,6 +98,7 @@ def turn(host: Host, messages: list, ahead: float) -> dict:
     reply = host.ask(messages)
     wall = time.perf_counter() - started
     ahead_thread.join()
+    host.published()
     return {"engine": host.engine_seconds() - before, "wall": wall,
             "cached": reply.usage.cached_tokens, "text": reply.message.get("content")}
 
@@ -104,6 +110,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=16000, help="the conversation's length")
     ap.add_argument("--shared-mbps", type=float, default=50.0)
     ap.add_argument("--ahead", type=float, default=2.0, help="seconds the request ahead holds")
+    ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args()
     lib = load_library(args.lib)
     engine = Engine(lib, args.container, EngineConfig(ctx=args.tokens + 1024))
@@ -118,21 +125,28 @@ def main() -> None:
         root = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-lookup-"))
         publisher = Host(stack, engine, lib, args.container, root, "publisher")
         publisher.ask(first)
+        publisher.published()
         published = publisher.cache.shared.files.usage() if publisher.cache.shared else (0, 0)
         print(f"{args.tokens:,}-token conversation; shared tier: {published[0]} files, "
               f"{published[1] / 1e6:.1f} MB, read at {args.shared_mbps:g} MB/s; "
               f"{args.ahead:g} s of engine ahead of each request")
+        print(f"median of {args.runs} runs, each on a fresh second host")
         print(f"{'way':<7} {'turn':<18} {'engine s':>9} {'wall s':>7} {'restored':>9}")
         texts = []
         for way in ("before", "after"):
-            host = Host(stack, engine, lib, args.container, root, way)
-            if way == "before":
-                host.service._look_up = lambda prompt, run: None   # type: ignore[method-assign]
-            for label in ("fetched (shared)", "local hit (CRC)"):
-                got = turn(host, later, args.ahead)
-                texts.append(got["text"])
-                print(f"{way:<7} {label:<18} {got['engine']:>9.3f} {got['wall']:>7.3f} "
-                      f"{got['cached']:>9,}")
+            runs: dict[str, list[dict]] = {"fetched (shared)": [], "local hit (CRC)": []}
+            for n in range(args.runs):
+                host = Host(stack, engine, lib, args.container, root, f"{way}-{n}")
+                if way == "before":
+                    host.service._look_up = lambda prompt, run: None   # type: ignore[method-assign]
+                for label in runs:
+                    got = turn(host, later, args.ahead)
+                    texts.append(got["text"])
+                    runs[label].append(got)
+            for label, got in runs.items():
+                print(f"{way:<7} {label:<18} {median(g['engine'] for g in got):>9.3f} "
+                      f"{median(g['wall'] for g in got):>7.3f} "
+                      f"{median(g['cached'] for g in got):>9,.0f}")
         print("replies alike:", len(set(texts)) == 1)
     engine.close()
 

@@ -446,6 +446,11 @@ def run_server(lib: Library, engine: Engine, fmt: ChatFormat, models: Models,
     drained_by = time.monotonic() + DRAIN_SECONDS
     while not server.wait_requests(0.1) and not hurry.is_set() and time.monotonic() < drained_by:
         pass
+    # Snapshots queued for the team: published within the drain time, or none half-written.
+    for service in models.services:
+        if (cache := service.options.prefix_cache) is not None and cache.shared is not None:
+            cache.shared.publisher.drain(0.0 if hurry.is_set()
+                                         else max(0.0, drained_by - time.monotonic()))
     while warmer is not None and warmer.is_alive():  # it stops at its next chunk
         warmer.join(0.1)
         if hurry.is_set():

@@ -129,8 +129,11 @@ class Service:
         return {what: d for what, d in found.items() if d is not None}
 
     def activity(self) -> Activity:
-        # Deferred work first: a settle job is counted until its thread has let the engine go.
-        deferred = self.settler.deferred or self.queue.idle_work
+        # Deferred work first: a settle job is counted until its thread has let the engine go,
+        # a snapshot until it is published for the team.
+        cache = self.options.prefix_cache
+        deferred = self.settler.deferred or self.queue.idle_work \
+            or bool(cache is not None and cache.shared is not None and cache.shared.publisher.pending)
         queue = self.queue
         waiting, counts = queue.waiting(), queue.snapshot_counts()
         classes = {work: ClassActivity(waiting[work][0], waiting[work][1], c.waits,

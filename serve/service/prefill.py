@@ -70,10 +70,12 @@ def start_empty(engine: EngineApi) -> None:
 
 
 def store(engine: EngineApi, cache: PrefixCache, policy: SnapshotPolicy, tokens: Sequence[int],
-          kind: str) -> Optional[Snapshot]:
+          kind: str, supersedes: Optional[Snapshot] = None) -> Optional[Snapshot]:
     """Snapshot the engine's state, which holds exactly `tokens`, timing the save for the
-    policy. None when it could not be saved: a snapshot only spares later requests work,
-    and this one goes on without it."""
+    policy, and publish it for the team off the engine's thread when that pays. None when
+    it could not be saved: a snapshot only spares later requests work, and this one goes
+    on without it. `supersedes`: a progress snapshot this one holds all of (its shared copy
+    goes once this one is published)."""
     started = time.monotonic()
     try:
         snap = cache.store(tokens, engine.save_state)
@@ -83,7 +85,7 @@ def store(engine: EngineApi, cache: PrefixCache, policy: SnapshotPolicy, tokens:
         policy.saved_state(snap.size, time.monotonic() - started)
     policy.count(kind, snap is not None)
     if snap is not None:
-        tiers.publish(cache, policy, snap)   # with a shared tier, for the team when that pays
+        tiers.publish_later(cache, policy, snap, supersedes)
     return snap
 
 
@@ -177,14 +179,12 @@ class Prefill:
                 self.policy.count(kind, False)
             return
         assert self.cache is not None   # _snapshots says there is one
-        snap = store(self.engine, self.cache, self.policy, self.tokens[:self.pos], kind)
+        snap = store(self.engine, self.cache, self.policy, self.tokens[:self.pos], kind,
+                     supersedes=self._rolling)
         if snap is None:
             return
         if self._rolling is not None:
             self.cache.drop(self._rolling)   # this one holds all it did
-            shared = self.cache.shared
-            if shared is not None and shared.published(snap.tokens) == snap.n_tokens:
-                shared.unpublish(self._rolling)   # and its shared copy, if this one replaced it
         self._rolling = snap if kind == "progress" and self.policy.spacing is None else None
         self.saved = self.pos
 

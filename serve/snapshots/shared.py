@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Callable, Iterator, Optional, Sequence
+from typing import BinaryIO, Callable, Iterator, Optional, Sequence
 
+from serve.snapshots.publishing import Publisher
 from serve.snapshots.keys import ID_BYTES, candidates, ids_of, key_of, raw_ids, seed
 from serve.snapshots.snapshot import LocalTier, Snapshot
 from serve.snapshots.shared_dir import CHUNK, Reader, Rejected, SharedDir, Stopped
@@ -42,6 +43,7 @@ class SharedTier:
         self.fetched_tokens = 0          # positions copied from here into the local tier
         self._count = threading.Lock()   # fetched_tokens, and _copying
         self._copying: dict[str, threading.Event] = {}   # file -> set when its copy is over
+        self.publisher = Publisher(self)   # publishing off the engine's thread
 
     @property
     def capacity_bytes(self) -> int:
@@ -81,17 +83,20 @@ class SharedTier:
         found = self.longest(tokens, len(tokens))
         return found[0] if found else 0
 
-    def publish(self, snap: Snapshot) -> bool:
-        """Publish a local snapshot (its state file is read, not moved). False: not published
-        (the local entry vanished, or the write failed: counted)."""
+    def publish(self, snap: Snapshot, state: Optional[BinaryIO] = None,
+                stop: Optional[Callable[[], bool]] = None) -> bool:
+        """Publish a local snapshot (its state file is read, not moved; `state`: that file,
+        opened already). False: not published (the local entry vanished, the write failed:
+        counted, or `stop()` said to give up between two chunks: nothing left behind)."""
         anchor, key = key_of(self._seed, snap.tokens)
-        try:
-            state = open(snap.path, "rb")   # open: the local tier may evict it meanwhile
-        except OSError:
-            return False
+        if state is None:
+            try:
+                state = open(snap.path, "rb")   # open: the local tier may evict it meanwhile
+            except OSError:
+                return False
         with state:
             size = os.fstat(state.fileno()).st_size
-            body = _chain(raw_ids(snap.tokens), iter(lambda: state.read(CHUNK), b""))
+            body = _chain(raw_ids(snap.tokens), _chunks(state, stop))
             return self.files.publish(f"{anchor.hex()}-{key.hex()}{SUFFIX}", "snapshot",
                                       {"n_tokens": snap.n_tokens},
                                       body, snap.n_tokens * ID_BYTES + size)
@@ -178,3 +183,10 @@ class _Missing(Exception):
 def _chain(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
     yield first
     yield from rest
+
+
+def _chunks(state: BinaryIO, stop: Optional[Callable[[], bool]]) -> Iterator[bytes]:
+    while chunk := state.read(CHUNK):
+        if stop is not None and stop():
+            raise Stopped()
+        yield chunk

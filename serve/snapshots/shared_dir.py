@@ -165,6 +165,9 @@ class SharedDir:
                 os.fsync(f.fileno())
             os.rename(tmp, self.file(name))
             _fsync_dir(self.path)
+        except Stopped:   # given up (shutdown): not a failure, and nothing left
+            _unlink(tmp)
+            return False
         except (OSError, ValueError):
             _unlink(tmp)
             self.count("publish_failed")

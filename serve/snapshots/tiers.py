@@ -2,7 +2,8 @@
 
 Timed for the snapshot policy (serve/snapshots/policy.py), which decides;
 the local tier (serve/snapshots/cache.py) is always the one the engine loads
-from. Both calls are no-ops without a shared tier.
+from. Every call is a no-op without a shared tier. The engine's thread
+publishes later (publish_later: on the publisher thread).
 
 A request finds its snapshot while it waits for the engine (find: the local
 tier's lookup, and a longer snapshot copied from the shared tier into the local
@@ -17,6 +18,7 @@ from typing import Callable, Optional, Sequence
 from serve.snapshots.cache import PrefixCache, Snapshot
 from serve.snapshots.lookup import Files, Lookup
 from serve.snapshots.policy import SnapshotPolicy
+from serve.snapshots.publishing import Job, publish_now
 
 FETCH_TRIES = 3   # shared snapshots tried, longest first, before prefilling from the local one
 
@@ -60,17 +62,21 @@ def _local(cache: PrefixCache, lookup: Lookup, fetched: Snapshot) -> Lookup:
 
 
 def publish(cache: PrefixCache, policy: SnapshotPolicy, snap: Snapshot) -> bool:
-    """Publish a snapshot just stored locally when sparing another host its prefill pays."""
+    """Publish a snapshot just stored locally when sparing another host its prefill pays,
+    now, on this thread; True when published."""
     shared = cache.shared
     if shared is None:
         return False
-    if not policy.worth_publishing(snap.n_tokens - shared.published(snap.tokens)):
-        return False
-    started = time.monotonic()
-    done = shared.publish(snap)
-    if done:
-        policy.published(time.monotonic() - started)
-    return done
+    return publish_now(shared, Job(snap, None, policy.worth_publishing, policy.published))
+
+
+def publish_later(cache: PrefixCache, policy: SnapshotPolicy, snap: Snapshot,
+                  supersedes: Optional[Snapshot] = None) -> None:
+    """publish(), on the shared tier's publisher thread (serve/snapshots/publishing.py): what
+    the engine's thread calls. `supersedes`: a progress snapshot `snap` holds all of, to
+    unpublish once `snap` is published."""
+    if cache.shared is not None:
+        cache.shared.publisher.submit(snap, policy.worth_publishing, policy.published, supersedes)
 
 
 def fetch(cache: PrefixCache, policy: SnapshotPolicy, tokens: Sequence[int], limit: int,

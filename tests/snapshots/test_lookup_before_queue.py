@@ -38,6 +38,11 @@ LATER = FIRST + [{"role": "assistant", "content": "The moon pulls the water."},
                  {"role": "user", "content": "And why twice a day?"}]
 
 
+def published(host: "Host") -> None:
+    """Wait until what the host queued for the team is published."""
+    assert host.cache.shared is not None and host.cache.shared.publisher.flush(60)
+
+
 def ask(port: int, messages: list, **fields: Any) -> dict:
     resp = call(port, "POST", CHAT, {"messages": messages, **ANSWER_ONLY, **fields}, timeout=120)
     assert resp.status == 200, resp.body
@@ -94,13 +99,15 @@ def hosts(lib_path, k3_container, tmp_path) -> Iterator[Any]:
 
 
 class Trace:
-    """Which calls of the lookup's costly parts ran while their thread held the engine."""
+    """Which calls of the lookup's costly parts (and of publishing) ran while their thread held
+    the engine."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch):
         self.calls: list[tuple[str, bool]] = []   # (what, holding the engine)
         self._holding = threading.local()
         costly = {"find": (PrefixCache, "find"), "verify": (cache_module, "open_entry"),
-                  "fetch": (SharedTier, "fetch"), "crc": (lookup, "crc32")}
+                  "fetch": (SharedTier, "fetch"), "crc": (lookup, "crc32"),
+                  "publish": (shared_dir.SharedDir, "publish")}
         for what, (owner, name) in costly.items():
             monkeypatch.setattr(owner, name, self._traced(what, getattr(owner, name)))
         turn = Service._turn
@@ -179,18 +186,20 @@ def waiting(service: Service, n: int) -> None:
 # -- through the server ------------------------------------------------------------------
 
 
-def test_the_engine_spends_no_time_verifying_or_fetching_what_was_found_while_waiting(
+def test_the_engine_spends_no_time_verifying_fetching_or_publishing(
         hosts, cold, monkeypatch):
     a = hosts("a", shared=True)
     first = ask(a.port, FIRST)          # publishes the conversation's checkpoints
+    published(a)
     assert a.cache.shared is not None and a.cache.shared.files.counters.published >= 1
     trace = Trace(monkeypatch)
     b = hosts("b", shared=True)         # another host: nothing local
     got = ask(b.port, LATER)
+    published(b)                        # its own checkpoints, for the team
     assert choices(got) == choices(cold(LATER))
     assert cached(got) == history(a, first) > 0    # the conversation's end, fetched
     assert b.cache.shared is not None and b.cache.shared.files.counters.read == 1
-    assert {"find", "fetch"} <= trace.waiting()
+    assert {"find", "fetch", "publish"} <= trace.waiting()
     assert trace.on_engine() == []
     # Again: now a local hit, verified (CRC) while waiting, only stat()ed on the engine.
     trace.calls.clear()
@@ -298,6 +307,7 @@ def scratch(cache: PrefixCache) -> list[str]:
 def test_two_requests_waiting_for_the_same_shared_snapshot_copy_it_once(hosts, cold, monkeypatch):
     a = hosts("a", shared=True)
     first = ask(a.port, FIRST)
+    published(a)
     b = hosts("b", shared=True)
     slow = SlowCopies(monkeypatch)
     lookups = Lookups(monkeypatch)
@@ -323,6 +333,7 @@ def test_two_requests_waiting_for_the_same_shared_snapshot_copy_it_once(hosts, c
 def test_a_client_that_leaves_mid_fetch_leaves_nothing_behind(hosts, monkeypatch):
     a = hosts("a", shared=True)
     ask(a.port, FIRST)
+    published(a)
     b = hosts("b", shared=True, finish_abandoned=False)
     slow = SlowCopies(monkeypatch)
     lookups = Lookups(monkeypatch)
