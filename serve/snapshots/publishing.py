@@ -25,6 +25,7 @@ from typing import BinaryIO, Callable, Optional, Protocol, Sequence
 from serve.snapshots.snapshot import Snapshot
 
 MAX_WAITING = 8   # snapshots queued for publishing, at most (each holds an open file)
+IDLE_SECONDS = 1.0   # the publisher thread ends after this long with nothing to publish
 
 
 class Tier(Protocol):
@@ -70,7 +71,7 @@ def publish_now(tier: Tier, job: Job, stop: Optional[Callable[[], bool]] = None)
 
 
 class Publisher:
-    """The publisher thread of one shared tier, started with its first job."""
+    """The publisher thread of one shared tier, started with a job when none runs."""
 
     def __init__(self, tier: Tier, max_waiting: int = MAX_WAITING):
         self._tier = tier
@@ -133,16 +134,19 @@ class Publisher:
                 self._cond.notify_all()
             for job in dropped:
                 job.close()
-        if self._thread is not None:
-            self._thread.join()
+        with self._cond:
+            thread = self._thread
+        if thread is not None:
+            thread.join()
         return done
 
     def _work(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._jobs or self._closed)
+                self._cond.wait_for(lambda: self._jobs or self._closed, IDLE_SECONDS)
                 if not self._jobs:
-                    return   # closed, and nothing left
+                    self._thread = None   # closed, or idle: the next job starts another
+                    return
                 self._running = job = self._jobs.popleft()
                 self._cond.notify_all()   # room in line
             try:
