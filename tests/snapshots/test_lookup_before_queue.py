@@ -131,7 +131,7 @@ class Trace:
     def on_engine(self) -> list[str]:
         return [what for what, holding in self.calls if holding]
 
-    def waiting(self) -> set[str]:
+    def off_engine(self) -> set[str]:
         return {what for what, holding in self.calls if not holding}
 
 
@@ -199,13 +199,13 @@ def test_the_engine_spends_no_time_verifying_fetching_or_publishing(
     assert choices(got) == choices(cold(LATER))
     assert cached(got) == history(a, first) > 0    # the conversation's end, fetched
     assert b.cache.shared is not None and b.cache.shared.files.counters.read == 1
-    assert {"find", "fetch", "publish"} <= trace.waiting()
+    assert {"find", "fetch", "publish"} <= trace.off_engine()
     assert trace.on_engine() == []
     # Again: now a local hit, verified (CRC) while waiting, only stat()ed on the engine.
     trace.calls.clear()
     again = ask(b.port, LATER)
     assert cached(again) >= cached(got) and choices(again) == choices(got)
-    assert {"find", "verify", "crc"} <= trace.waiting() and trace.on_engine() == []
+    assert {"find", "verify", "crc"} <= trace.off_engine() and trace.on_engine() == []
     assert b.cache.stats()["hits"] == 2 and b.cache.stats()["misses"] == 0
 
 
@@ -434,4 +434,4 @@ def test_a_request_refused_a_place_in_line_looks_nothing_up_first(hosts, monkeyp
     assert resp.status == 503 and "waiting for the engine" in resp.json()["error"]["message"]
     assert trace.calls == []
     got = ask(host.port, LATER)                  # with room in line, it is looked up again
-    assert cached(got) > 0 and "find" in trace.waiting() and trace.on_engine() == []
+    assert cached(got) > 0 and "find" in trace.off_engine() and trace.on_engine() == []
