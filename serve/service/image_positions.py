@@ -1,0 +1,145 @@
+"""How many positions an image takes once expanded, from its size and the container's
+vision.json: known before the request waits for the engine, so a prompt that cannot fit
+with its images is refused at once, and count_tokens counts images without the engine.
+
+Each engine has its own rule, and a container is read by one engine only, so serve
+uses the rule of the engine its container is for (the manifest's "format", as the
+tokenizer does):
+
+- the reference engine ("format": "waste-ref"; engine/FORMAT.md, engine/vision.c):
+  U = patch_size * merge, s = min(1, sqrt(max_tokens * U*U / (W*H))), each side
+  floor(side * s / U) blocks of U, at least one; a thin image whose blocks exceed
+  max_tokens has its long side cut to floor(max_tokens / short side's blocks);
+- WARP (any other container; its src/image.c and src/waste.c): a grid of 14-pixel
+  patches, scale = min(1, sqrt(max_patches / (W*H / 196))), each side
+  (int)(side * scale / 14 + 0.5) patches, at least 2, made even, then 2 patches off
+  the longer side until the grid fits max_patches (vision.json, 1024 when absent);
+  the tower merges 2x2 patches into one position. WARP queues at most 32 images.
+
+Both compute in IEEE doubles in the order written here, as Python's floats do, so
+the figure is the engine's exactly. Serve still compares it with the count
+waste_image_add returns, every time: the first that differs (an engine built with
+another rule) turns serve's figure off for the life of the process, saying so in
+the log, and from then on images count one position each before the queue (a bound
+never above the engine's) and count_tokens asks the engine, as the engine's own
+count after waste_image_add stays the last word on fitting the context.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from typing import Callable, Optional, Protocol, TypeGuard
+
+WARP_PATCH = 14          # src/image.c's PATCH: WARP's vision.json must say 14
+WARP_MAX_IMAGES = 32     # src/model.h's WASTE_MAX_IMAGES: waste_image_add refuses the 33rd
+
+
+class Grid(Protocol):
+    """An engine's rule for an image's positions."""
+
+    @property
+    def engine(self) -> str: ...                 # whose rule, for the log
+
+    @property
+    def max_images(self) -> Optional[int]: ...   # images one request may queue; None: no limit
+
+    def positions(self, width: int, height: int) -> int: ...
+
+
+@dataclass(frozen=True)
+class ReferenceGrid:
+    """The reference engine's rule (engine/FORMAT.md, "vision.json and vision.bin")."""
+    patch: int
+    merge: int
+    max_tokens: int
+    engine: str = "the reference engine"
+    max_images: Optional[int] = None   # its queue holds a context's worth of positions, no count
+
+    def positions(self, width: int, height: int) -> int:
+        u = self.patch * self.merge
+        s = min(1.0, math.sqrt(self.max_tokens * u * u / (width * height)))
+        gx = max(1, math.floor(width * s / u))
+        gy = max(1, math.floor(height * s / u))
+        if gx * gy > self.max_tokens:   # a thin image: its long side is cut
+            if gx > gy:
+                gx = self.max_tokens // gy
+            else:
+                gy = self.max_tokens // gx
+        return gx * gy
+
+
+@dataclass(frozen=True)
+class WarpGrid:
+    """WARP's rule (its src/image.c waste_image_load, src/waste.c waste_image_add)."""
+    max_patches: int
+    engine: str = "WARP"
+    max_images: Optional[int] = WARP_MAX_IMAGES
+
+    def positions(self, width: int, height: int) -> int:
+        scale = min(1.0, math.sqrt(self.max_patches / (width * height / (WARP_PATCH * WARP_PATCH))))
+        gw = max(2, int(width * scale / WARP_PATCH + 0.5)) & ~1
+        gh = max(2, int(height * scale / WARP_PATCH + 0.5)) & ~1
+        while gw * gh > self.max_patches and (gw > 2 or gh > 2):
+            if gw >= gh and gw > 2:
+                gw -= 2
+            else:
+                gh -= 2
+        return (gw // 2) * (gh // 2)
+
+
+def read_grid(container: str) -> Optional[Grid]:
+    """The rule for `container`'s images, from manifest.json and vision.json; None when
+    either is missing or malformed (the engine, which opened it, then counts alone)."""
+    try:
+        with open(os.path.join(container, "manifest.json"), encoding="utf-8") as f:
+            manifest = json.load(f)
+        with open(os.path.join(container, "vision.json"), encoding="utf-8") as f:
+            vision = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict) or not isinstance(vision, dict):
+        return None
+    if manifest.get("format") == "waste-ref":
+        values = [vision.get(key) for key in ("patch_size", "merge", "max_tokens")]
+        numbers = [v for v in values if positive_int(v)]
+        if len(numbers) != 3:
+            return None
+        patch, merge, most = numbers
+        return ReferenceGrid(patch, merge, most)
+    if vision.get("patch_size", WARP_PATCH) != WARP_PATCH:
+        return None
+    max_patches = vision.get("max_patches", 1024)
+    return WarpGrid(max_patches) if positive_int(max_patches) and max_patches >= 4 else None
+
+
+def positive_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+class ImagePositions:
+    """Serve's figure for an image's positions, for as long as the engine agrees with it."""
+
+    def __init__(self, grid: Optional[Grid], log: Optional[Callable[[str], None]] = None):
+        self.grid = grid
+        self.differed: Optional[str] = None   # what the engine counted otherwise, once it did
+        self._log = log
+
+    def figure(self, width: int, height: int) -> Optional[int]:
+        """The positions a width x height image takes; None when serve does not count them."""
+        if self.grid is None or self.differed is not None:
+            return None
+        return self.grid.positions(width, height)
+
+    def observe(self, size: tuple[int, int], figure: Optional[int], counted: int) -> None:
+        """The engine's count for an image serve figured at `figure`: a difference turns
+        serve's figures off from now on."""
+        if figure is None or figure == counted or self.differed is not None:
+            return
+        self.differed = (f"the engine counted {counted} positions for a {size[0]}x{size[1]} "
+                         f"image where serve's figure ({self.grid.engine if self.grid else '?'}'s "
+                         f"rule) was {figure}")
+        if self._log is not None:
+            self._log(f"images: {self.differed}; image positions are counted on the engine "
+                      "from now on")
