@@ -30,6 +30,7 @@ from serve.snapshots.cache import (DEFAULT_MAX_ENTRIES, default_directory, Prefi
 from serve.snapshots.reply_memory import ReplyMemory
 from serve.dialects.sse import DEFAULT_HEARTBEAT
 from serve.service.facade import Service, ServiceOptions
+from serve.service.image_positions import read_grid
 from serve.service.models import Models
 from serve.snapshots.policy import SnapshotPolicy
 from serve.app.warm import WarmError, Warmer, warm_requests
@@ -371,6 +372,7 @@ def serve(lib: Library, engine: Engine, args: argparse.Namespace, warm: list,
                                  context_beyond=beyond(lib, args.model, engine.info.ctx_max,
                                                        cfg.budget, args.vision),
                                  tokenizer=tokens.tokenizer, bos=tokens.bos,
+                                 image_grid=read_grid(args.model) if args.vision else None,
                                  **work_flags.options(args, lib.build_info()))
         with chores.opened(lib, args, split, default_model_id, cfg, options,
                            lambda chores_engine, path: open_prefix_cache(
