@@ -258,7 +258,11 @@ WASTE_API void waste_image_clear(waste_ctx *ctx);
 
 /* Called for every generated token, after it has been evaluated into the
  * state.  piece is that token's raw bytes, NUL-terminated, not necessarily
- * valid UTF-8 on its own.  Return 0 to continue, non-zero to stop. */
+ * valid UTF-8 on its own.  Return 0 to continue, non-zero to stop.
+ * The callback may call waste_tokenize, waste_tokenize_markup and
+ * waste_detokenize on the same ctx (they touch only the caller's buffer and
+ * the error detail, which waste_generate sets after its last callback); any
+ * other call on the ctx from inside it is undefined. */
 typedef int (*waste_token_cb)(const waste_token_info *info, const char *piece,
                               void *user);
 

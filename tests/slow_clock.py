@@ -102,16 +102,15 @@ def prompt_text(items: int, salt: str = "") -> str:
     return " ".join(f"{salt}item{i} costs {i * 7 % 100} pounds;" for i in range(items))
 
 
-class LongPrefill:
-    """A streamed chat request whose prompt takes the engine a long time, read on a thread."""
+class Streamed:
+    """A streamed request, read on a thread: when its stream opened, and when it ended."""
 
-    def __init__(self, port: int, items: int):
-        body = json.dumps({"messages": _user(prompt_text(items, "busy")), "max_tokens": 2,
-                           "stream": True}).encode()
+    def __init__(self, port: int, path: str, body: dict):
+        data = json.dumps({**body, "stream": True}).encode()
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=300)
-        self.sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nConnection: close\r\n"
-                          b"Content-Type: application/json\r\n"
-                          + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        self.sock.sendall(f"POST {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n".encode()
+                          + b"Content-Type: application/json\r\n"
+                          + f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
         self.raw = b""
         self.holding = threading.Event()   # its stream opened: it holds the engine
         self.ended = threading.Event()
@@ -133,3 +132,11 @@ class LongPrefill:
     def close(self) -> None:
         self.sock.close()
         self.thread.join(10)
+
+
+class LongPrefill(Streamed):
+    """A streamed chat request whose prompt takes the engine a long time."""
+
+    def __init__(self, port: int, items: int):
+        super().__init__(port, "/v1/chat/completions",
+                         {"messages": _user(prompt_text(items, "busy")), "max_tokens": 2})

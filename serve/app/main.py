@@ -222,6 +222,7 @@ def banner(lib: Library, engine: Engine, fmt: ChatFormat, args: argparse.Namespa
         f"memory   {gib(mem.recommended_bytes)} resolved (trunk {gib(mem.trunk_bytes)}, "
         f"state {gib(mem.state_bytes)}, floor {gib(mem.floor_bytes)})"
         + (f", vision tower {gib(mem.vision_bytes)}" if args.vision else ""),
+        f"experts  {describe_hotlist(args.usage or os.path.join(args.model, 'usage.waste'))}",
         f"chat     {chat}",
         f"tokens   {tokens.note}",
         ("thinking unavailable (this chat format has no reasoning channel)"
@@ -245,6 +246,17 @@ def banner(lib: Library, engine: Engine, fmt: ChatFormat, args: argparse.Namespa
         lines.append(f"WARNING  listening on {args.host} without --api-key: anyone who can reach "
                      "this port can use the model")
     return "\n".join(lines)
+
+
+def describe_hotlist(path: str) -> str:
+    """Whether the expert cache starts warm: without a learned hotlist a first request reads
+    every expert it uses from disk, which is most of its time on a fresh model."""
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        return (f"no hotlist yet ({path}): the first requests read their experts from disk; "
+                "what they use is learned and saved there at shutdown")
+    return f"hotlist {path} ({size:,} bytes) warmed the expert cache at start"
 
 
 def structure_line() -> str:

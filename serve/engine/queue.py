@@ -26,8 +26,11 @@ while nobody waits, and yields like any idle-time work.
 A short engine call for a thread that does not hold the engine (tokenizing a
 request before it joins the line, when serve's own tokenizer is not the
 engine's) is an errand: it runs at once when the engine is free, else the
-holder runs it between its engine calls (at its next prefill chunk), so it
-never waits behind a whole prefill.
+holder runs it between its engine calls (at its next prefill chunk), or from
+inside waste_generate's token callback, so it never waits behind a whole
+prefill or a whole reply. So an errand may call only the tokenizer
+(tokenize, tokenize_markup, detokenize): the engines' tokenizers read nothing
+a generation in progress writes (docs/engine.md).
 """
 from __future__ import annotations
 
@@ -401,7 +404,8 @@ class EngineQueue:
         return errand.result  # type: ignore[return-value]
 
     def run_errands(self) -> None:
-        """Called by the engine's holder between its engine calls: run the errands waiting."""
+        """Called by the engine's holder between its engine calls, or from the token callback
+        (errands only tokenize): run the errands waiting."""
         with self._cond:
             if not self._errands:
                 return

@@ -151,21 +151,26 @@ class ExchangeSink(Generic[R]):
                 raise
             return self._fail(e)
         tokens = reply.usage.completion_tokens
+        timing = self._timing(reply.usage.waste)
         if reply.client_gone:
-            return Answer(499, tokens, timing=self._timing())
+            return Answer(499, tokens, timing=timing)
         self._exchange.keep(reply)
         if self._writer is None:
-            return Answer(200, tokens, self._exchange.body(reply), self._timing())
+            return Answer(200, tokens, self._exchange.body(reply), timing)
         self._events(lambda: self._exchange.closing(reply), last=True)
-        return Answer(200, tokens, timing=self._timing())
+        return Answer(200, tokens, timing=timing)
 
-    def _timing(self) -> str:
+    def _timing(self, waste: dict) -> str:
         """Where a generation's time went: waiting for the engine, the prompt's positions (those
-        restored from a snapshot are not prefilled), and its first token."""
+        restored from a snapshot are not prefilled), its first token, and reading experts from
+        disk (most of a cold first request's time)."""
         def ms(at: Optional[float]) -> str:
             return "-" if at is None else f"{(at - self._began) * 1000:.0f}ms"
+        read = waste.get("bytes_read", 0)
         return (f"engine at {ms(self._engine_at)}, prompt {self._start.prompt_tokens} "
-                f"({self._start.cached_tokens} restored), first token at {ms(self._first_at)}")
+                f"({self._start.cached_tokens} restored), first token at {ms(self._first_at)}"
+                + (f", experts read {read / 1e6:.1f} MB in {waste.get('io_ms', 0):.0f}ms"
+                   if read else ""))
 
     def _open(self) -> None:
         if self._writer is None:  # else already open: the request waited in line

@@ -117,7 +117,8 @@ class Service:
                                      prefix_cache=options.prefix_cache, policy=self.policy,
                                      prefill_chunk=options.prefill_chunk,
                                      eval_logits=options.eval_logits, log=options.log,
-                                     context_beyond=options.context_beyond)
+                                     context_beyond=options.context_beyond,
+                                     between_tokens=self.queue.run_errands)
         self.settler = Settler(engine, tokenizer, self.queue, options.prefix_cache, self.policy,
                                options.reply_memory, self.prompts.reply)
 

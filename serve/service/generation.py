@@ -61,7 +61,8 @@ class Generation:
     def __init__(self, engine: EngineApi, metrics: Metrics, *, max_tokens: int,
                  prefix_cache: Optional[PrefixCache], policy: SnapshotPolicy,
                  prefill_chunk: int = DEFAULT_CHUNK, eval_logits: bool = True,
-                 log: Optional[Callable[[str], None]] = None, context_beyond: str = ""):
+                 log: Optional[Callable[[str], None]] = None, context_beyond: str = "",
+                 between_tokens: Callable[[], None] = lambda: None):
         self.engine = engine
         self.metrics = metrics
         self.max_tokens = max_tokens          # when a request sets none
@@ -71,6 +72,9 @@ class Generation:
         self.eval_logits = eval_logits        # False: waste_eval gives no logits to decode with
         self.log = log
         self.context_beyond = context_beyond  # a too-long prompt's word on a larger context
+        # Run from the token callback: waste_generate is one engine call for a whole reply,
+        # and work that only reads the tokenizer need not wait for its end (docs/engine.md).
+        self.between_tokens = between_tokens
         # llguidance's view of the vocabulary, built once per (size, stop tokens)
         self._vocabularies: dict[tuple[int, tuple[int, ...]], grammar.Vocabulary] = {}
 
@@ -114,6 +118,7 @@ class Generation:
             if run.gone():
                 clock.client_gone = True
                 return True
+            self.between_tokens()
             return reader.feed(info.token, piece, run.emit)   # the Run only keeps it
 
         before = self.engine.stats()
@@ -248,7 +253,8 @@ class Generation:
             "cached_tokens": clock.cached_tokens,
             "experts_hit": s.experts_hit, "experts_missed": s.experts_missed,
             "expert_hit_rate": s.experts_hit / looked_up if looked_up else 0.0,
-            "bytes_read": s.bytes_read, "direct_io": s.direct_io, "ms": round(ms, 3),
+            "bytes_read": s.bytes_read, "io_ms": round(s.sec_io * 1000.0, 3),
+            "direct_io": s.direct_io, "ms": round(ms, 3),
             "tokens_per_second": round(tps, 3), "context_full": context_full,
             **decoding})
 

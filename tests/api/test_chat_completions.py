@@ -31,7 +31,7 @@ def test_blocking_chat_shape(server, engine):
     assert usage["prompt_tokens_details"] == {"cached_tokens": 0}
     waste = body["waste"]
     assert set(waste) == {"prompt_tokens", "completion_tokens", "experts_hit", "experts_missed",
-                          "expert_hit_rate", "bytes_read", "direct_io", "ms", "tokens_per_second",
+                          "expert_hit_rate", "bytes_read", "io_ms", "direct_io", "ms", "tokens_per_second",
                           "context_full", "cached_tokens", "constrained", "mask_ms", "mask_changed",
                           "reasoning", "work", "behind_chores_ms"}
     assert waste["reasoning"] == "on"   # K3 thinking by default, no effort named
@@ -41,6 +41,7 @@ def test_blocking_chat_shape(server, engine):
     assert (waste["experts_hit"], waste["experts_missed"]) == (3 * n, n)
     assert waste["expert_hit_rate"] == pytest.approx(0.75)
     assert waste["bytes_read"] == 4096 * n and waste["context_full"] is False
+    assert waste["io_ms"] == pytest.approx(0.5 * n)   # the scripted engine's half a ms a token
 
 
 def test_thinking_off_has_no_reasoning_content(engine):

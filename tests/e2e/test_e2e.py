@@ -283,6 +283,7 @@ def test_cli_serves_and_stops_on_sigterm(lib_path, k3_container, tmp_path):
             proc, port, banner):
         text = "\n".join(banner)
         assert "libwaste" in text and "xtml" in text and "thinking on" in text
+        assert f"experts  no hotlist yet ({usage})" in text
         assert call(port, "GET", "/v1/models").status == 401
         key = {"Authorization": "Bearer from-env"}
         assert call(port, "GET", "/v1/models", headers=key).json()["data"][0]["id"] == "demo"
@@ -296,6 +297,9 @@ def test_cli_serves_and_stops_on_sigterm(lib_path, k3_container, tmp_path):
         # The snapshots stay for the next start; the server's unfinished work does not.
         assert not set(work) & set(os.listdir(snapshots))
         assert usage.stat().st_size > 0         # and the learned expert hotlist is kept for next time
+    with cli_server(str(k3_container), "--lib", str(lib_path), "--usage", str(usage),
+                    env=env) as (_, _, banner):
+        assert f"experts  hotlist {usage} ({usage.stat().st_size:,} bytes) warmed" in "\n".join(banner)
 
 
 def test_no_prefix_cache_prefills_every_turn(lib_path, k3_container, tmp_path):

@@ -969,6 +969,35 @@ def test_context_filled_mid_answer(lib, k3_container):
         assert status == OK and len(seen) == 5 and detail_of(lib, ctx) is None
 
 
+def test_tokenizing_inside_the_token_callback(lib, k3_container):
+    """serve tokenizes for waiting requests between two generated tokens (waste.h, waste_token_cb):
+    the nested calls answer as outside, and the generation and its context-full detail are
+    those of a run without them."""
+    text = "Hello <|open|> wörld 123 🙂"
+    with opened(lib, k3_container, ctx_tokens=64) as ctx:
+        want = (tokenize(lib, ctx, text), tokenize(lib, ctx, text, markup=True))
+        status, plain = generate(lib, ctx, [5] * 10, max_tokens=100, temperature=1.0, seed=3)
+        plain_detail = detail_of(lib, ctx)
+        lib.waste_state_reset(ctx)
+        got, tokens = [], []
+
+        def on_token(info, piece, _user):
+            tokens.append(info.contents.token)
+            got.append((tokenize(lib, ctx, text), tokenize(lib, ctx, text, markup=True)))
+            out, n = C.create_string_buffer(256), C.c_size_t()
+            assert lib.waste_detokenize(ctx, ints(want[0]), len(want[0]), out, 256, C.byref(n)) == OK
+            assert out.raw[:n.value] == text.encode()
+            return 0
+
+        params = gen_params(lib, max_tokens=100, temperature=1.0, seed=3)
+        nested = lib.waste_generate(ctx, ints([5] * 10), 10, C.byref(params), TOKEN_CB(on_token), None)
+        nested_detail = detail_of(lib, ctx)
+    assert status == nested == OK and len(plain) == 54
+    assert tokens == [t["token"] for t in plain]
+    assert got == [want] * 54 and want[0] != want[1]
+    assert plain_detail is not None and nested_detail == plain_detail
+
+
 def test_bad_generation_params(lib, k3_container, prompt):
     with opened(lib, k3_container) as ctx:
         for fields in ({"temperature": -1.0}, {"temperature": float("nan")}, {"top_k": -2}):
