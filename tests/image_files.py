@@ -320,3 +320,45 @@ def webp_vp8l(w: int, h: int) -> bytes:
 def webp_vp8x(w: int, h: int) -> bytes:
     size = lambda v: struct.pack("<I", v - 1)[:3]
     return riff_webp(b"VP8X", b"\x00\x00\x00\x00" + size(w) + size(h))
+
+
+# ------------------------------------------------- damaged, as clients send them --
+
+def png_of_rows(raw: bytes, w: int = 1, h: int = 1) -> bytes:
+    """A w x h 8-bit RGB PNG whose image data inflates to `raw` (filter bytes included)."""
+    return (PNG_SIGNATURE + ihdr(w, h) + png_chunk(b"IDAT", zlib.compress(raw))
+            + png_chunk(b"IEND", b""))
+
+
+def truncated_png() -> bytes:
+    """A 32x32 PNG cut inside its image data: the header still reads."""
+    good = encode_png(random_pixels(random.Random(5), 32, 32, 3, 256))
+    return good[:len(good) // 2]
+
+
+def corrupt_zlib_png() -> bytes:
+    """A 64x64 grey PNG whose zlib stream's first block has the reserved type."""
+    stream = bytearray(zlib.compress(bytes(range(256)) * 64))
+    stream[2] |= 0x06    # BTYPE 11
+    return PNG_SIGNATURE + ihdr(64, 64, 8, 0) + png_chunk(b"IDAT", bytes(stream)) + \
+        png_chunk(b"IEND", b"")
+
+
+def jpeg_without_scan() -> bytes:
+    """The 4:4:4 fixture ending (EOI) where its scan should start."""
+    jpeg = jpeg_fixture("444")
+    return jpeg[:jpeg.index(b"\xff\xda")] + b"\xff\xd9"
+
+
+def gif_without_lzw() -> bytes:
+    """A 4x4 GIF whose image descriptor is followed by an empty chain of data sub-blocks."""
+    gif = encode_gif(4, 4, [0] * 16, [(1, 2, 3), (4, 5, 6)])
+    descriptor = gif.rindex(b"\x2c")
+    return gif[:descriptor + 10] + b"\x02\x00\x3b"   # min code size, no sub-block, trailer
+
+
+def flat_png(w: int, h: int) -> bytes:
+    """One grey w x h PNG, cheap to write and to decode at any size."""
+    rows = zlib.compress((b"\0" + bytes(w)) * h, 1)
+    return PNG_SIGNATURE + ihdr(w, h, 8, 0) + png_chunk(b"IDAT", rows) + png_chunk(b"IEND", b"")
+

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from image_files import (CHANNELS, JPEG_FIXTURES, PNG_SIGNATURE, encode_gif, encode_png, ihdr,
-                         jpeg_fixture, png_chunk, random_pixels, small_gif, webp_vp8)
+from image_files import (CHANNELS, JPEG_FIXTURES, PNG_SIGNATURE, corrupt_zlib_png, encode_gif,
+                         encode_png, gif_without_lzw, ihdr, jpeg_fixture, jpeg_without_scan,
+                         png_chunk, png_of_rows, random_pixels, small_gif, truncated_png, webp_vp8)
 from serve.engine.binding import Engine, EngineConfig
 from serve.engine.types import WasteError
 from serve.service.image_check import MAX_PIXELS, Undecodable, check_pixels
@@ -103,41 +104,18 @@ def test_the_check_refuses_only_what_the_engine_refuses(vision_engine, tmp_path,
 
 
 @pytest.mark.parametrize("name, data, reason", [
-    ("truncated png", lambda good: good["png rgb"][:-30], "truncated"),
-    ("corrupt zlib", lambda good: corrupt_zlib(), "corrupt"),
-    ("jpeg with no scan", lambda good: no_scan(good["jpeg 444"]), "ends before its scan"),
-    ("gif with no image data", lambda good: no_lzw(), "no LZW data"),
-    ("png filter 5", lambda good: png_rows(b"\x05" + bytes(3)), "filter type 5"),
-    ("png rows short", lambda good: png_rows(b"\x00" + bytes(2)), "before its last row"),
-    ("png rows long", lambda good: png_rows(b"\x00" + bytes(4)), "larger than"),
+    ("truncated png", truncated_png, "truncated"),
+    ("corrupt zlib", corrupt_zlib_png, "corrupt"),
+    ("jpeg with no scan", jpeg_without_scan, "ends before its scan"),
+    ("gif with no image data", gif_without_lzw, "no LZW data"),
+    ("png filter 5", lambda: png_of_rows(b"\x05" + bytes(3)), "filter type 5"),
+    ("png rows short", lambda: png_of_rows(b"\x00" + bytes(2)), "before its last row"),
+    ("png rows long", lambda: png_of_rows(b"\x00" + bytes(4)), "larger than"),
 ])
 def test_what_the_check_refuses_the_engine_refuses(vision_engine, tmp_path, name, data, reason):
-    image = data(good_images())
+    image = data()
     assert reason in refusal(image), name
     assert engine_refusal(vision_engine, tmp_path / "bad", image), name
-
-
-def png_rows(raw: bytes, w: int = 1, h: int = 1) -> bytes:
-    """A w x h RGB PNG whose image data inflates to `raw`."""
-    return (PNG_SIGNATURE + ihdr(w, h) + png_chunk(b"IDAT", zlib.compress(raw))
-            + png_chunk(b"IEND", b""))
-
-
-def corrupt_zlib() -> bytes:
-    stream = bytearray(zlib.compress(bytes(range(256)) * 64))
-    stream[2] = 0xFF    # the first block's header: a reserved block type
-    raw_png = PNG_SIGNATURE + ihdr(64, 64, 8, 0) + png_chunk(b"IDAT", bytes(stream))
-    return raw_png + png_chunk(b"IEND", b"")
-
-
-def no_scan(jpeg: bytes) -> bytes:
-    return jpeg[:jpeg.index(b"\xff\xda")] + b"\xff\xd9"
-
-
-def no_lzw() -> bytes:
-    gif = encode_gif(4, 4, [0] * 16, [(1, 2, 3), (4, 5, 6)])
-    descriptor = gif.rindex(b"\x2c")
-    return gif[:descriptor + 10] + b"\x02\x00\x3b"   # min code size, an empty chain, trailer
 
 
 def test_webp_is_refused_at_the_edge(vision_engine, tmp_path):

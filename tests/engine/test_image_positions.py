@@ -8,12 +8,11 @@ from __future__ import annotations
 import json
 import random
 import shutil
-import zlib
 from pathlib import Path
 
 import pytest
 
-from image_files import PNG_SIGNATURE, ihdr, png_chunk
+from image_files import flat_png
 from serve.engine.binding import Engine, EngineConfig
 from serve.service.image_positions import (ImagePositions, ReferenceGrid, WarpGrid, read_grid)
 
@@ -21,12 +20,6 @@ SIZES = [(1, 1), (1, 2), (2, 1), (15, 15), (16, 16), (17, 33), (31, 16), (32, 32
          (42, 70), (200, 30), (30, 200), (255, 257), (256, 256), (257, 255), (640, 480),
          (1920, 1080), (1080, 1920), (4096, 1), (1, 4096), (32768, 1), (1, 32768), (32768, 3),
          (3000, 5), (4096, 4096), (4000, 3000), (2, 8000), (999, 1001)]
-
-
-def flat_png(w: int, h: int) -> bytes:
-    """One grey w x h PNG, cheap to write and to decode at any size."""
-    rows = zlib.compress((b"\0" + bytes(w)) * h, 1)
-    return PNG_SIGNATURE + ihdr(w, h, 8, 0) + png_chunk(b"IDAT", rows) + png_chunk(b"IEND", b"")
 
 
 def sizes() -> list[tuple[int, int]]:
