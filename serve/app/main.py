@@ -225,6 +225,7 @@ def banner(lib: Library, engine: Engine, fmt: ChatFormat, args: argparse.Namespa
         f"experts  {describe_hotlist(args.usage or os.path.join(args.model, 'usage.waste'))}",
         f"chat     {chat}",
         f"tokens   {tokens.note}",
+        *([f"images   {service.positions.describe()}"] if args.vision else []),
         ("thinking unavailable (this chat format has no reasoning channel)"
          if not fmt.supports_reasoning else
          f"thinking {'off' if args.no_thinking else 'on'} by default (reasoning_effort overrides)"),

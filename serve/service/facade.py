@@ -102,6 +102,9 @@ class Service:
                                lambda: engine.evaluated, shared=self._shared_dirs())
         # Serve's own tokenizer, called by any thread; or the engine's, called as an errand
         # between engine calls by a request not yet holding the engine.
+        # Serve's figure of images' positions: probed on the engine while it is still idle.
+        self.positions = ImagePositions(options.image_grid if options.vision else None, options.log)
+        self.positions.probe(engine)
         tokenizer = options.tokenizer or EngineTokenizer(engine)
         tokenizing = at_once if options.tokenizer else self.queue.errand
         bos = options.bos if options.bos is not None else engine_bos(engine)
@@ -112,7 +115,7 @@ class Service:
                                      snapshots=options.prefix_cache is not None,
                                      default_thinking=options.thinking,
                                      context_beyond=options.context_beyond,
-                                     positions=ImagePositions(options.image_grid, options.log))
+                                     positions=self.positions)
         self.generation = Generation(engine, self.metrics, max_tokens=options.max_tokens,
                                      prefix_cache=options.prefix_cache, policy=self.policy,
                                      prefill_chunk=options.prefill_chunk,

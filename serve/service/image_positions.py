@@ -17,23 +17,34 @@ tokenizer does):
   the tower merges 2x2 patches into one position. WARP queues at most 32 images.
 
 Both compute in IEEE doubles in the order written here, as Python's floats do, so
-the figure is the engine's exactly. Serve still compares it with the count
-waste_image_add returns, every time: the first that differs (an engine built with
-another rule) turns serve's figure off for the life of the process, saying so in
-the log, and from then on images count one position each before the queue (a bound
-never above the engine's) and count_tokens asks the engine, as the engine's own
-count after waste_image_add stays the last word on fitting the context.
+the figure is the engine's exactly. Serve still checks it against the engine: at
+start, on a few small images encoded while the engine is idle (probe(), the banner's
+images line), and then against the count waste_image_add returns for every image.
+The first that differs (an engine built with another rule) turns serve's figure off
+for the life of the process, saying so in the log, and from then on images count one
+position each before the queue (a bound never above the engine's) and count_tokens
+asks the engine; the engine's own count after waste_image_add stays the last word on
+fitting the context.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
+import struct
+import tempfile
+import zlib
 from dataclasses import dataclass
 from typing import Callable, Optional, Protocol, TypeGuard
 
+from serve.engine.api import EngineApi
+from serve.engine.types import WasteError
+
 WARP_PATCH = 14          # src/image.c's PATCH: WARP's vision.json must say 14
 WARP_MAX_IMAGES = 32     # src/model.h's WASTE_MAX_IMAGES: waste_image_add refuses the 33rd
+# Encoded at start to check the figure: small (a few positions on any tower, cheap on K3's),
+# and sizes the two rules count differently.
+PROBE_SIZES = ((70, 42), (30, 200), (3, 3))
 
 
 class Grid(Protocol):
@@ -132,6 +143,34 @@ class ImagePositions:
             return None
         return self.grid.positions(width, height)
 
+    def probe(self, engine: EngineApi) -> None:
+        """At start, with the engine idle: encode PROBE_SIZES and compare the counts."""
+        if self.grid is None:
+            return
+        for w, h in PROBE_SIZES:
+            fd, path = tempfile.mkstemp(prefix="serve-probe-", suffix=".png")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(grey_png(w, h))
+                figure = self.figure(w, h)
+                self.observe((w, h), figure, engine.image_add(path))
+            except WasteError as e:
+                self.differed = f"a {w}x{h} probe image could not be encoded ({e})"
+            finally:
+                engine.image_clear()
+                os.unlink(path)
+            if self.differed is not None:
+                return
+
+    def describe(self) -> str:
+        """The banner's images line."""
+        if self.grid is None:
+            return "positions counted on the engine (no rule for this container's vision.json)"
+        if self.differed is not None:
+            return f"positions counted on the engine: {self.differed}"
+        return (f"positions figured by serve before the queue ({self.grid.engine}'s rule), equal "
+                f"to the engine's on the probe")
+
     def observe(self, size: tuple[int, int], figure: Optional[int], counted: int) -> None:
         """The engine's count for an image serve figured at `figure`: a difference turns
         serve's figures off from now on."""
@@ -143,3 +182,14 @@ class ImagePositions:
         if self._log is not None:
             self._log(f"images: {self.differed}; image positions are counted on the engine "
                       "from now on")
+
+
+def grey_png(width: int, height: int) -> bytes:
+    """A flat grey PNG, for the probe."""
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return (struct.pack(">I", len(body)) + kind + body
+                + struct.pack(">I", zlib.crc32(kind + body)))
+    rows = zlib.compress((b"\0" + b"\x80" * width) * height)
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", rows)
+            + chunk(b"IEND", b""))

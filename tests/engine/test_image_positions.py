@@ -1,10 +1,12 @@
 """Serve's figure for an image's positions (serve/service/image_positions.py) equals what
 the reference engine's waste_image_add counts, for a spread of sizes and aspect ratios,
-tiny to the largest the engine decodes, under several vision.json max_tokens; and WARP's
-rule, checked against figures worked out by hand from its src/image.c.
+tiny to the largest the engine decodes, under several vision.json max_tokens; WARP's
+rule, checked against figures worked out by hand from its src/image.c; and a rule that is
+not the engine's is caught by the start-up probe, after which the engine counts.
 """
 from __future__ import annotations
 
+import base64
 import json
 import random
 import shutil
@@ -13,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from image_files import flat_png
+from scripted import real_service
+from serve import parse_chat_request
 from serve.engine.binding import Engine, EngineConfig
 from serve.service.image_positions import (ImagePositions, ReferenceGrid, WarpGrid, read_grid)
 
@@ -115,3 +119,28 @@ def test_reference_containers_need_the_three_keys(tmp_path):
     (tmp_path / "vision.json").write_text(json.dumps({"patch_size": 8, "merge": 2}))
     assert read_grid(str(tmp_path)) is None
     assert read_grid(str(tmp_path / "missing")) is None
+
+
+def counting(lib_path, container, grid, body: dict) -> tuple[int, str]:
+    """count_chat of `body` by a service on the real engine with `grid` as serve's rule,
+    and the banner's images line."""
+    with real_service(lib_path, container, vision=True, image_grid=grid) as service:
+        return service.count_chat(parse_chat_request(body), lambda: False), \
+            service.positions.describe()
+
+
+def image_body(*sizes: tuple[int, int]) -> dict:
+    parts = [{"type": "image_url", "image_url": {
+        "url": "data:image/png;base64," + base64.b64encode(flat_png(w, h)).decode()}}
+        for w, h in sizes]
+    return {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, *parts]}]}
+
+
+def test_the_probe_finds_a_rule_that_is_not_the_engines(lib_path, k3_vision_container):
+    body = image_body((640, 480), (30, 200))
+    right, said = counting(lib_path, k3_vision_container, read_grid(str(k3_vision_container)), body)
+    assert said.startswith("positions figured by serve before the queue (the reference engine")
+    wrong, said = counting(lib_path, k3_vision_container, WarpGrid(1024), body)
+    assert said.startswith("positions counted on the engine: the engine counted")
+    assert wrong == right      # counted on the engine, not by the wrong rule
+    assert WarpGrid(1024).positions(640, 480) != ReferenceGrid(8, 2, 256).positions(640, 480)

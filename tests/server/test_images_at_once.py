@@ -100,3 +100,9 @@ def test_count_tokens_counts_images_without_the_engine(busy):
     assert outcome.status == 200 and outcome.problem is None, outcome.raw[:600]
     assert json.loads(outcome.raw.partition(b"\r\n\r\n")[2])["input_tokens"] > 256
     assert took < BOUND and not long.ended.is_set()
+
+
+def test_the_banner_says_who_counts_images(busy):
+    srv, _ = busy
+    line = next(line for line in srv.banner if line.startswith("images"))
+    assert "positions figured by serve before the queue (the reference engine's rule)" in line
