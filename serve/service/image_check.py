@@ -217,7 +217,7 @@ def check_jpeg(data: bytes) -> None:
     (baseline, extended or progressive Huffman), quantisation and Huffman tables, the scan,
     and entropy-coded data after it. The entropy data itself is not decoded: stb_image
     accepts it cut short."""
-    pos, frame, tables = 2, False, set()
+    pos, components, tables = 2, b"", set()
     while True:
         if len(data) - pos < 2:
             raise Undecodable("JPEG is truncated before its scan")
@@ -238,27 +238,31 @@ def check_jpeg(data: bytes) -> None:
         length = struct.unpack_from(">H", data, pos + 2)[0]
         if length < 2 or length - 2 > len(data) - pos - 4:
             raise Undecodable(f"JPEG segment 0x{marker:02x} runs past the end of the file")
+        segment = data[pos + 4:pos + 2 + length]
         if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8):
-            check_frame(marker, data[pos + 4:pos + 2 + length])
-            frame = True
+            components = check_frame(marker, segment)
         elif marker == 0xDB:
+            check_quantisation(segment)
             tables.add("quantisation")
         elif marker == 0xC4:
+            check_huffman(segment)
             tables.add("Huffman")
         elif marker == 0xDA:
             break
         pos += 2 + length
-    if not frame:
+    if not components:
         raise Undecodable("JPEG scan comes before its frame header")
     for kind in ("quantisation", "Huffman"):
         if kind not in tables:
             raise Undecodable(f"JPEG has no {kind} table before its scan")
+    check_scan(segment, components)
     entropy = pos + 2 + length
     if entropy >= len(data) or (data[entropy] == 0xFF and data[entropy + 1:entropy + 2] != b"\0"):
         raise Undecodable("JPEG scan has no entropy-coded data")
 
 
-def check_frame(marker: int, frame: bytes) -> None:
+def check_frame(marker: int, frame: bytes) -> bytes:
+    """The frame's component ids, once its header is one an engine decodes."""
     if marker not in (0xC0, 0xC1, 0xC2):
         raise Undecodable(f"JPEG frame type SOF{marker - 0xC0} (lossless, hierarchical or "
                           "arithmetic-coded) is decoded by neither engine")
@@ -270,3 +274,49 @@ def check_frame(marker: int, frame: bytes) -> None:
     check_size("JPEG", width, height)
     if components not in (1, 3, 4):
         raise Undecodable(f"JPEG has {components} components")
+    if len(frame) < 6 + 3 * components:
+        raise Undecodable("JPEG frame header is truncated")
+    for i in range(components):
+        sampling, table = frame[7 + 3 * i], frame[8 + 3 * i]
+        if not 1 <= sampling >> 4 <= 4 or not 1 <= sampling & 15 <= 4 or table > 3:
+            raise Undecodable(f"JPEG component {i} has invalid sampling or table")
+    return bytes(frame[6 + 3 * i] for i in range(components))
+
+
+def check_quantisation(segment: bytes) -> None:
+    at = 0
+    while at < len(segment):
+        precision, table = segment[at] >> 4, segment[at] & 15
+        if precision > 1 or table > 3 or len(segment) - at - 1 < (128 if precision else 64):
+            raise Undecodable("JPEG quantisation table is malformed")
+        at += 1 + (128 if precision else 64)
+
+
+def check_huffman(segment: bytes) -> None:
+    """Each table's class and id, and code lengths that fit their bits (a canonical code)."""
+    at = 0
+    while at < len(segment):
+        if len(segment) - at < 17 or segment[at] >> 4 > 1 or segment[at] & 15 > 3:
+            raise Undecodable("JPEG Huffman table is malformed")
+        code = total = 0
+        for bits, count in enumerate(segment[at + 1:at + 17], start=1):
+            code += count
+            total += count
+            if code > 1 << bits:
+                raise Undecodable("JPEG Huffman code lengths overflow")
+            code <<= 1
+        if total > 256 or total > len(segment) - at - 17:
+            raise Undecodable("JPEG Huffman table is truncated")
+        at += 17 + total
+
+
+def check_scan(header: bytes, components: bytes) -> None:
+    """The scan names 1-4 of the frame's components, each with table ids 0-3."""
+    count = header[0] if header else 0
+    if not 1 <= count <= 4 or len(header) < 4 + 2 * count:
+        raise Undecodable("JPEG scan header is malformed")
+    for i in range(count):
+        if header[1 + 2 * i] not in components:
+            raise Undecodable(f"JPEG scan names component {header[1 + 2 * i]}, not in its frame")
+        if header[2 + 2 * i] >> 4 > 3 or header[2 + 2 * i] & 15 > 3:
+            raise Undecodable("JPEG scan uses a Huffman table id above 3")
