@@ -137,6 +137,11 @@ class ImagePositions:
         self.differed: Optional[str] = None   # what the engine counted otherwise, once it did
         self._log = log
 
+    @property
+    def max_images(self) -> Optional[int]:
+        """Images one request may carry, as the engine's rule says; None: no limit known."""
+        return None if self.grid is None or self.differed is not None else self.grid.max_images
+
     def figure(self, width: int, height: int) -> Optional[int]:
         """The positions a width x height image takes; None when serve does not count them."""
         if self.grid is None or self.differed is not None:

@@ -168,11 +168,10 @@ class PromptBuilder:
                 raise invalid(param, "images need the vision tower: start the server with --vision")
             if not fmt.supports_images:
                 raise invalid(param, f"the {fmt.name} chat format cannot carry images")
-            grid = self.positions.grid
-            if grid is not None and grid.max_images is not None and len(images) > grid.max_images:
-                raise invalid(images[grid.max_images][0],
-                              f"a request may carry at most {grid.max_images} images "
-                              f"({grid.engine} queues no more); this one has {len(images)}")
+            most = self.positions.max_images
+            if most is not None and len(images) > most:
+                raise invalid(images[most][0], f"a request may carry at most {most} images (the "
+                                               f"engine queues no more); this one has {len(images)}")
         # Before the engine is held: text that cannot fit is refused unrendered.
         tools = least_chars(req.tools or ())
         check_fits(self.engine, tools, "tools", self.context_beyond)
