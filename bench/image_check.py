@@ -32,8 +32,9 @@ def chunk(kind: bytes, body: bytes) -> bytes:
 
 
 def png(w: int, h: int, depth: int, ctype: int, stream: bytes) -> bytes:
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, depth, ctype, 0, 0, 0))
-            + chunk(b"IDAT", stream) + chunk(b"IEND", b""))
+    header = struct.pack(">IIBBBBB", w, h, depth, ctype, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", stream)
+            + chunk(b"IEND", b""))
 
 
 def noise_png() -> tuple[bytes, int]:

@@ -100,11 +100,11 @@ class Service:
         self.policy = options.snapshot_policy or SnapshotPolicy(log=options.log)
         self.metrics = Metrics(engine.stats(), self.activity, options.prefix_cache, self.policy,
                                lambda: engine.evaluated, shared=self._shared_dirs())
-        # Serve's own tokenizer, called by any thread; or the engine's, called as an errand
-        # between engine calls by a request not yet holding the engine.
         # Serve's figure of images' positions: probed on the engine while it is still idle.
         self.positions = ImagePositions(options.image_grid if options.vision else None, options.log)
         self.positions.probe(engine)
+        # Serve's own tokenizer, called by any thread; or the engine's, called as an errand
+        # between engine calls by a request not yet holding the engine.
         tokenizer = options.tokenizer or EngineTokenizer(engine)
         tokenizing = at_once if options.tokenizer else self.queue.errand
         bos = options.bos if options.bos is not None else engine_bos(engine)

@@ -16,7 +16,7 @@ import struct
 import zlib
 from typing import Optional
 
-MAX_PIXELS = 64 * 1024 * 1024   # both engines refuse more (imgbuf.h; WARP's WASTE_MAX_SOURCE_PIXELS)
+MAX_PIXELS = 64 * 1024 * 1024   # both engines refuse more (imgbuf.h, WARP's model.h)
 INFLATE_STEP = 1 << 16           # input fed to inflate at a time: bounds each unconsumed tail
 OUTPUT_STEP = 1 << 20            # output taken from inflate at a time, looked at and dropped
 
@@ -68,8 +68,11 @@ def check_png(data: bytes) -> None:
             rows.finish()
             return
         if length > len(data) - body - 4:
-            raise Undecodable(f"PNG is truncated: chunk {kind.decode('latin-1')!r} runs past the end")
+            raise Undecodable(f"PNG is truncated: chunk {kind.decode('latin-1')!r} runs past "
+                              "the end")
         if pos == 8:
+            if kind == b"CgBI":   # Apple's variant: stb_image decodes it, the reference does not
+                return
             if kind != b"IHDR" or length != 13:
                 raise Undecodable("PNG does not start with a 13-byte IHDR chunk")
             rows = PngRows(*struct.unpack_from(">IIBBBBB", data, body))

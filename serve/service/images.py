@@ -3,11 +3,12 @@
 Data URLs are decoded into private temp files that live exactly as long as
 the request. Each image is measured (the engine's header reader, which needs
 no context) and its pixels checked (image_check.py) before the request waits
-for the engine: one that no engine could decode is a 400 at once. Remote URLs are refused outright: fetching them would let any
-client make the server issue requests on its network (SSRF). Local paths
-would let any client read the server's files, so they need an opt-in naming
-one directory; anything else is refused with one message, whatever the
-reason, so that a client cannot learn which paths exist.
+for the engine: one that no engine could decode is a 400 at once. Remote URLs
+are refused outright: fetching them would let any client make the server issue
+requests on its network (SSRF). Local paths would let any client read the
+server's files, so they need an opt-in naming one directory; anything else is
+refused with one message, whatever the reason, so that a client cannot learn
+which paths exist.
 """
 from __future__ import annotations
 

@@ -6,10 +6,11 @@ images expanded. Everything but the images' encoding is done before the
 request waits for the engine (the tokenizer is serve's own, or the engine's
 reached between its calls; each image's pixels checked and its positions
 figured by serve, image_check.py and image_positions.py): a prompt that
-cannot be built or cannot fit is refused at once, however busy the engine. The conversation and the generation
-prompt are tokenized apart (as segments always are), so the end of the conversation, which the next
-turn's prompt repeats, is a known position worth a snapshot; so are the ends
-of the parts other conversations share (serve/snapshots/checkpoints.py).
+cannot be built or cannot fit is refused at once, however busy the engine.
+The conversation and the generation prompt are tokenized apart (as segments
+always are), so the end of the conversation, which the next turn's prompt
+repeats, is a known position worth a snapshot; so are the ends of the parts
+other conversations share (serve/snapshots/checkpoints.py).
 """
 from __future__ import annotations
 
@@ -170,8 +171,9 @@ class PromptBuilder:
                 raise invalid(param, f"the {fmt.name} chat format cannot carry images")
             most = self.positions.max_images
             if most is not None and len(images) > most:
-                raise invalid(images[most][0], f"a request may carry at most {most} images (the "
-                                               f"engine queues no more); this one has {len(images)}")
+                raise invalid(images[most][0], f"a request may carry at most {most} images "
+                                               f"(the engine queues no more); this one has "
+                                               f"{len(images)}")
         # Before the engine is held: text that cannot fit is refused unrendered.
         tools = least_chars(req.tools or ())
         check_fits(self.engine, tools, "tools", self.context_beyond)

@@ -9,9 +9,9 @@ from typing import Optional
 
 import pytest
 
-from scripted import (IMAGE_POSITIONS, ScriptedEngine, ScriptedLibrary, assert_error, call, data_url,
-                      engine, image_message, scripted_service, server, serving, tiny_png,
-                      xtml_answer)
+from scripted import (IMAGE_POSITIONS, ScriptedEngine, ScriptedLibrary, assert_error, call,
+                      data_url, engine, image_message, scripted_service, server, serving,
+                      tiny_png, xtml_answer)
 from serve import WasteError
 from serve.service.image_positions import PROBE_SIZES
 

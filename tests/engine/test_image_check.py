@@ -197,3 +197,8 @@ def test_what_only_the_reference_engine_refuses_is_left_to_it(vision_engine, tmp
     assert refusal(image) == "", name
     assert engine_refusal(vision_engine, tmp_path / "x", image), name
 
+
+
+def test_apples_png_variant_is_left_to_the_engine():
+    good = encode_png(random_pixels(random.Random(2), 3, 3, 3, 256))
+    assert refusal(good[:8] + png_chunk(b"CgBI", b"\x50\x00\x20\x02") + good[8:]) == ""

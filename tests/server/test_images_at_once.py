@@ -71,9 +71,8 @@ def busy(k3_vision_container, lib_path, tmp_path_factory):
 def test_an_image_refusal_is_a_400_at_once(busy, path, case, stream):
     srv, long = busy
     sent = time.monotonic()
-    outcome = exchange(srv.port, path, json.dumps({**body(path, case),
-                                                   **({"stream": True} if stream else {})}).encode(),
-                       timeout=60)
+    data = json.dumps({**body(path, case), **({"stream": True} if stream else {})}).encode()
+    outcome = exchange(srv.port, path, data, timeout=60)
     took = time.monotonic() - sent
     assert outcome.status == 400 and outcome.problem is None, outcome.raw[:600]
     head, _, rest = outcome.raw.partition(b"\r\n\r\n")
