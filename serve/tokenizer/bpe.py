@@ -7,6 +7,9 @@ leftmost on ties; a piece that is itself a token is that token. By merge list
 pair listed earliest, never taking a whole piece as a shortcut. A heap of
 candidate pairs, invalidated lazily, keeps a long piece O(n log n): a 50 KB run
 of letters is one piece.
+
+WARP merges a piece longer than 1024 bytes in windows of at most that many,
+each ending on a UTF-8 boundary (`encode_windows`): no token spans a seam.
 """
 from __future__ import annotations
 
@@ -21,6 +24,22 @@ class Merger:
         self.ranks = vocab.ranks
         self.merges = vocab.merges
         self.byte_ids = vocab.byte_ids
+
+    def encode_windows(self, piece: bytes, window: int) -> list[int]:
+        """`piece` merged in consecutive windows of at most `window` bytes, each but the
+        last shortened while the byte after it continues a UTF-8 character."""
+        if len(piece) <= window:
+            return self.encode(piece)
+        out: list[int] = []
+        at = 0
+        while at < len(piece):
+            size = min(window, len(piece) - at)
+            if at + size < len(piece):
+                while size > 1 and piece[at + size] & 0xC0 == 0x80:
+                    size -= 1
+            out.extend(self.encode(piece[at:at + size]))
+            at += size
+        return out
 
     def encode(self, piece: bytes) -> list[int]:
         n = len(piece)

@@ -6,9 +6,11 @@ the container's pre-tokenizer (serve/tokenizer/split.py), and each piece is
 merged (serve/tokenizer/bpe.py). Pieces repeat (words, indentation), so their
 ids are kept in a bounded memo.
 
-With the optional `tiktoken` package a Kimi-family container's plain text goes
-through tiktoken instead: it is the library the Kimi releases tokenize with,
-reads exactly their rank file, and is several times faster. The reference
+The pre-tokenizer is the container's, or for a WARP container one of the
+candidates serve/tokenizer/choice.py tries ("warp", then "kimi"). With the
+optional `tiktoken` package, the "kimi" candidate's plain text goes through
+tiktoken instead: it is the library the Kimi releases tokenize with, reads
+exactly their rank file, and is several times faster. The reference
 engine's formats stay in Python: tiktoken's split is a Rust regex (the default
 pre-tokenizer's rule for a run of spaces and smollm's number split are not
 that pattern's rules), and it has no merge-list BPE.
@@ -27,8 +29,10 @@ MEMO_PIECES = 1 << 16
 
 
 class BpeTokenizer:
-    def __init__(self, vocab: Vocabulary, use_tiktoken: bool = True):
+    def __init__(self, vocab: Vocabulary, pretokenizer: Optional[str] = None,
+                 use_tiktoken: bool = True):
         self.vocab = vocab
+        self.pretokenizer = pretokenizer or vocab.pretokenizers[0]
         self.specials = vocab.specials
         self._pieces = {i: piece for piece, i in vocab.ranks.items()}
         self._pieces.update((i, text.encode("utf-8")) for text, i in vocab.specials.items())
@@ -37,13 +41,13 @@ class BpeTokenizer:
         ordered = sorted(vocab.specials, key=len, reverse=True)   # the longest wins
         self._specials: Optional[re.Pattern[str]] = (
             re.compile("|".join(map(re.escape, ordered))) if ordered else None)
-        library = _tiktoken(vocab) if use_tiktoken else None
+        library = _tiktoken(vocab, self.pretokenizer) if use_tiktoken else None
         self._plain: Callable[[str], list[int]] = self._python
         self.backend = "python"
         if library is not None:
             self._plain, self.backend = library.encode_ordinary, "tiktoken"
         else:   # built only when used: the Unicode classes take half a second
-            self._pattern = split.pattern(vocab.pretokenizer)
+            self._splitter = split.splitter(self.pretokenizer)
 
     def tokenize(self, text: str) -> list[int]:
         c_text(text)   # what the engine cannot take (NUL, a lone surrogate) is refused alike
@@ -71,11 +75,13 @@ class BpeTokenizer:
             raise ValueError(f"no token has the id {e.args[0]}") from None
 
     def _python(self, text: str) -> list[int]:
-        memo, ids = self._memo, []
-        for piece in self._pattern.findall(text):
+        memo, ids, splitter = self._memo, [], self._splitter
+        for piece in splitter.pattern.findall(splitter.units(text)):
             found = memo.get(piece)
             if found is None:
-                found = self._merger.encode(piece.encode("utf-8"))
+                data = splitter.piece_bytes(piece)
+                found = (self._merger.encode(data) if splitter.window is None
+                         else self._merger.encode_windows(data, splitter.window))
                 if len(memo) >= MEMO_PIECES:
                     memo.clear()
                 memo[piece] = found
@@ -83,9 +89,9 @@ class BpeTokenizer:
         return ids
 
 
-def _tiktoken(vocab: Vocabulary) -> Any:
-    """tiktoken's encoder for a Kimi-family container, when the package is installed."""
-    if vocab.pretokenizer != "kimi" or vocab.merges is not None:
+def _tiktoken(vocab: Vocabulary, pretokenizer: str) -> Any:
+    """tiktoken's encoder for the Kimi family's pattern, when the package is installed."""
+    if pretokenizer != "kimi" or vocab.merges is not None:
         return None
     try:
         import tiktoken

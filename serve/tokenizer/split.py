@@ -9,13 +9,20 @@ and together they match every character, so `finditer` covers the text.
 - smollm: every number character alone; GPT-2's pattern between them (a white-space
   run ending at a number is kept whole: the engine's piece ends there).
 - kimi: the Kimi family's tiktoken pattern (Kimi K2's tokenization_kimi.py).
+- warp: WARP's hand-written scanner (serve/tokenizer/warp_split.py), which is not
+  that pattern; its engine also merges a piece over 1024 bytes in windows.
 """
 from __future__ import annotations
 
 import functools
 import re
+from dataclasses import dataclass
+from typing import Callable, Optional
 
+from serve.tokenizer import warp_split
 from serve.tokenizer.classes import HAN, WHITE_SPACE, body, category, minus
+
+NAMES = ("default", "smollm", "kimi", "warp")
 
 ASCII_SPACE = r" \t\n\r\v\f"
 DEFAULT = re.compile(
@@ -36,6 +43,26 @@ KIMI_TIKTOKEN = "|".join([
     r"""\s+(?!\S)""",
     r"""\s+""",
 ])
+
+
+@dataclass(frozen=True)
+class Splitter:
+    """A pre-tokenizer: `pattern.findall(units(text))` are the pieces, `piece_bytes` what
+    each one merges as, in windows of at most `window` bytes (None: whole)."""
+    pattern: re.Pattern[str]
+    units: Callable[[str], str] = str
+    piece_bytes: Callable[[str], bytes] = str.encode
+    window: Optional[int] = None
+
+
+WARP_WINDOW = 1024   # WARP's encode_piece: its merge loop is quadratic in a window
+
+
+@functools.lru_cache(maxsize=None)
+def splitter(name: str) -> Splitter:
+    if name == "warp":
+        return Splitter(warp_split.PATTERN, warp_split.units, warp_split.piece_bytes, WARP_WINDOW)
+    return Splitter(pattern(name))
 
 
 @functools.lru_cache(maxsize=None)

@@ -9,7 +9,10 @@ The formats (engine/FORMAT.md; WARP's docs/FORMAT.md):
 - `manifest.json`: the pre-tokenizer ("pretokenizer": "smollm", or the reference
   engine's default) and `unk_token`, what a byte with no token of its own encodes as.
 A container that is not the reference engine's ("format": "waste-ref") is WARP's,
-which splits text with the Kimi family's pattern.
+whose manifest names no pre-tokenizer: WARP splits text with a scanner of its own
+(serve/tokenizer/warp_split.py), close to but not the Kimi family's tiktoken
+pattern, so such a container has two candidates, "warp" then "kimi", and the
+start-up probe (serve/tokenizer/choice.py) keeps the first equal to the engine.
 """
 from __future__ import annotations
 
@@ -20,7 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from serve.tokenizer.split import NAMES
+
 RANK_FILES = ("tokenizer.model", "tiktoken.model")
+WARP_CANDIDATES = ("warp", "kimi")   # WARP's scanner, then the tiktoken pattern it follows
 
 
 class VocabularyError(ValueError):
@@ -31,7 +37,7 @@ class VocabularyError(ValueError):
 class Vocabulary:
     ranks: dict[bytes, int]                       # a BPE token's bytes -> its id
     specials: dict[str, int]                      # a markup token's text -> its id
-    pretokenizer: str                             # "default", "smollm" or "kimi"
+    pretokenizers: tuple[str, ...]                # the candidates, in order (split.NAMES)
     merges: Optional[dict[tuple[int, int], int]]  # (left id, right id) -> priority; None: by rank
     byte_ids: tuple[int, ...]                     # each byte's id on its own (unk_token if none)
 
@@ -45,16 +51,16 @@ def load(container: str | Path) -> Vocabulary:
     specials = _specials(root / "specials.json")
     byte_ids = _byte_ids(ranks, specials, manifest.get("unk_token"))
     merges = _merges(root / "tokenizer.merges", ranks)
-    return Vocabulary(ranks, specials, _pretokenizer(manifest), merges, byte_ids)
+    return Vocabulary(ranks, specials, _pretokenizers(manifest), merges, byte_ids)
 
 
-def _pretokenizer(manifest: dict) -> str:
+def _pretokenizers(manifest: dict) -> tuple[str, ...]:
     name = manifest.get("pretokenizer")
     if name is None:
-        return "default" if manifest.get("format") == "waste-ref" else "kimi"
-    if name not in ("default", "smollm"):
+        return ("default",) if manifest.get("format") == "waste-ref" else WARP_CANDIDATES
+    if name not in NAMES:
         raise VocabularyError(f"pre-tokenizer {name!r} is not one serve knows")
-    return str(name)
+    return (str(name),)
 
 
 def _json(path: Path) -> object:

@@ -109,7 +109,7 @@ def test_the_start_up_check_chooses_serves_own_where_it_is_equal(pair, request):
 def test_a_tokenizer_that_differs_is_not_used(k3_container, lib):
     with Engine(lib, k3_container, EngineConfig()) as engine:
         vocab = load(k3_container)
-        wrong = BpeTokenizer(replace(vocab, pretokenizer="smollm"))
+        wrong = BpeTokenizer(vocab, "smollm")
         assert difference(wrong, engine) is not None
         shuffled = dict(zip(vocab.ranks, reversed(list(vocab.ranks.values()))))
         assert difference(BpeTokenizer(replace(vocab, ranks=shuffled)), engine) is not None
@@ -163,10 +163,10 @@ def test_the_kimi_pattern_splits_as_tiktoken_does(k3_container):
     """The stdlib `re` form of the Kimi pattern against tiktoken's Rust regex, through the
     same ranks: any difference is the split's."""
     tiktoken = pytest.importorskip("tiktoken")
-    vocab = replace(load(k3_container), pretokenizer="kimi")
-    ours = BpeTokenizer(vocab, use_tiktoken=False)
+    vocab = load(k3_container)
+    ours = BpeTokenizer(vocab, "kimi", use_tiktoken=False)
     theirs = tiktoken.Encoding("kimi", pat_str=KIMI_TIKTOKEN, mergeable_ranks=vocab.ranks,
                                special_tokens={})
-    assert BpeTokenizer(vocab).backend == "tiktoken"
+    assert BpeTokenizer(vocab, "kimi").backend == "tiktoken"
     for text in corpus(2000):
         assert ours.tokenize(text) == theirs.encode_ordinary(text), (text, pattern("kimi").findall(text))
