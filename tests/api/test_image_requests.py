@@ -12,7 +12,9 @@ import pytest
 from scripted import (IMAGE_POSITIONS, ScriptedEngine, ScriptedLibrary, assert_error, call,
                       data_url, engine, image_message, scripted_service, server, serving,
                       tiny_png, xtml_answer)
+from image_files import truncated_png
 from serve import WasteError
+from serve.service.images import LOCAL_REFUSED
 from serve.service.image_positions import PROBE_SIZES
 
 CHAT = "/v1/chat/completions"
@@ -105,6 +107,23 @@ def test_local_images_outside_the_directory_get_one_uniform_refusal(engine, tmp_
         messages = {assert_error(call(srv.port, "POST", CHAT, {"messages": image_message(url)}), 400,
                                  param="messages[0].content[1]")["message"] for url in refused}
     assert len(messages) == 1 and engine.images_added == [], messages
+
+
+def test_pixels_that_do_not_decode_are_refused_before_the_engine(engine, private_tmp,
+                                                                 tmp_path_factory):
+    """A data URL names its reason; a local file gets the one refusal every path gets."""
+    local = tmp_path_factory.mktemp("local")
+    (local / "cut.png").write_bytes(truncated_png())
+    with serving(scripted_service(engine, vision=True, allow_local_images=str(local))) as srv:
+        err = assert_error(call(srv.port, "POST", CHAT,
+                                {"messages": image_message(data_url(truncated_png()))}), 400,
+                           param="messages[0].content[1]")
+        assert err["message"].startswith("image cannot be decoded: PNG is truncated"), err
+        err = assert_error(call(srv.port, "POST", CHAT, {"messages": image_message("cut.png")}),
+                           400, param="messages[0].content[1]")
+        assert err["message"] == LOCAL_REFUSED
+    assert engine.images_added == [] and engine.prompts == []
+    assert list(private_tmp.iterdir()) == []
 
 
 def test_images_of_a_failed_request_never_reach_the_next(engine):

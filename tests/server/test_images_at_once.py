@@ -18,7 +18,7 @@ import pytest
 
 from fuzz_bodies import COUNT, MESSAGES, RESPONSES, CHAT, exchange
 from image_files import (corrupt_zlib_png, flat_png, gif_without_lzw, jpeg_without_scan,
-                         truncated_png)
+                         truncated_png, webp_vp8)
 from test_refused_at_once import BOUND, CTX, busy_server
 
 IMAGES = {
@@ -26,6 +26,7 @@ IMAGES = {
     "corrupt zlib": ("image/png", corrupt_zlib_png()),
     "jpeg without scan": ("image/jpeg", jpeg_without_scan()),
     "gif without lzw": ("image/gif", gif_without_lzw()),
+    "webp": ("image/webp", webp_vp8(16, 16)),   # its header reads; neither engine decodes it
 }
 FULL = flat_png(256, 256)           # 256 positions on the test container (max_tokens 256)
 OVERFLOW = CTX // 256 + 1           # that many images: the few words fit, their images do not
