@@ -13,6 +13,8 @@ import zlib
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from image_files import (CHANNELS, JPEG_FIXTURES, PNG_SIGNATURE, corrupt_zlib_png, encode_gif,
                          encode_png, gif_without_lzw, ihdr, jpeg_fixture, jpeg_without_scan,
@@ -202,3 +204,20 @@ def test_what_only_the_reference_engine_refuses_is_left_to_it(vision_engine, tmp
 def test_apples_png_variant_is_left_to_the_engine():
     good = encode_png(random_pixels(random.Random(2), 3, 3, 3, 256))
     assert refusal(good[:8] + png_chunk(b"CgBI", b"\x50\x00\x20\x02") + good[8:]) == ""
+
+
+GOOD = list(good_images().values())
+
+
+@settings(max_examples=300, database=None)
+@given(which=st.integers(0, len(GOOD) - 1), at=st.integers(0, 1 << 16), cut=st.integers(0, 1 << 16),
+       junk=st.binary(max_size=12))
+def test_the_check_raises_nothing_but_its_refusal(which, at, cut, junk):
+    """Whatever a client sends, the check answers or refuses: never another exception (a 500)."""
+    good = GOOD[which]
+    at %= len(good) + 1
+    data = (good[:at] + junk + good[at + len(junk):])[:max(1, cut % (len(good) + 13))]
+    try:
+        check_pixels(data)
+    except Undecodable:
+        pass
