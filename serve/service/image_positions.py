@@ -16,6 +16,10 @@ tokenizer does):
   the longer side until the grid fits max_patches (vision.json, 1024 when absent);
   the tower merges 2x2 patches into one position. WARP queues at most 32 images.
 
+Each rule also says how many images a request may queue and how many pixels the
+engine decodes (the reference engine 16 Mpixels, WARP 64), refused before the
+queue too while serve's figure holds.
+
 Both compute in IEEE doubles in the order written here, as Python's floats do, so
 the figure is the engine's exactly. Serve still checks it against the engine: at
 start, on a few small images encoded while the engine is idle (probe(), the banner's
@@ -56,6 +60,9 @@ class Grid(Protocol):
     @property
     def max_images(self) -> Optional[int]: ...   # images one request may queue; None: no limit
 
+    @property
+    def max_pixels(self) -> int: ...             # the largest image it decodes, in pixels
+
     def positions(self, width: int, height: int) -> int: ...
 
 
@@ -67,6 +74,7 @@ class ReferenceGrid:
     max_tokens: int
     engine: str = "the reference engine"
     max_images: Optional[int] = None   # its queue holds a context's worth of positions, no count
+    max_pixels: int = 16 * 1024 * 1024   # engine/imgbuf.h's WIMG_DECODE_MAX_PIXELS
 
     def positions(self, width: int, height: int) -> int:
         u = self.patch * self.merge
@@ -87,6 +95,7 @@ class WarpGrid:
     max_patches: int
     engine: str = "WARP"
     max_images: Optional[int] = WARP_MAX_IMAGES
+    max_pixels: int = 64 * 1024 * 1024   # src/model.h's WASTE_MAX_SOURCE_PIXELS
 
     def positions(self, width: int, height: int) -> int:
         scale = min(1.0, math.sqrt(self.max_patches / (width * height / (WARP_PATCH * WARP_PATCH))))
@@ -141,6 +150,11 @@ class ImagePositions:
     def max_images(self) -> Optional[int]:
         """Images one request may carry, as the engine's rule says; None: no limit known."""
         return None if self.grid is None or self.differed is not None else self.grid.max_images
+
+    @property
+    def max_pixels(self) -> Optional[int]:
+        """The largest image the engine decodes, as its rule says; None: not known."""
+        return None if self.grid is None or self.differed is not None else self.grid.max_pixels
 
     def figure(self, width: int, height: int) -> Optional[int]:
         """The positions a width x height image takes; None when serve does not count them."""

@@ -87,14 +87,18 @@ class StagedImages:
         self._local_paths.add(real)
         return real
 
-    def measure(self, dimensions: Callable[[str], tuple[int, int]], path: str,
-                param: str) -> tuple[int, int]:
-        """`measure`, then the pixels checked; a local file that is no image gets the one
-        refusal message."""
+    def measure(self, dimensions: Callable[[str], tuple[int, int]], path: str, param: str,
+                max_pixels: Optional[int] = None) -> tuple[int, int]:
+        """`measure`, then the size against what the engine decodes (`max_pixels`, when
+        known) and the pixels checked; a local file that is no image gets the one refusal
+        message."""
         try:
-            size = measure(dimensions, path, param)
+            width, height = measure(dimensions, path, param)
+            if max_pixels is not None and width * height > max_pixels:
+                raise invalid(param, f"image is {width}x{height}; this engine decodes at most "
+                                     f"{max_pixels} pixels")
             self._check(path, param)
-            return size
+            return width, height
         except ApiError:
             if path in self._local_paths:
                 raise invalid(param, LOCAL_REFUSED) from None

@@ -201,7 +201,8 @@ class PromptBuilder:
         """Render once and tokenize, before the engine is held; images are measured here
         and encoded on the engine (with_images)."""
         paths = [staged.stage(url, param) for param, url in check.images]
-        sizes = [staged.measure(self.images.image_dimensions, path, param)
+        sizes = [staged.measure(self.images.image_dimensions, path, param,
+                                self.positions.max_pixels)
                  for path, (param, _) in zip(paths, check.images)]
         prompts = [self.chat_format.image_prompt(*size) for size in sizes]
         messages, conversation, replies = self._recall(req, check.thinking, prompts)

@@ -154,6 +154,7 @@ class StubGrid:
     """A rule that gives the scripted engine's count, but `odd` for one size."""
     odd: dict = field(default_factory=dict)
     max_images: Optional[int] = None
+    max_pixels: int = 1 << 30
     engine: str = "a stub"
 
     def positions(self, width: int, height: int) -> int:

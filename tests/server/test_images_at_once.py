@@ -27,6 +27,7 @@ IMAGES = {
     "jpeg without scan": ("image/jpeg", jpeg_without_scan()),
     "gif without lzw": ("image/gif", gif_without_lzw()),
     "webp": ("image/webp", webp_vp8(16, 16)),   # its header reads; neither engine decodes it
+    "too many pixels": ("image/png", flat_png(4097, 4097)),   # the reference decodes 4096^2
 }
 FULL = flat_png(256, 256)           # 256 positions on the test container (max_tokens 256)
 OVERFLOW = CTX // 256 + 1           # that many images: the few words fit, their images do not
@@ -82,6 +83,8 @@ def test_an_image_refusal_is_a_400_at_once(busy, path, case, stream):
     if case == "overflow":   # counted with its images' positions, and its words
         counted = re.search(r"the prompt is (\d+) tokens", error["message"])
         assert counted and int(counted.group(1)) > OVERFLOW * 256, error
+    elif case == "too many pixels":
+        assert "decodes at most 16777216 pixels" in error["message"], error
     else:
         assert "cannot be decoded" in error["message"], error
     assert took < BOUND, f"{took:.1f} s"
