@@ -25,7 +25,8 @@ from serve.core.errors import ApiError
 from serve.engine.queue import ClientGone
 from serve.dialects.exchange import R, Exchange
 from serve.service.replies import ReplyStart
-from serve.service.run import Accepted, Emitted, Event, Prefilling, Progress, Queued, Run, Started
+from serve.service.run import (Accepted, Emitted, Event, Fetching, Prefilling, Progress, Queued, Run,
+                               Started)
 from serve.dialects.sse import EventWriter, sse_comment
 
 
@@ -77,6 +78,11 @@ class ExchangeSink(Generic[R]):
             if self._stream:
                 self._open()
                 self._comment(f"queue {event.ahead}")
+        elif isinstance(event, Fetching):
+            # A copy from the shared tier can outlast a client's wait for its first byte.
+            if self._stream:
+                self._open()
+                self._comment(f"fetching a snapshot of {event.positions} positions")
         elif isinstance(event, Started):
             self._engine_at = event.at
             if self._stream:

@@ -239,7 +239,7 @@ class Service:
                 or ((line.busy or len(line)) and len(line) >= line.max_waiting):
             return None   # to be refused a place in line (503) at once; if not, looked up there
         tokens, limit = prompt.restorable
-        return tiers.find(cache, self.policy, tokens, limit, stop=run.gone)
+        return tiers.find(cache, self.policy, tokens, limit, stop=run.gone, fetching=run.fetching)
 
     def new_run(self, client_gone: Callable[[], bool]) -> Run:
         """A Run for a caller whose own thread takes its events (Run.take): cancelled when

@@ -51,6 +51,10 @@ class ReplySink(Protocol):
         """The request waits for the engine behind `ahead` others (the running one included);
         called again when that number changes."""
 
+    def fetching(self, positions: int) -> None:
+        """Before it waits, the request copies a snapshot of `positions` positions from the
+        team's shared tier (seconds, or minutes on a slow share, for a long conversation)."""
+
 
 @dataclass
 class ChatReply:

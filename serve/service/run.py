@@ -56,6 +56,14 @@ class Queued(Event):
 
 
 @dataclass(frozen=True)
+class Fetching(Event):
+    positions: int
+
+    def to(self, observer: ReplySink) -> None:
+        observer.fetching(self.positions)
+
+
+@dataclass(frozen=True)
 class Started(Event):
     def to(self, observer: ReplySink) -> None:
         observer.start()
@@ -125,6 +133,9 @@ class Run:
 
     def queued(self, ahead: int) -> None:
         self._post(Queued(time.monotonic(), ahead))
+
+    def fetching(self, positions: int) -> None:
+        self._post(Fetching(time.monotonic(), positions))
 
     def start(self) -> None:
         self._post(Started(time.monotonic()))

@@ -24,14 +24,16 @@ FETCH_TRIES = 3   # shared snapshots tried, longest first, before prefilling fro
 
 
 def find(cache: PrefixCache, policy: SnapshotPolicy, tokens: Sequence[int],
-         limit: Optional[int] = None, stop: Optional[Callable[[], bool]] = None) -> Lookup:
+         limit: Optional[int] = None, stop: Optional[Callable[[], bool]] = None,
+         fetching: Optional[Callable[[int], None]] = None) -> Lookup:
     """The longest snapshot of a proper prefix of tokens[:limit], verified, from either
     tier (a shared one copied into the local tier when that pays); `stop()`, asked between
-    two chunks of a copy, gives it up. Nothing is counted until claim()."""
+    two chunks of a copy, gives it up; `fetching(positions)` is told before a copy starts.
+    Nothing is counted until claim()."""
     lookup = cache.find(tokens, limit)
     if lookup.longest < 0:
         return lookup
-    fetched = fetch(cache, policy, tokens, lookup.longest, lookup.found, stop)
+    fetched = fetch(cache, policy, tokens, lookup.longest, lookup.found, stop, fetching)
     return lookup if fetched is None else _local(cache, lookup, fetched)
 
 
@@ -80,8 +82,8 @@ def publish_later(cache: PrefixCache, policy: SnapshotPolicy, snap: Snapshot,
 
 
 def fetch(cache: PrefixCache, policy: SnapshotPolicy, tokens: Sequence[int], limit: int,
-          have: Optional[Snapshot], stop: Optional[Callable[[], bool]] = None
-          ) -> Optional[Snapshot]:
+          have: Optional[Snapshot], stop: Optional[Callable[[], bool]] = None,
+          fetching: Optional[Callable[[int], None]] = None) -> Optional[Snapshot]:
     """A snapshot of tokens[:limit] longer than `have` (the local tier's), copied from the
     shared tier into the local one when that pays; None otherwise."""
     shared = cache.shared
@@ -95,6 +97,8 @@ def fetch(cache: PrefixCache, policy: SnapshotPolicy, tokens: Sequence[int], lim
         if found is None or found[1] in tried or not policy.worth_fetching(found[0] - held):
             return None
         tried.add(found[1])
+        if fetching is not None:
+            fetching(found[0])
         started = time.monotonic()
         snap = shared.fetch(found[1], tokens, found[0], cache, stop)
         if snap is not None:

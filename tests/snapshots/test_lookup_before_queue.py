@@ -355,6 +355,34 @@ def test_a_client_that_leaves_mid_fetch_leaves_nothing_behind(hosts, monkeypatch
     assert cached(ask(b.port, LATER)) > 0 and tier.files.counters.read == 1
 
 
+def test_a_stream_opens_while_its_snapshot_is_fetched(hosts, monkeypatch):
+    """A copy from a slow share can outlast a client's wait for its first byte: the stream
+    opens, and says why it waits, before the copy ends; then the reply comes whole."""
+    a = hosts("a", shared=True)
+    ask(a.port, FIRST)
+    published(a)
+    b = hosts("b", shared=True)
+    slow = SlowCopies(monkeypatch)
+    body = json.dumps({"messages": LATER, "stream": True, **ANSWER_ONLY}).encode()
+    with socket.create_connection(("127.0.0.1", b.port), timeout=60) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: "
+                     + str(len(body)).encode() + b"\r\n\r\n" + body)
+        assert slow.copying.wait(60)
+        raw = b""
+        while b": fetching a snapshot of " not in raw:
+            chunk = sock.recv(65536)
+            assert chunk, raw
+            raw += chunk
+        assert raw.startswith(b"HTTP/1.1 200 ") and not slow.go.is_set()
+        slow.go.set()
+        while chunk := sock.recv(65536):
+            raw += chunk
+    assert b"data: [DONE]" in raw and b'"finish_reason": "length"' in raw, raw[-300:]
+    tier = b.cache.shared
+    assert tier is not None and tier.files.counters.read == 1
+
+
 # -- the cache on its own -----------------------------------------------------------------
 
 
