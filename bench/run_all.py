@@ -9,7 +9,7 @@ HERE = Path(__file__).resolve().parent
 BENCHES = ["engine_decode.py", "stream_overhead.py", "multiturn.py", "prompt_build.py", "slow_agent.py",
            "snapshot_cost.py", "constrained.py", "preamble.py", "dialects.py", "renders.py",
            "heartbeats.py", "prefill_step.py", "chores.py", "chores_model.py", "tokenizer.py",
-           "busy_answers.py"]
+           "busy_answers.py", "image_check.py"]
 
 for name in BENCHES:
     print(f"== {name}", flush=True)

@@ -24,6 +24,7 @@ from serve.formats.grammar import compile_grammar, Vocabulary
 from serve.formats.xtml.grammar import Markup, xtml_grammar
 from serve.formats.xtml.render import build_chat_segments
 from serve.service.facade import Service, ServiceOptions
+from serve.service.image_check import check_pixels, Undecodable
 from serve.service.replies import ChatReply, CompletionReply, ReplySink
 from serve.service.response_store import ResponseStore
 from serve.snapshots.cache import PrefixCache
@@ -47,6 +48,7 @@ __all__ = [
     "Markup", "xtml_grammar",
     # the service and its snapshots
     "Service", "ServiceOptions", "PrefixCache", "Costs", "SnapshotPolicy", "ReplyMemory",
+    "check_pixels", "Undecodable",
     # serve's own tokenizer
     "BpeTokenizer", "load_vocabulary",
 ]

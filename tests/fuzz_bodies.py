@@ -16,6 +16,7 @@ and after counts):
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import socket
 import sys
@@ -25,6 +26,9 @@ from typing import Any, Optional
 
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+
+from image_files import (corrupt_zlib_png, flat_png, gif_without_lzw, jpeg_without_scan,
+                         truncated_png)
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 MESSAGES, COUNT, RESPONSES = "/v1/messages", "/v1/messages/count_tokens", "/v1/responses"
@@ -138,8 +142,12 @@ def parameters() -> st.SearchStrategy[Any]:
 # Valid in shape, not in content: the text is odd and the schemas pathological. `bodies` then
 # breaks a few of their fields.
 
+# Images whose header reads, but whose pixels do not decode, or that decode (one is 16x16).
+IMAGE_DATA = [base64.b64encode(image).decode() for image in (
+    truncated_png(), corrupt_zlib_png(), jpeg_without_scan(), gif_without_lzw(), flat_png(16, 16))]
 IMAGE_URLS = ["data:image/png;base64,iVBORw0KGgo=", "data:image/png;base64,!!!", "http://example.com/x.png",
-              "file:///etc/passwd", "data:text/plain,hi", ""]
+              "file:///etc/passwd", "data:text/plain,hi", "",
+              *(f"data:image/png;base64,{data}" for data in IMAGE_DATA)]
 
 
 def content(text_type: str, image_part: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
@@ -210,7 +218,7 @@ def completion_body() -> st.SearchStrategy[dict]:
 def anthropic_messages() -> st.SearchStrategy[Any]:
     image = st.fixed_dictionaries({"type": st.just("image"), "source": st.one_of(
         st.fixed_dictionaries({"type": st.just("base64"), "media_type": st.just("image/png"),
-                               "data": st.sampled_from(["iVBORw0KGgo=", "!!!", ""])}),
+                               "data": st.sampled_from(["iVBORw0KGgo=", "!!!", "", *IMAGE_DATA])}),
         st.fixed_dictionaries({"type": st.just("url"), "url": st.sampled_from(IMAGE_URLS)}))})
     tool_use = st.fixed_dictionaries({"type": st.just("tool_use"), "id": st.just("toolu_1"),
                                       "name": st.just("f"), "input": st.just({"a": 1})})

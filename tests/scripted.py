@@ -30,6 +30,7 @@ from serve.snapshots.cache import PrefixCache
 from serve.tokenizer.choice import choose as choose_tokenizer
 from serve.core.segment import Segment
 from serve.service.facade import Service, ServiceOptions
+from serve.service.image_positions import read_grid
 from serve.snapshots.policy import Costs, SnapshotPolicy
 
 K3_SPECIALS = ["[BOS]", "[EOS]", "<|end_of_msg|>", "<|open|>", "<|close|>", "<|sep|>",
@@ -350,6 +351,8 @@ def real_service(lib_path, container, *, vision: bool = False, ctx: int = 0,
         if "tokenizer" not in options:   # as the server chooses it at start
             chosen = choose_tokenizer(engine, container)
             options.update(tokenizer=chosen.tokenizer, bos=chosen.bos)
+        if vision:   # as the server reads it at start
+            options.setdefault("image_grid", read_grid(str(container)))
         if prefix_cache_for is not None:
             options["prefix_cache"] = prefix_cache_for(lib, engine)
         service = Service(engine, lib, resolve_chat_format(engine, container),

@@ -30,6 +30,7 @@ from serve.snapshots.cache import (DEFAULT_MAX_ENTRIES, default_directory, Prefi
 from serve.snapshots.reply_memory import ReplyMemory
 from serve.dialects.sse import DEFAULT_HEARTBEAT
 from serve.service.facade import Service, ServiceOptions
+from serve.service.image_positions import read_grid
 from serve.service.models import Models
 from serve.snapshots.policy import SnapshotPolicy
 from serve.app.warm import WarmError, Warmer, warm_requests
@@ -224,6 +225,7 @@ def banner(lib: Library, engine: Engine, fmt: ChatFormat, args: argparse.Namespa
         f"experts  {describe_hotlist(args.usage or os.path.join(args.model, 'usage.waste'))}",
         f"chat     {chat}",
         f"tokens   {tokens.note}",
+        *([f"images   {service.positions.describe()}"] if args.vision else []),
         ("thinking unavailable (this chat format has no reasoning channel)"
          if not fmt.supports_reasoning else
          f"thinking {'off' if args.no_thinking else 'on'} by default (reasoning_effort overrides)"),
@@ -383,6 +385,7 @@ def serve(lib: Library, engine: Engine, args: argparse.Namespace, warm: list,
                                  context_beyond=beyond(lib, args.model, engine.info.ctx_max,
                                                        cfg.budget, args.vision),
                                  tokenizer=tokens.tokenizer, bos=tokens.bos,
+                                 image_grid=read_grid(args.model) if args.vision else None,
                                  **work_flags.options(args, lib.build_info()))
         with chores.opened(lib, args, split, default_model_id, cfg, options,
                            lambda chores_engine, path: open_prefix_cache(

@@ -32,6 +32,7 @@ from serve.formats.base import ChatFormat
 from serve.engine.api import EngineApi, ImageProbe
 from serve.engine.queue import EngineQueue, LostTurn, shutting_down, STARVE_AFTER_SECONDS
 from serve.service.generation import Generation
+from serve.service.image_positions import Grid, ImagePositions
 from serve.service.images import image_parts, StagedImages
 from serve.service.logprobs import chat_logprobs, completion_logprobs
 from serve.service.metrics import Metrics
@@ -78,6 +79,8 @@ class ServiceOptions:
     tokenizer: Optional[Tokenizer] = None   # serve's own, equal to the engine's (tokenizer/choice.py);
                                             # None: the engine's, between its calls
     bos: Optional[Sequence[int]] = None     # add_bos's ids (choice.py); None: asked of the engine
+    image_grid: Optional[Grid] = None       # the engine's rule for images' positions
+                                            # (image_positions.read_grid); None: the engine counts
 
 
 class Service:
@@ -97,6 +100,9 @@ class Service:
         self.policy = options.snapshot_policy or SnapshotPolicy(log=options.log)
         self.metrics = Metrics(engine.stats(), self.activity, options.prefix_cache, self.policy,
                                lambda: engine.evaluated, shared=self._shared_dirs())
+        # Serve's figure of images' positions: probed on the engine while it is still idle.
+        self.positions = ImagePositions(options.image_grid if options.vision else None, options.log)
+        self.positions.probe(engine)
         # Serve's own tokenizer, called by any thread; or the engine's, called as an errand
         # between engine calls by a request not yet holding the engine.
         tokenizer = options.tokenizer or EngineTokenizer(engine)
@@ -108,7 +114,8 @@ class Service:
                                      keep_reasoning=options.keep_reasoning,
                                      snapshots=options.prefix_cache is not None,
                                      default_thinking=options.thinking,
-                                     context_beyond=options.context_beyond)
+                                     context_beyond=options.context_beyond,
+                                     positions=self.positions)
         self.generation = Generation(engine, self.metrics, max_tokens=options.max_tokens,
                                      prefix_cache=options.prefix_cache, policy=self.policy,
                                      prefill_chunk=options.prefill_chunk,
@@ -182,12 +189,12 @@ class Service:
 
     def count_chat(self, req: ChatRequest, client_gone: Callable[[], bool]) -> int:
         """The positions a chat request's prompt would take, without generating anything:
-        without the engine, unless images need it to count their positions (silently)."""
+        without the engine, unless serve does not figure its images' positions (silently)."""
         check = self.prompts.check(req)
         with StagedImages(self.options.allow_local_images) as staged:
             prompt = self.prompts.chat(req, check, staged)
-            if not prompt.image_paths:
-                return len(prompt.ids)
+            if prompt.expanded_length is not None:
+                return prompt.expanded_length
             run = self.new_run(client_gone)   # its events are never taken: the count is the answer
             with self._turn(run):
                 expanded = self.prompts.with_images(prompt)

@@ -1,11 +1,14 @@
 """Image parts of a chat request → files the engine can open.
 
 Data URLs are decoded into private temp files that live exactly as long as
-the request. Remote URLs are refused outright: fetching them would let any
-client make the server issue requests on its network (SSRF). Local paths
-would let any client read the server's files, so they need an opt-in naming
-one directory; anything else is refused with one message, whatever the
-reason, so that a client cannot learn which paths exist.
+the request. Each image is measured (the engine's header reader, which needs
+no context) and its pixels checked (image_check.py) before the request waits
+for the engine: one that no engine could decode is a 400 at once. Remote URLs
+are refused outright: fetching them would let any client make the server issue
+requests on its network (SSRF). Local paths would let any client read the
+server's files, so they need an opt-in naming one directory; anything else is
+refused with one message, whatever the reason, so that a client cannot learn
+which paths exist.
 """
 from __future__ import annotations
 
@@ -19,8 +22,10 @@ from typing import Callable, Optional
 from serve.core.errors import ApiError, invalid
 from serve.core.request import IMAGE_PARTS, image_url
 from serve.engine.types import WasteError
+from serve.service.image_check import check_pixels, Undecodable
 
 MAX_IMAGE_BYTES = 32 * 1024 * 1024
+MAX_CHECKED_FILE_BYTES = 64 * 1024 * 1024   # a larger local file is the engine's to judge
 LOCAL_REFUSED = "image path is not a readable image in the allowed directory"
 DATA_URL = re.compile(r"data:image/(png|jpeg|jpg|gif|webp);base64,(.*)", re.DOTALL | re.IGNORECASE)
 
@@ -44,6 +49,7 @@ class StagedImages:
     def __init__(self, local_dir: Optional[str]):
         self._local_dir = os.path.realpath(local_dir) if local_dir else None
         self._temp_paths: list[str] = []
+        self._unchecked: dict[str, bytes] = {}   # a data URL's bytes, until measure() checks them
         self._local_paths: set[str] = set()
 
     def __enter__(self) -> "StagedImages":
@@ -56,6 +62,7 @@ class StagedImages:
             except FileNotFoundError:
                 pass
         self._temp_paths.clear()
+        self._unchecked.clear()
 
     def stage(self, url: str, param: str) -> str:
         """A readable path for the image at `url`, or ApiError naming `param`."""
@@ -80,15 +87,35 @@ class StagedImages:
         self._local_paths.add(real)
         return real
 
-    def measure(self, dimensions: Callable[[str], tuple[int, int]], path: str,
-                param: str) -> tuple[int, int]:
-        """`measure`, except that a local file that is no image gets the one refusal message."""
+    def measure(self, dimensions: Callable[[str], tuple[int, int]], path: str, param: str,
+                max_pixels: Optional[int] = None) -> tuple[int, int]:
+        """`measure`, then the size against what the engine decodes (`max_pixels`, when
+        known) and the pixels checked; a local file that is no image gets the one refusal
+        message."""
         try:
-            return measure(dimensions, path, param)
+            width, height = measure(dimensions, path, param)
+            if max_pixels is not None and width * height > max_pixels:
+                raise invalid(param, f"image is {width}x{height}; this engine decodes at most "
+                                     f"{max_pixels} pixels")
+            self._check(path, param)
+            return width, height
         except ApiError:
             if path in self._local_paths:
                 raise invalid(param, LOCAL_REFUSED) from None
             raise
+
+    def _check(self, path: str, param: str) -> None:
+        try:
+            data = self._unchecked.pop(path, None)
+            if data is None and os.path.getsize(path) <= MAX_CHECKED_FILE_BYTES:
+                with open(path, "rb") as f:
+                    data = f.read()
+            if data is not None:
+                check_pixels(data)
+        except OSError as e:
+            raise invalid(param, f"image could not be read: {e.strerror or e}") from None
+        except Undecodable as e:
+            raise invalid(param, f"image cannot be decoded: {e}") from None
 
     @staticmethod
     def _decode(payload: str, param: str) -> bytes:
@@ -109,6 +136,7 @@ class StagedImages:
         self._temp_paths.append(path)
         with os.fdopen(fd, "wb") as f:
             f.write(raw)
+        self._unchecked[path] = raw
         return path
 
 

@@ -4,11 +4,13 @@ messages -> one rendering of the conversation (remembered replies recalled from
 it) -> token ids, remembered replies laid over as the model produced them ->
 images expanded. Everything but the images' encoding is done before the
 request waits for the engine (the tokenizer is serve's own, or the engine's
-reached between its calls): a prompt that cannot be built or cannot fit is
-refused at once, however busy the engine. The conversation and the generation
-prompt are tokenized apart (as segments always are), so the end of the conversation, which the next
-turn's prompt repeats, is a known position worth a snapshot; so are the ends
-of the parts other conversations share (serve/snapshots/checkpoints.py).
+reached between its calls; each image's pixels checked and its positions
+figured by serve, image_check.py and image_positions.py): a prompt that
+cannot be built or cannot fit is refused at once, however busy the engine.
+The conversation and the generation prompt are tokenized apart (as segments
+always are), so the end of the conversation, which the next turn's prompt
+repeats, is a known position worth a snapshot; so are the ends of the parts
+other conversations share (serve/snapshots/checkpoints.py).
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from serve.engine.types import UnencodableText, WasteError
 from serve.engine.api import EngineApi, ImageProbe
 from serve.snapshots.history_ids import tokenize_history
 from serve.tokenizer.api import Runner, Tokenizer, at_once, tokenize_segments
+from serve.service.image_positions import ImagePositions
 from serve.service.images import image_parts, StagedImages
 from serve.snapshots.reply_memory import ReplyMemory
 from serve.core.segment import Segment
@@ -37,9 +40,22 @@ class Prompt:
     image_start: int = 0                  # with images: where the first placeholder is in text_ids
     image_paths: Sequence[str] = ()       # with images: the files, to queue again after prefill
     image_params: Sequence[str] = ()      # with images: the request field each came from
+    image_sizes: Sequence[tuple[int, int]] = ()        # with images: each one's width, height
+    image_figures: Sequence[Optional[int]] = ()        # with images: serve's figure of each
+                                                       # one's positions (None: not figured)
     generation: Sequence[int] = ()        # the generation prompt's ids, which open the reply's message
     conversation: Sequence[Segment] = ()  # the rendered segments before the generation prompt
     thinking: bool = False                # the reply opens in the think channel
+
+    @property
+    def expanded_length(self) -> Optional[int]:
+        """The positions the prompt takes with its images expanded, by serve's figures;
+        None when an image was not figured (only the engine can say)."""
+        if not self.image_paths:
+            return len(self.ids)
+        if any(figure is None for figure in self.image_figures):
+            return None
+        return len(self.ids) + sum(figure - 1 for figure in self.image_figures if figure)
 
     @property
     def history(self) -> list[int]:
@@ -118,7 +134,7 @@ class PromptBuilder:
                  tokenizer: Tokenizer, bos: Sequence[int], vision: bool,
                  reply_memory: Optional[ReplyMemory], keep_reasoning: bool,
                  snapshots: bool, default_thinking: bool, tokenizing: Runner = at_once,
-                 context_beyond: str = ""):
+                 context_beyond: str = "", positions: Optional[ImagePositions] = None):
         self.engine = engine
         self.tokenizer = tokenizer       # called through `tokenizing`, before the engine is held
         self.tokenizing = tokenizing     # runs a prompt's whole tokenizing (the engine's: as an errand)
@@ -131,6 +147,7 @@ class PromptBuilder:
         self.snapshots = snapshots                 # a prefix cache will store snapshots
         self.default_thinking = default_thinking   # when a request does not say
         self.context_beyond = context_beyond       # a too-long prompt's word on a larger context
+        self.positions = positions or ImagePositions(None)   # serve's figure of images' positions
 
     # -- before the engine ------------------------------------------------------------
 
@@ -152,6 +169,11 @@ class PromptBuilder:
                 raise invalid(param, "images need the vision tower: start the server with --vision")
             if not fmt.supports_images:
                 raise invalid(param, f"the {fmt.name} chat format cannot carry images")
+            most = self.positions.max_images
+            if most is not None and len(images) > most:
+                raise invalid(images[most][0], f"a request may carry at most {most} images "
+                                               f"(the engine queues no more); this one has "
+                                               f"{len(images)}")
         # Before the engine is held: text that cannot fit is refused unrendered.
         tools = least_chars(req.tools or ())
         check_fits(self.engine, tools, "tools", self.context_beyond)
@@ -179,8 +201,10 @@ class PromptBuilder:
         """Render once and tokenize, before the engine is held; images are measured here
         and encoded on the engine (with_images)."""
         paths = [staged.stage(url, param) for param, url in check.images]
-        prompts = [self.chat_format.image_prompt(*staged.measure(self.images.image_dimensions, path, param))
-                   for path, (param, _) in zip(paths, check.images)]
+        sizes = [staged.measure(self.images.image_dimensions, path, param,
+                                self.positions.max_pixels)
+                 for path, (param, _) in zip(paths, check.images)]
+        prompts = [self.chat_format.image_prompt(*size) for size in sizes]
         messages, conversation, replies = self._recall(req, check.thinking, prompts)
         check_fits(self.engine, conversation.chars(), "messages", self.context_beyond)
         cuts = self._preamble_cuts(req, messages, conversation)
@@ -195,16 +219,23 @@ class PromptBuilder:
         except UnencodableText as e:
             raise invalid("messages", f"a message cannot be tokenized: {e}") from None
         ids = history + generation
-        # Each image's placeholder is one position here and more once expanded.
-        check_room(len(ids), self.engine.info.ctx_max, "messages", self.context_beyond)
         snapshot_at = [*sorted(positions[cut] for cut in cuts if cut in positions), len(history)]
         if not paths:
+            check_room(len(ids), self.engine.info.ctx_max, "messages", self.context_beyond)
             return Prompt(ids, snapshot_at, generation=generation,
                           conversation=conversation.segments, thinking=check.thinking)
-        return Prompt(ids, snapshot_at, text_ids=ids,
-                      image_start=ids.index(self._media_pad()), image_paths=paths,
-                      image_params=[param for param, _ in check.images], generation=generation,
-                      conversation=conversation.segments, thinking=check.thinking)
+        prompt = Prompt(ids, snapshot_at, text_ids=ids,
+                        image_start=ids.index(self._media_pad()), image_paths=paths,
+                        image_params=[param for param, _ in check.images], image_sizes=sizes,
+                        image_figures=[self.positions.figure(*size) for size in sizes],
+                        generation=generation, conversation=conversation.segments,
+                        thinking=check.thinking)
+        # Each image's placeholder is one position here and its figure once expanded; an
+        # image serve does not figure counts one position until the engine counts it.
+        expanded = prompt.expanded_length
+        check_room(len(ids) if expanded is None else expanded, self.engine.info.ctx_max,
+                   "messages", self.context_beyond)
+        return prompt
 
     def text(self, prompt: str) -> list[int]:
         """A completion's prompt, after the BOS the container has (waste_tokenize's add_bos)."""
@@ -224,12 +255,14 @@ class PromptBuilder:
         expanded to the positions each takes."""
         if not prompt.image_paths:
             return prompt
-        for path, param in zip(prompt.image_paths, prompt.image_params):
+        for path, param, size, figure in zip(prompt.image_paths, prompt.image_params,
+                                             prompt.image_sizes, prompt.image_figures):
             try:
-                self.engine.image_add(path)  # validates the image, and counts its positions
+                counted = self.engine.image_add(path)  # decodes the image, counts its positions
             except WasteError as e:
                 self.engine.image_clear()
                 raise invalid(param, f"image could not be encoded: {e}") from None
+            self.positions.observe(size, figure, counted)
         return replace(prompt, ids=self.engine.image_expand(prompt.text_ids))
 
     def reply(self, message: dict, thinking: bool) -> list[Segment]:

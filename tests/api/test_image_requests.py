@@ -1,13 +1,21 @@
 """Image parts in chat requests: staged, measured, removed; refused with one reason."""
 from __future__ import annotations
 
+import base64
 import os
 import tempfile
+from dataclasses import dataclass, field
+from typing import Optional
 
 import pytest
 
-from scripted import (ScriptedEngine, ScriptedLibrary, assert_error, call, data_url, engine,
-                      image_message, scripted_service, server, serving, tiny_png, xtml_answer)
+from scripted import (IMAGE_POSITIONS, ScriptedEngine, ScriptedLibrary, assert_error, call,
+                      data_url, engine, image_message, scripted_service, server, serving,
+                      tiny_png, xtml_answer)
+from image_files import truncated_png
+from serve import WasteError
+from serve.service.images import LOCAL_REFUSED
+from serve.service.image_positions import PROBE_SIZES
 
 CHAT = "/v1/chat/completions"
 
@@ -101,6 +109,23 @@ def test_local_images_outside_the_directory_get_one_uniform_refusal(engine, tmp_
     assert len(messages) == 1 and engine.images_added == [], messages
 
 
+def test_pixels_that_do_not_decode_are_refused_before_the_engine(engine, private_tmp,
+                                                                 tmp_path_factory):
+    """A data URL names its reason; a local file gets the one refusal every path gets."""
+    local = tmp_path_factory.mktemp("local")
+    (local / "cut.png").write_bytes(truncated_png())
+    with serving(scripted_service(engine, vision=True, allow_local_images=str(local))) as srv:
+        err = assert_error(call(srv.port, "POST", CHAT,
+                                {"messages": image_message(data_url(truncated_png()))}), 400,
+                           param="messages[0].content[1]")
+        assert err["message"].startswith("image cannot be decoded: PNG is truncated"), err
+        err = assert_error(call(srv.port, "POST", CHAT, {"messages": image_message("cut.png")}),
+                           400, param="messages[0].content[1]")
+        assert err["message"] == LOCAL_REFUSED
+    assert engine.images_added == [] and engine.prompts == []
+    assert list(private_tmp.iterdir()) == []
+
+
 def test_images_of_a_failed_request_never_reach_the_next(engine):
     # The ABI does not say that reset drops the image queue: an image queued by a
     # request that then failed must not be consumed by the next request, of any kind. Its
@@ -120,3 +145,70 @@ def test_images_of_a_failed_request_never_reach_the_next(engine):
 def test_images_need_vision(server):
     assert_error(call(server.port, "POST", CHAT, {"messages": image_message(data_url(tiny_png()))}),
                  400, param="messages[0].content[1]")
+
+
+# ---- serve's figure of images' positions ------------------------------------------
+
+@dataclass(frozen=True)
+class StubGrid:
+    """A rule that gives the scripted engine's count, but `odd` for one size."""
+    odd: dict = field(default_factory=dict)
+    max_images: Optional[int] = None
+    max_pixels: int = 1 << 30
+    engine: str = "a stub"
+
+    def positions(self, width: int, height: int) -> int:
+        return self.odd.get((width, height), IMAGE_POSITIONS)
+
+
+def images_message(count: int) -> list[dict]:
+    part = {"type": "image_url", "image_url": {"url": data_url(tiny_png())}}
+    return [{"role": "user", "content": [{"type": "text", "text": "what?"}, *[part] * count]}]
+
+
+def test_count_tokens_with_images_needs_no_engine(engine):
+    service = scripted_service(engine, ScriptedLibrary(image_size=(640, 480)), vision=True,
+                               image_grid=StubGrid())
+    assert engine.calls.count("image_add") == len(PROBE_SIZES)   # the start-up probe
+    block = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": base64.b64encode(tiny_png()).decode()}}
+    body = {"model": "m", "messages": [{"role": "user", "content": [block, block]}]}
+    with serving(service) as srv:
+        with_images = call(srv.port, "POST", "/v1/messages/count_tokens", body).json()
+    assert engine.calls.count("image_add") == len(PROBE_SIZES)   # none for the count
+    assert with_images["input_tokens"] > 2 * IMAGE_POSITIONS
+
+
+def test_more_images_than_the_engine_queues_are_refused(engine):
+    service = scripted_service(engine, ScriptedLibrary(), vision=True,
+                               image_grid=StubGrid(max_images=2))
+    with serving(service) as srv:
+        assert call(srv.port, "POST", CHAT, {"messages": images_message(2)}).status == 200
+        err = assert_error(call(srv.port, "POST", CHAT, {"messages": images_message(3)}), 400,
+                           param="messages[0].content[3]")
+    assert "at most 2 images" in err["message"]
+
+
+def test_a_figure_the_engine_does_not_share_is_dropped(engine):
+    said: list[str] = []
+    service = scripted_service(engine, ScriptedLibrary(image_size=(640, 480)), vision=True,
+                               image_grid=StubGrid(odd={(640, 480): 9}, max_images=1),
+                               log=said.append)
+    assert service.positions.describe().startswith("positions figured by serve")
+    with serving(service) as srv:
+        assert call(srv.port, "POST", CHAT, {"messages": images_message(1)}).status == 200
+        # serve's figure is off now: the engine counts, and its limit is not assumed
+        assert call(srv.port, "POST", CHAT, {"messages": images_message(2)}).status == 200
+    assert [line for line in said if line.startswith("images:")] == [
+        "images: the engine counted 4 positions for a 640x480 image where serve's figure "
+        "(a stub's rule) was 9; image positions are counted on the engine from now on"]
+    assert service.positions.figure(640, 480) is None
+    assert service.positions.describe().startswith("positions counted on the engine")
+
+
+def test_a_probe_that_fails_leaves_the_counting_to_the_engine(engine):
+    def refuse(path: str) -> int:
+        raise WasteError(-2, "WASTE_E_FORMAT", "bad image", "no", "waste_image_add")
+    engine.image_add = refuse
+    service = scripted_service(engine, ScriptedLibrary(), vision=True, image_grid=StubGrid())
+    assert "probe image could not be encoded" in service.positions.describe()
