@@ -203,9 +203,11 @@ def _parse_messages(messages: Json) -> list[dict]:
 
 
 def _check_calls_answered(messages: list[dict]) -> None:
-    """Each assistant tool call (with an id) is answered by a tool message before the next
-    message of another role, as OpenAI and Anthropic both require: a conversation that
-    goes on past a call with no result is not one the model was taught to read."""
+    """Each assistant tool call (with an id) gets its result (a tool message) before the next
+    assistant message, or before the conversation ends if anything follows the call: a
+    conversation that goes on past a call with no result is not one the model was taught to
+    read, and OpenAI and Anthropic refuse it too. (Their stricter order, results right after
+    the call, is not asked: a user's text among the results reads the same.)"""
     asked: Optional[int] = None     # the assistant message whose calls are not all answered
     pending: list[str] = []
     for i, message in enumerate(messages):
@@ -216,16 +218,16 @@ def _check_calls_answered(messages: list[dict]) -> None:
                 pending.remove(answered)
             elif not answered and pending:
                 pending.pop(0)   # a result with no id answers the call at its position
-            continue
-        if pending:
-            break
-        if role == "assistant":
+        elif role == "assistant":
+            if pending:
+                break
             asked = i
             pending = [call["id"] for call in message.get("tool_calls") or () if call.get("id")]
     if pending and asked is not None and len(messages) > asked + 1:
-        raise invalid(f"messages[{asked}]", f"messages[{asked}] calls tools with no result after it "
-                                            f"({', '.join(pending)}): each call needs a tool "
-                                            "message with its tool_call_id before the next message")
+        raise invalid(f"messages[{asked}]", f"messages[{asked}] calls tools whose results never "
+                                            f"come ({', '.join(pending)}): each call needs a tool "
+                                            "message with its tool_call_id before the next "
+                                            "assistant message")
 
 
 def _parse_tools(tools: Json) -> Optional[list[dict]]:
