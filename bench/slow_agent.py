@@ -131,10 +131,10 @@ def replay(port: int, turns: int, result_sentences: int, fraction: float, calls:
         message = reply["choices"][0]["message"]
         made = message.get("tool_calls") or []
         result = f"(turn {turn}) " + SENTENCE * result_sentences
-        # Text replies, or one cut by max_tokens before its call: the result comes back as the
-        # user's turn.
-        messages += [message, {"role": "tool", "tool_call_id": made[0]["id"], "content": result}
-                     if made else {"role": "user", "content": result}]
+        # Each call gets the result (a conversation going on past an unanswered call is a
+        # 400); text replies, or one cut by max_tokens before its call: the user's turn.
+        messages += [message, *([{"role": "tool", "tool_call_id": call["id"], "content": result}
+                                 for call in made] or [{"role": "user", "content": result}])]
     return rows
 
 

@@ -381,11 +381,15 @@ FINAL_EVENTS = {MESSAGES: ("message_stop", "error"),
                 RESPONSES: ("response.completed", "response.incomplete", "response.failed", "error")}
 
 
-def exchange(port: int, path: str, data: bytes, timeout: float = 120) -> Outcome:
-    """POST `data`, read the whole answer, and say what (if anything) is wrong with it."""
+def exchange(port: int, path: str, data: bytes, timeout: float = 120, method: str = "POST",
+             headers: tuple[str, ...] = ()) -> Outcome:
+    """Send `data` (a POST's, by default), read the whole answer, and say what (if anything)
+    is wrong with it; `headers` are extra header lines."""
+    extra = "".join(f"{line}\r\n" for line in headers)
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-        s.sendall(f"POST {path} HTTP/1.1\r\nHost: fuzz\r\nContent-Type: application/json\r\n"
-                  f"Connection: close\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
+        s.sendall(f"{method} {path} HTTP/1.1\r\nHost: fuzz\r\nContent-Type: application/json\r\n"
+                  f"Connection: close\r\nContent-Length: {len(data)}\r\n{extra}\r\n".encode()
+                  + data)
         raw = b""
         try:
             while chunk := s.recv(65536):

@@ -105,11 +105,12 @@ def prompt_text(items: int, salt: str = "") -> str:
 class Streamed:
     """A streamed request, read on a thread: when its stream opened, and when it ended."""
 
-    def __init__(self, port: int, path: str, body: dict):
+    def __init__(self, port: int, path: str, body: dict, headers: tuple[str, ...] = ()):
         data = json.dumps({**body, "stream": True}).encode()
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=300)
         self.sock.sendall(f"POST {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n".encode()
                           + b"Content-Type: application/json\r\n"
+                          + "".join(f"{line}\r\n" for line in headers).encode()
                           + f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
         self.raw = b""
         self.holding = threading.Event()   # its stream opened: it holds the engine
@@ -137,6 +138,6 @@ class Streamed:
 class LongPrefill(Streamed):
     """A streamed chat request whose prompt takes the engine a long time."""
 
-    def __init__(self, port: int, items: int):
+    def __init__(self, port: int, items: int, headers: tuple[str, ...] = ()):
         super().__init__(port, "/v1/chat/completions",
-                         {"messages": _user(prompt_text(items, "busy")), "max_tokens": 2})
+                         {"messages": _user(prompt_text(items, "busy")), "max_tokens": 2}, headers)

@@ -30,7 +30,7 @@ CHAT_FIELDS = frozenset((
     "metadata", "priority"))
 COMPLETION_FIELDS = frozenset((
     "model", "prompt", "temperature", "top_p", "top_k", "seed", "max_tokens", "stop", "stream",
-    "stream_options", "logprobs", "n", "user", "priority"))
+    "stream_options", "logprobs", "n", "user", "priority", "echo", "suffix", "best_of"))
 # Per role, the message fields besides content that reach the prompt as text.
 STRING_FIELDS = {"system": ("name",), "developer": ("name",), "user": ("name",),
                  "assistant": ("name", "reasoning_content", "reasoning"),
@@ -198,7 +198,36 @@ def _parse_messages(messages: Json) -> list[dict]:
                 raise invalid(f"{where}.{key}", f"{key} must be a string")
         # developer is OpenAI's newer name for the system role.
         normalized.append(dict(message, role="system") if role == "developer" else message)
+    _check_calls_answered(normalized)
     return normalized
+
+
+def _check_calls_answered(messages: list[dict]) -> None:
+    """Each assistant tool call (with an id) gets its result (a tool message) before the next
+    assistant message, or before the conversation ends if anything follows the call: a
+    conversation that goes on past a call with no result is not one the model was taught to
+    read, and OpenAI and Anthropic refuse it too. (Their stricter order, results right after
+    the call, is not asked: a user's text among the results reads the same.)"""
+    asked: Optional[int] = None     # the assistant message whose calls are not all answered
+    pending: list[str] = []
+    for i, message in enumerate(messages):
+        role = message["role"]
+        if role == "tool":
+            answered = message.get("tool_call_id")
+            if answered in pending:
+                pending.remove(answered)
+            elif not answered and pending:
+                pending.pop(0)   # a result with no id answers the call at its position
+        elif role == "assistant":
+            if pending:
+                break
+            asked = i
+            pending = [call["id"] for call in message.get("tool_calls") or () if call.get("id")]
+    if pending and asked is not None and len(messages) > asked + 1:
+        raise invalid(f"messages[{asked}]", f"messages[{asked}] calls tools whose results never "
+                                            f"come ({', '.join(pending)}): each call needs a tool "
+                                            "message with its tool_call_id before the next "
+                                            "assistant message")
 
 
 def _parse_tools(tools: Json) -> Optional[list[dict]]:
@@ -219,6 +248,9 @@ def _parse_tools(tools: Json) -> Optional[list[dict]]:
 
 
 def _parse_tool_choice(choice: Json, tools: Optional[list[dict]]) -> Json:
+    if choice == "required" and not tools:
+        # A call is required but none is declared: no reply could follow it (OpenAI's 400 too).
+        raise invalid("tool_choice", "tool_choice requires a tool call, but tools declares none")
     if choice is None or choice in ("none", "auto", "required"):
         return choice
     if (isinstance(choice, dict) and choice.get("type") == "function"
@@ -236,8 +268,12 @@ def _parse_response_format(value: Json) -> Optional[dict]:
         return None
     if not isinstance(value, dict) or value.get("type") not in ("text", "json_object", "json_schema"):
         raise invalid("response_format", "response_format.type must be text, json_object or json_schema")
-    if value["type"] == "json_schema" and not isinstance(value.get("json_schema"), dict):
-        raise invalid("response_format.json_schema", "json_schema must be an object")
+    if value["type"] == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict):
+            raise invalid("response_format.json_schema", "json_schema must be an object")
+        if spec.get("schema") is not None and not isinstance(spec["schema"], dict):
+            raise invalid("response_format.json_schema.schema", "schema must be a JSON Schema object")
     return None if value["type"] == "text" else value
 
 
@@ -289,6 +325,18 @@ def parse_chat_request(body: dict) -> ChatRequest:
                        logprobs=_parse_chat_logprobs(body), hints=parse_hints(body))
 
 
+def _refuse_unhonoured(body: dict) -> None:
+    """Completion options that change what the reply is, which this server cannot do: ignored,
+    they would give a client (an evaluation harness scoring echoed prompts, say) a wrong
+    answer that looks right. Their off values are accepted, as clients send them by default."""
+    if body.get("echo") not in (None, False):
+        raise invalid("echo", "echo is not supported: the reply never repeats the prompt")
+    if body.get("suffix") not in (None, ""):
+        raise invalid("suffix", "suffix is not supported: this server does not fill in the middle")
+    if body.get("best_of") not in (None, 1):
+        raise invalid("best_of", "only best_of=1 is supported")
+
+
 def parse_completion_request(body: dict) -> CompletionRequest:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1:
@@ -297,6 +345,7 @@ def parse_completion_request(body: dict) -> CompletionRequest:
         raise invalid("prompt", "prompt must be a string or a list of one string")
     sampling = _parse_sampling(body)
     stream, include_usage = _parse_stream(body)
+    _refuse_unhonoured(body)
     return CompletionRequest(prompt=prompt, sampling=sampling, stream=stream,
                              include_usage=include_usage,
                              logprobs=_parse_completion_logprobs(body), hints=parse_hints(body))

@@ -160,16 +160,21 @@ class Generation:
         """Why serve cannot decode by itself, or None."""
         return missing if self.eval_logits else "this engine's waste_eval gives no logits"
 
+    def check_logprobs(self, top_logprobs: Optional[int]) -> None:
+        """Refuse logprobs when serve cannot decode by itself (the service asks before the
+        request waits for the engine)."""
+        off = self.decoding_off(decode.missing())
+        if top_logprobs is not None and off is not None:
+            raise invalid("logprobs", f"logprobs are off here ({off}); to enable: {grammar.ENABLE_HINT}",
+                          code="logprobs_unavailable")
+
     def _decoder(self, sampling: Sampling, top_logprobs: Optional[int], run: Run,
                  constraint: Optional[str], stop_tokens: Sequence[int],
                  pause: Optional[Callable[[Sequence[int]], None]] = None
                  ) -> Optional[decode.Decoder]:
         """Serve's own decoder, its logprobs kept on the run when they are asked for;
         no decoder (waste_generate) when nothing needs the logits or a pause."""
-        off = self.decoding_off(decode.missing())
-        if top_logprobs is not None and off is not None:
-            raise invalid("logprobs", f"logprobs are off here ({off}); to enable: {grammar.ENABLE_HINT}",
-                          code="logprobs_unavailable")
+        self.check_logprobs(top_logprobs)
         if constraint is None and top_logprobs is None and pause is None:
             return None
         if top_logprobs is not None:

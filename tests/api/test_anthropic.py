@@ -204,6 +204,24 @@ def test_tool_result_error_images_and_system_blocks_reach_the_prompt():
     assert rendered.index("service down") < rendered.index("<|media_begin|>") < rendered.index("What now?")
 
 
+def test_a_users_text_before_the_tool_results_of_a_call_is_accepted():
+    # Anthropic wants the results first; the model reads the same turn either way.
+    engine = ScriptedEngine([xtml_answer("ok")])
+    messages = [ASK[0], {"role": "assistant", "content": [
+                    {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}},
+                    {"type": "tool_use", "id": "toolu_2", "name": "get_weather", "input": {"city": "Rome"}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_2", "content": "rain"},
+                    {"type": "text", "text": "Also:"},
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": "sun"}]}]
+    with serving(scripted_service(engine, thinking=False)) as srv:
+        resp = call(srv.port, "POST", MESSAGES, {"model": "m", "max_tokens": 10,
+                                                 "messages": messages, "tools": TOOLS})
+    assert resp.status == 200, resp.body
+    assert prompt_text(engine).index("rain") < prompt_text(engine).index("Also:") \
+        < prompt_text(engine).index("sun")
+
+
 # ---- the stream's grammar -------------------------------------------------------------
 
 
@@ -371,6 +389,11 @@ def anthropic_error(resp, status: int, kind: str) -> str:
      "tool_choice.disable_parallel_tool_use"),
     ({"tool_choice": {"type": "tool"}}, "tool_choice.name"),
     ({"tools": [{"name": "x"}]}, "tools[0].input_schema"),
+    ({"tool_choice": {"type": "any"}}, "tool_choice"),   # no tools to call
+    ({"tools": TOOLS, "messages": ASK + [   # a call whose result never comes
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1",
+                                           "name": "get_weather", "input": {}}]},
+        {"role": "user", "content": "And tomorrow?"}]}, "messages[1]"),
     ({"messages": [{"role": "user", "content": [
         {"type": "text", "text": "see"},
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}]},

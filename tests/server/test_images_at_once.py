@@ -19,7 +19,7 @@ import pytest
 from fuzz_bodies import COUNT, MESSAGES, RESPONSES, CHAT, exchange
 from image_files import (corrupt_zlib_png, flat_png, gif_without_lzw, jpeg_without_scan,
                          truncated_png, webp_vp8)
-from test_refused_at_once import BOUND, CTX, busy_server
+from busy import BOUND, CTX, busy_server
 
 IMAGES = {
     "truncated png": ("image/png", truncated_png()),

@@ -18,16 +18,12 @@ import time
 
 import pytest
 
+from busy import BOUND, DELAY_MS, busy_server
 from fuzz_bodies import COMPLETIONS, COUNT, MESSAGES, RESPONSES, CHAT, exchange
 from scripted import scrape
-from served import serve
-from slow_clock import LongPrefill, prompt_text
+from slow_clock import prompt_text
 
-DELAY_MS = 15
-LONG_ITEMS = 215     # ~3,600 tokens in each dialect's rendering: ~54 s of prefill at DELAY_MS
-CTX = 4096
 TOO_LONG = prompt_text(400, "long")   # ~6,700 tokens; too few characters to refuse uncounted
-BOUND = 8.0          # s: an answer within it came while the prefill ran, for all its noise
 BAD_IMAGE = "data:image/png;base64," + base64.b64encode(b"this is not an image at all").decode()
 BAD_SCHEMA = {"type": "object", "properties": {"a": {"type": "string", "pattern": "((("}}}
 
@@ -91,22 +87,6 @@ BODIES = {
 }
 PARAMS = [(path, case, stream) for path, (_, cases) in BODIES.items() for case in cases
           for stream in ((False,) if path == COUNT else (False, True))]
-
-
-def busy_server(container, lib_path, work, tokens: str, *flags: str):
-    """(the server, its long prefill), the prefill holding the engine; `tokens` begins the
-    banner's tokens line, saying which tokenizer the server chose."""
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("WASTE_DELAY_MS", str(DELAY_MS))
-        with serve(container, lib_path, work, "--ctx", str(CTX), "--no-prefix-cache",
-                   "--no-finish-abandoned", *flags) as srv:
-            assert any(line.startswith(tokens) for line in srv.banner), srv.banner
-            long = LongPrefill(srv.port, LONG_ITEMS)
-            try:
-                assert long.holding.wait(60), long.raw
-                yield srv, long
-            finally:
-                long.close()
 
 
 @pytest.fixture(scope="module")
