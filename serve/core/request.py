@@ -60,6 +60,7 @@ class CompletionRequest:
     request_id: str = ""
     hints: Hints = field(default_factory=Hints)
     work: str = INTERACTIVE
+    echo: bool = False                # the reply's text begins with the prompt's
 
 
 def image_url(part: dict) -> Json:

@@ -108,7 +108,8 @@ class CompletionExchange(_OpenAIStream):
         return text_completion(self._id, self._created, self.model, part, None)
 
     def opening(self, start: ReplyStart) -> bytes:
-        return b""
+        # echo: the prompt comes first, as the text the reply continues
+        return self._encode(self.request.prompt) if self.request.echo else b""
 
     def delta(self, delta: Delta) -> bytes:
         if not self.request.stream:
@@ -128,5 +129,6 @@ class CompletionExchange(_OpenAIStream):
                                        reply.usage))
 
     def body(self, reply: CompletionReply) -> dict:
-        return text_completion(self._id, self._created, self.model, reply.text,
+        text = self.request.prompt + reply.text if self.request.echo else reply.text
+        return text_completion(self._id, self._created, self.model, text,
                                reply.finish_reason, reply.usage, reply.logprobs)

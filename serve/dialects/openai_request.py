@@ -329,8 +329,12 @@ def _refuse_unhonoured(body: dict) -> None:
     """Completion options that change what the reply is, which this server cannot do: ignored,
     they would give a client (an evaluation harness scoring echoed prompts, say) a wrong
     answer that looks right. Their off values are accepted, as clients send them by default."""
-    if body.get("echo") not in (None, False):
-        raise invalid("echo", "echo is not supported: the reply never repeats the prompt")
+    if body.get("echo") not in (None, False, True):
+        raise invalid("echo", "echo must be a boolean")
+    if body.get("echo") and body.get("logprobs") is not None:
+        # Scoring a prompt needs every prompt position's logits; the engine gives the last.
+        raise invalid("echo", "echo with logprobs is not supported: the engine gives no "
+                              "log-probabilities for the prompt's tokens")
     if body.get("suffix") not in (None, ""):
         raise invalid("suffix", "suffix is not supported: this server does not fill in the middle")
     if body.get("best_of") not in (None, 1):
@@ -348,4 +352,5 @@ def parse_completion_request(body: dict) -> CompletionRequest:
     _refuse_unhonoured(body)
     return CompletionRequest(prompt=prompt, sampling=sampling, stream=stream,
                              include_usage=include_usage,
-                             logprobs=_parse_completion_logprobs(body), hints=parse_hints(body))
+                             logprobs=_parse_completion_logprobs(body), hints=parse_hints(body),
+                             echo=body.get("echo") is True)

@@ -31,3 +31,23 @@ def test_completion_blocking_and_streaming(engine):
 @pytest.mark.parametrize("prompt", [None, 5, ["a", "b"], [1, 2]])
 def test_completion_prompt_is_validated(server, prompt):
     assert_error(call(server.port, "POST", "/v1/completions", {"prompt": prompt}), 400, param="prompt")
+
+
+def test_echo_puts_the_prompt_first(engine):
+    """echo (OpenAI's legacy completions, vLLM): the text begins with the prompt, blocking and
+    streamed; the engine still sees the prompt once, and usage counts only what it generated."""
+    engine.replies = [["Once", " upon", "[EOS]"], ["Once", " upon", "[EOS]"]]
+    with serving(scripted_service(engine)) as srv:
+        body = call(srv.port, "POST", "/v1/completions",
+                    {"prompt": "Tell me", "echo": True, "max_tokens": 10}).json()
+        events = call(srv.port, "POST", "/v1/completions",
+                      {"prompt": "Tell me", "echo": True, "stream": True}).events()
+        refused = call(srv.port, "POST", "/v1/completions",
+                       {"prompt": "Tell me", "echo": True, "logprobs": 1})
+        plain = call(srv.port, "POST", "/v1/completions", {"prompt": "Tell me", "echo": False})
+    assert body["choices"][0]["text"] == "Tell meOnce upon"
+    assert body["usage"]["completion_tokens"] == 3
+    assert engine.prompts[0] == engine.prompts[1] == [engine.specials["[BOS]"]] + list(b"Tell me")
+    assert [e["choices"][0]["text"] for e in events[:-2]] == ["Tell me", "Once", " upon"]
+    assert_error(refused, 400, param="echo")
+    assert plain.status == 200 and not plain.json()["choices"][0]["text"].startswith("Tell me")

@@ -67,7 +67,7 @@ REFUSED = [
     ("prompt ids", COMPLETIONS, {"prompt": [1, 2, 3]}, 400),
     ("logprobs 6", COMPLETIONS, {"prompt": "hi", "logprobs": 6}, 400),
     ("n 2", COMPLETIONS, {"prompt": "hi", "n": 2}, 400),
-    ("echo", COMPLETIONS, {"prompt": "hi", "echo": True}, 400),
+    ("echo", COMPLETIONS, {"prompt": "hi", "echo": True, "logprobs": 1}, 400),
     ("suffix", COMPLETIONS, {"prompt": "hi", "suffix": "x"}, 400),
     ("best_of 2", COMPLETIONS, {"prompt": "hi", "best_of": 2}, 400),
     ("no max_tokens", MESSAGES, {"model": "m", "messages": USER}, 400),
