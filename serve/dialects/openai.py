@@ -98,6 +98,8 @@ class ChatExchange(_OpenAIStream):
 
 
 class CompletionExchange(_OpenAIStream):
+    request: CompletionRequest
+
     def __init__(self, body: dict, model: str):
         self.request = parse_completion_request(body)
         self.ignored = unknown_fields(body, COMPLETION_FIELDS)
