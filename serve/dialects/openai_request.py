@@ -329,7 +329,8 @@ def _refuse_unhonoured(body: dict) -> None:
     """Completion options that change what the reply is, which this server cannot do: ignored,
     they would give a client (an evaluation harness scoring echoed prompts, say) a wrong
     answer that looks right. Their off values are accepted, as clients send them by default."""
-    if body.get("echo") not in (None, False, True):
+    if body.get("echo") is not None and not isinstance(body["echo"], bool):
+        # `in (False, True)` would let 1 and 0 through, and 1 would not be echoed
         raise invalid("echo", "echo must be a boolean")
     if body.get("echo") and body.get("logprobs") is not None:
         # Scoring a prompt needs every prompt position's logits; the engine gives the last.
@@ -337,7 +338,10 @@ def _refuse_unhonoured(body: dict) -> None:
                               "log-probabilities for the prompt's tokens")
     if body.get("suffix") not in (None, ""):
         raise invalid("suffix", "suffix is not supported: this server does not fill in the middle")
-    if body.get("best_of") not in (None, 1):
+    best_of = body.get("best_of")
+    if best_of is not None and not _is_int(best_of):
+        raise invalid("best_of", "best_of must be an integer")
+    if best_of not in (None, 1):
         raise invalid("best_of", "only best_of=1 is supported")
 
 

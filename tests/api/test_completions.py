@@ -51,3 +51,12 @@ def test_echo_puts_the_prompt_first(engine):
     assert [e["choices"][0]["text"] for e in events[:-2]] == ["Tell me", "Once", " upon"]
     assert_error(refused, 400, param="echo")
     assert plain.status == 200 and not plain.json()["choices"][0]["text"].startswith("Tell me")
+
+
+@pytest.mark.parametrize("field, value", [("echo", 1), ("echo", "yes"), ("echo", 0),
+                                          ("best_of", "2"), ("best_of", True), ("best_of", 3),
+                                          ("suffix", "end")])
+def test_completion_options_it_cannot_honour_or_read_are_a_400(server, field, value):
+    """echo 1 is not a boolean (it would pass unechoed); best_of must be an integer, 1."""
+    resp = call(server.port, "POST", "/v1/completions", {"prompt": "Tell me", field: value})
+    assert_error(resp, 400, param=field)
