@@ -224,10 +224,11 @@ def _check_calls_answered(messages: list[dict]) -> None:
             asked = i
             pending = [call["id"] for call in message.get("tool_calls") or () if call.get("id")]
     if pending and asked is not None and len(messages) > asked + 1:
+        # Worded for every dialect: a tool message, a tool_result block, a function_call_output.
         raise invalid(f"messages[{asked}]", f"messages[{asked}] calls tools whose results never "
-                                            f"come ({', '.join(pending)}): each call needs a tool "
-                                            "message with its tool_call_id before the next "
-                                            "assistant message")
+                                            f"come ({', '.join(pending)}): each call needs its "
+                                            "result, naming its id, before the next assistant "
+                                            "message")
 
 
 def _parse_tools(tools: Json) -> Optional[list[dict]]:

@@ -489,3 +489,23 @@ def test_a_queued_request_opens_its_stream_and_says_where_it_waits():
     assert "ping" not in names and names[-1] == "message_stop"
     assert events[0][1]["message"]["usage"]["input_tokens"] == events[-2][1]["usage"]["input_tokens"]
     assert resp.body.index(b": queue 1") < resp.body.index(b"event: message_start")
+
+
+def test_an_unanswered_tool_use_is_refused_in_anthropics_words():
+    """The refusal names the client's message and the call, not OpenAI's tool_call_id."""
+    messages = ASK + [
+        {"role": "assistant", "content": [{"type": "text", "text": "Looking."},
+                                          {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                                           "input": {"city": "Paris"}},
+                                          {"type": "tool_use", "id": "toolu_2", "name": "get_weather",
+                                           "input": {"city": "Lyon"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                      "content": "sun"}]},
+        {"role": "assistant", "content": "Paris is sunny."},
+        {"role": "user", "content": "And Lyon?"}]
+    with serving(scripted_service()) as srv:
+        message = anthropic_error(call(srv.port, "POST", MESSAGES, {
+            "model": "m", "max_tokens": 5, "tools": TOOLS, "messages": messages}),
+            400, "invalid_request_error")
+    assert message.startswith("messages[1] calls tools whose results never come (toolu_2)"), message
+    assert "tool_call_id" not in message and "tool message" not in message
