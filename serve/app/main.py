@@ -453,7 +453,8 @@ def run_server(lib: Library, engine: Engine, fmt: ChatFormat, models: Models,
     for service in models.services:
         if (cache := service.options.prefix_cache) is not None and cache.shared is not None:
             cache.shared.publisher.drain(0.0 if hurry.is_set()
-                                         else max(0.0, drained_by - time.monotonic()))
+                                         else max(0.0, drained_by - time.monotonic()),
+                                         hurry.is_set)
     while warmer is not None and warmer.is_alive():  # it stops at its next chunk
         warmer.join(0.1)
         if hurry.is_set():

@@ -26,6 +26,7 @@ from serve.snapshots.snapshot import Snapshot
 
 MAX_WAITING = 8   # snapshots queued for publishing, at most (each holds an open file)
 IDLE_SECONDS = 1.0   # the publisher thread ends after this long with nothing to publish
+JOIN_POLL = 0.1      # seconds between two looks at hurry() while drain() waits for the thread
 
 
 class Tier(Protocol):
@@ -119,10 +120,11 @@ class Publisher:
         with self._cond:
             return self._cond.wait_for(lambda: not self._jobs and self._running is None, timeout)
 
-    def drain(self, timeout: float) -> bool:
+    def drain(self, timeout: float, hurry: Callable[[], bool] = lambda: False) -> bool:
         """At shutdown: no new jobs; publish what waits for up to `timeout` seconds, then stop
         the copy under way (its temporary file removed) and drop the rest (local only). True
-        when everything queued was published."""
+        when everything queued was published. A copy stuck in one write (a lost mount) is
+        waited for until `hurry()` (a second signal), then left to the process's exit."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
@@ -136,8 +138,8 @@ class Publisher:
                 job.close()
         with self._cond:
             thread = self._thread
-        if thread is not None:
-            thread.join()
+        while thread is not None and thread.is_alive() and not hurry():
+            thread.join(JOIN_POLL)
         return done
 
     def _work(self) -> None:

@@ -156,6 +156,26 @@ def test_a_drain_out_of_time_leaves_no_partial_file(host, monkeypatch):
     assert len(host) == 2                             # both still in the local tier
 
 
+def test_a_copy_stuck_in_one_write_does_not_hold_a_hurried_shutdown(host, monkeypatch):
+    """A write on a lost mount never returns to look at the halt: drain waits for it only
+    until hurry() (the second signal) says to go, and then returns."""
+    gate = Gate(monkeypatch)    # the publish blocks, as a write to a lost mount would
+    hurried = threading.Event()
+    tiers.publish_later(host, SnapshotPolicy(), stored(host, 100))
+    assert gate.started.acquire(timeout=30)
+    out: list[bool] = []
+    drained = threading.Thread(target=lambda: out.append(
+        host.shared.publisher.drain(0, hurried.is_set)))
+    drained.start()
+    drained.join(0.5)
+    assert drained.is_alive()                   # a first signal waits for the write
+    hurried.set()
+    drained.join(30)
+    assert not drained.is_alive() and out == [False]
+    gate.go.set()                               # the mount comes back: the thread ends
+    assert host.shared.publisher.flush(30)
+
+
 def test_a_server_stopped_right_after_a_reply_stops_in_time_its_snapshots_published_whole(
         lib_path, k3_container, tmp_path, monkeypatch):
     monkeypatch.setenv("WASTE_DELAY_MS", "2")   # prefill dear enough that publishing pays
