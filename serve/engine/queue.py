@@ -103,6 +103,7 @@ class _Ticket:
     seq: int              # arrival order
     since: float = 0.0    # when it began waiting (this time)
     chores_at: float = 0.0   # the queue's chore clock then
+    busy: bool = False    # its request is still doing its `meanwhile`: passed over, place kept
 
 
 @dataclass
@@ -229,12 +230,15 @@ class EngineQueue:
             return out
 
     @contextmanager
-    def turn(self, waiter: Waiter, work: str = INTERACTIVE) -> Iterator[Turn]:
+    def turn(self, waiter: Waiter, work: str = INTERACTIVE,
+             meanwhile: Optional[Callable[[], None]] = None) -> Iterator[Turn]:
         """Waits for the engine in line (the person first) and holds it for the block.
 
         While waiting, `waiter.queued(ahead)` hears the number of requests in
         front (the running one included; 0 behind idle-time work) each time it changes. Raises the 503s
-        of a full line or of shutdown, or ClientGone.
+        of a full line or of shutdown, or ClientGone. `meanwhile()` runs on this thread once
+        the request is in line, its place kept: work it can do without the engine (finding
+        its snapshot), which would otherwise hold the engine or decide its place later.
         """
         with self._cond:
             if self._closed:
@@ -242,9 +246,9 @@ class EngineQueue:
             if (self._holder or self._line) and len(self._line) >= self.max_waiting:
                 raise overloaded(f"{len(self._line)} requests are already waiting for the engine; "
                                  "try again later")
-            held = Turn(self, _Ticket(work, next(self._seq)))
+            held = Turn(self, _Ticket(work, next(self._seq), busy=meanwhile is not None))
             self._enter(held.ticket)
-        self._wait_for(held, waiter)
+        self._wait_for(held, waiter, meanwhile)
         try:
             yield held
         finally:
@@ -275,8 +279,13 @@ class EngineQueue:
             held += time.monotonic() - self._held_since
         return held
 
-    def _wait_for(self, held: Turn, waiter: Waiter) -> None:
+    def _wait_for(self, held: Turn, waiter: Waiter,
+                  meanwhile: Optional[Callable[[], None]] = None) -> None:
         try:
+            if meanwhile is not None:
+                meanwhile()
+                with self._cond:
+                    held.ticket.busy = False
             self._wait(held.ticket, waiter)
         except BaseException:
             with self._cond:
@@ -325,7 +334,10 @@ class EngineQueue:
             raise shutting_down()
         now = time.monotonic()
         order = self._order(now)   # O(line log line), and the line is bounded
-        if not (self._holder or self._idle or self._errand_running) and order[0] is ticket:
+        # A request busy with its `meanwhile` does not hold up those behind it; idle-time
+        # work still waits for it (a chunk it started could outlast the request's errand).
+        first = next((t for t in order if not t.busy), None)
+        if not (self._holder or self._idle or self._errand_running) and first is ticket:
             self._line.remove(ticket)
             self._holder, self._held_since = ticket, now
             counts = self.counts[ticket.work]

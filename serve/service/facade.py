@@ -172,8 +172,7 @@ class Service:
             early = self.prompts.chat(req, check, staged)
             run = self._run(sink)
             run.accepted(check.thinking)
-            lookup = self._look_up(early, run)
-            with self._turn(run, req.work):
+            with self._turn(run, req.work, early) as lookup:
                 prompt = self.prompts.with_images(early)
                 reader = ChatReader(self.chat_format.new_parser(check.thinking), req.sampling.stop,
                                     self.chat_format.stop_tokens,
@@ -212,8 +211,7 @@ class Service:
         prompt = Prompt(self.prompts.text(req.prompt))
         self.generation.check_logprobs(req.logprobs)
         run = self._run(sink)
-        lookup = self._look_up(prompt, run)
-        with self._turn(run, req.work):
+        with self._turn(run, req.work, prompt) as lookup:
             reader = TextReader(req.sampling.stop, self.engine.specials.values())
             outcome = self.generation.run(prompt, req.sampling, run, reader,
                                           logprobs=req.logprobs, label=req.request_id,
@@ -236,10 +234,9 @@ class Service:
         """The prompt's snapshot, found (and fetched from the shared tier) while the request
         waits, not on the engine: the engine only brings it up to date (serve/snapshots/lookup.py).
         A client that leaves stops a fetch between two chunks."""
-        cache, line = self.options.prefix_cache, self.queue
-        if cache is None or self._stopping.is_set() \
-                or ((line.busy or len(line)) and len(line) >= line.max_waiting):
-            return None   # to be refused a place in line (503) at once; if not, looked up there
+        cache = self.options.prefix_cache
+        if cache is None or self._stopping.is_set():
+            return None
         tokens, limit = prompt.restorable
         return tiers.find(cache, self.policy, tokens, limit, stop=run.gone, fetching=run.fetching)
 
@@ -253,13 +250,23 @@ class Service:
         return sink if isinstance(sink, Run) else Run(self._stopping, sink.gone, sink)
 
     @contextmanager
-    def _turn(self, run: Run, work: str = INTERACTIVE) -> Iterator[Run]:
-        """Wait in line for the engine and hold it, empty; a run cut by shutdown ends in its 503."""
-        with self.queue.turn(run, work) as run.turn:
+    def _turn(self, run: Run, work: str = INTERACTIVE,
+              prompt: Optional[Prompt] = None) -> Iterator[Optional[Lookup]]:
+        """Wait in line for the engine and hold it, empty; a run cut by shutdown ends in its 503.
+        Yields the prompt's snapshot, found while the request waits in line, its place kept
+        (serve/snapshots/lookup.py): None without a prompt or a prefix cache."""
+        found: Optional[Lookup] = None
+
+        def look_up() -> None:
+            nonlocal found
+            if prompt is not None:
+                found = self._look_up(prompt, run)
+
+        with self.queue.turn(run, work, meanwhile=look_up) as run.turn:
             self.settler.drop()
             start_empty(self.engine)
             try:
-                yield run
+                yield found
             except LostTurn as lost:   # a chore that stepped aside and could not come back
                 raise lost.cause from None
         if run.cut:

@@ -270,3 +270,61 @@ def test_patient_idle_work_waits_for_the_line_to_empty_instead_of_giving_up():
     line.queue.close()
     with line.queue.idle_turn(patient=True) as yield_now:
         assert yield_now is None   # shutdown: no more idle work
+
+
+def meanwhile_turn(queue: EngineQueue, name: str, waiter: Waiter, order: list,
+                   busy: threading.Event, done: threading.Event,
+                   release: threading.Event) -> threading.Thread:
+    """A request that, once in line, does work of its own (finding its snapshot) until `done`."""
+    def meanwhile() -> None:
+        busy.set()
+        assert done.wait(WAIT)
+
+    def run() -> None:
+        with queue.turn(waiter, meanwhile=meanwhile):
+            order.append(name)
+            release.wait(WAIT)
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_a_request_busy_in_line_keeps_its_place_and_holds_up_no_one():
+    # Ahead of B in line while it works; B gets a free engine meanwhile; once its work is
+    # done it is served before C, which came later.
+    queue, order = EngineQueue(8), []
+    first_release, release = threading.Event(), threading.Event()
+    first_in = threading.Event()
+    first = hold(queue, Waiter(), first_in, first_release, order, "running", [])
+    assert first_in.wait(WAIT)
+    busy, done = threading.Event(), threading.Event()
+    a_waiter = Waiter()
+    a = meanwhile_turn(queue, "a", a_waiter, order, busy, done, release)
+    assert busy.wait(WAIT)
+    b = hold(queue, Waiter(), threading.Event(), release, order, "b", [])
+    wait_until(lambda: len(queue) == 2, "b did not join the line")
+    first_release.set()
+    wait_until(lambda: order == ["running", "b"], "b waited for a's own work")
+    assert a_waiter.told == []   # busy: not yet waiting for its turn
+    done.set()
+    wait_until(lambda: a_waiter.told, "a did not wait for its turn")
+    c = hold(queue, Waiter(), threading.Event(), release, order, "c", [])
+    wait_until(lambda: len(queue) == 2, "c did not join the line")
+    release.set()
+    for thread in (first, a, b, c):
+        thread.join(WAIT)
+    assert order == ["running", "b", "a", "c"]
+
+
+def test_work_that_fails_in_line_leaves_the_line():
+    queue = EngineQueue(8)
+
+    def meanwhile() -> None:
+        raise OSError("the share went away")
+
+    with pytest.raises(OSError):
+        with queue.turn(Waiter(), meanwhile=meanwhile):
+            pass
+    assert len(queue) == 0 and not queue.busy
+    with queue.turn(Waiter()):   # the engine is free for the next
+        assert queue.busy

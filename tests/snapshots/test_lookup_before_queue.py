@@ -113,8 +113,9 @@ class Trace:
         turn = Service._turn
 
         @contextlib.contextmanager
-        def traced_turn(service: Service, run: Any, work: str = INTERACTIVE) -> Iterator[Any]:
-            with turn(service, run, work) as held:
+        def traced_turn(service: Service, run: Any, work: str = INTERACTIVE,
+                        prompt: Any = None) -> Iterator[Any]:
+            with turn(service, run, work, prompt) as held:   # held once it yields
                 self._holding.on = True
                 try:
                     yield held
