@@ -103,7 +103,6 @@ class _Ticket:
     seq: int              # arrival order
     since: float = 0.0    # when it began waiting (this time)
     chores_at: float = 0.0   # the queue's chore clock then
-    busy: bool = False    # its request is still doing its `meanwhile`: passed over, place kept
 
 
 @dataclass
@@ -237,8 +236,10 @@ class EngineQueue:
         While waiting, `waiter.queued(ahead)` hears the number of requests in
         front (the running one included; 0 behind idle-time work) each time it changes. Raises the 503s
         of a full line or of shutdown, or ClientGone. `meanwhile()` runs on this thread once
-        the request is in line, its place kept: work it can do without the engine (finding
-        its snapshot), which would otherwise hold the engine or decide its place later.
+        the request is in line: work it can do without the engine (finding its snapshot),
+        done while those ahead use it. The request keeps its place, and should it come first
+        meanwhile the engine waits for it: a few seconds idle, where a request that came later
+        taking its turn could hold the engine for hours on K3.
         """
         with self._cond:
             if self._closed:
@@ -246,7 +247,7 @@ class EngineQueue:
             if (self._holder or self._line) and len(self._line) >= self.max_waiting:
                 raise overloaded(f"{len(self._line)} requests are already waiting for the engine; "
                                  "try again later")
-            held = Turn(self, _Ticket(work, next(self._seq), busy=meanwhile is not None))
+            held = Turn(self, _Ticket(work, next(self._seq)))
             self._enter(held.ticket)
         self._wait_for(held, waiter, meanwhile)
         try:
@@ -284,8 +285,6 @@ class EngineQueue:
         try:
             if meanwhile is not None:
                 meanwhile()
-                with self._cond:
-                    held.ticket.busy = False
             self._wait(held.ticket, waiter)
         except BaseException:
             with self._cond:
@@ -334,10 +333,7 @@ class EngineQueue:
             raise shutting_down()
         now = time.monotonic()
         order = self._order(now)   # O(line log line), and the line is bounded
-        # A request busy with its `meanwhile` does not hold up those behind it; idle-time
-        # work still waits for it (a chunk it started could outlast the request's errand).
-        first = next((t for t in order if not t.busy), None)
-        if not (self._holder or self._idle or self._errand_running) and first is ticket:
+        if not (self._holder or self._idle or self._errand_running) and order[0] is ticket:
             self._line.remove(ticket)
             self._holder, self._held_since = ticket, now
             counts = self.counts[ticket.work]
