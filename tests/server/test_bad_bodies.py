@@ -67,8 +67,8 @@ class CountedTurns:
         queue.turn = self
 
     @contextmanager
-    def __call__(self, waiter, *work):
-        with self._turn(waiter, *work) as held:
+    def __call__(self, waiter, *work, **meanwhile):
+        with self._turn(waiter, *work, **meanwhile) as held:
             self.taken += 1
             yield held
 
