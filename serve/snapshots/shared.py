@@ -26,7 +26,7 @@ from typing import BinaryIO, Callable, Iterator, Optional, Sequence
 from serve.snapshots.publishing import Publisher
 from serve.snapshots.keys import ID_BYTES, candidates, ids_of, key_of, raw_ids, seed
 from serve.snapshots.snapshot import LocalTier, Snapshot
-from serve.snapshots.shared_dir import CHUNK, Reader, Rejected, SharedDir, Stopped
+from serve.snapshots.shared_dir import CHUNK, Rejected, SharedDir, Stopped
 
 SUFFIX = ".snap"
 WAIT_POLL = 0.05   # seconds between two looks at whether a request waiting for a copy left
@@ -140,20 +140,20 @@ class SharedTier:
 
     def _copy(self, name: str, tokens: Sequence[int], n: int, local: LocalTier,
               stop: Optional[Callable[[], bool]]) -> Optional[Snapshot]:
-        opened: list[Reader] = []
-
         def save(path: str) -> None:   # called only when the local tier lacks it
             reader = self.files.open(name)
             if reader is None:
                 raise _Missing()   # counted by open()
-            opened.append(reader)
-            if reader.header.get("n_tokens") != n or reader.body_bytes < n * ID_BYTES:
-                raise Rejected("damaged", f"{name} does not hold {n} positions")
-            if ids_of(reader.read(n * ID_BYTES)) != tuple(tokens[:n]):
-                raise Rejected("damaged", f"{name} holds other tokens than its name says")
-            with open(path, "wb") as out:
-                reader.copy_to(out, stop)
-            reader.verify()   # raised here, the local tier keeps nothing
+            try:
+                if reader.header.get("n_tokens") != n or reader.body_bytes < n * ID_BYTES:
+                    raise Rejected("damaged", f"{name} does not hold {n} positions")
+                if ids_of(reader.read(n * ID_BYTES)) != tuple(tokens[:n]):
+                    raise Rejected("damaged", f"{name} holds other tokens than its name says")
+                with open(path, "wb") as out:
+                    reader.copy_to(out, stop)
+                reader.verify()   # raised here, the local tier keeps nothing
+            finally:
+                reader.close()
 
         try:
             snap = local.store(tokens[:n], save)
@@ -165,9 +165,6 @@ class SharedTier:
         except OSError:
             self.files.count("missing")   # e.g. ESTALE: evicted under this reader
             return None
-        finally:
-            for reader in opened:
-                reader.close()
         if snap is not None and snap.written:
             self.files.touch(name)
             self.files.count("read")
