@@ -86,6 +86,7 @@ class Generation:
             max_tokens: Optional[int] = None, lookup: Optional[Lookup] = None) -> Outcome:
         """Prefill, generate until the reader says the reply is done, and account for it.
 
+        `logprobs`: passed by check_logprobs already, before the request waited;
         `constraint`: a compiled grammar the reply must follow; `label` names the
         request in log lines; `stop`: asked between prefill chunks whether to stop
         (by default, whether the client left). A prefill that runs to its end for a
@@ -174,7 +175,6 @@ class Generation:
                  ) -> Optional[decode.Decoder]:
         """Serve's own decoder, its logprobs kept on the run when they are asked for;
         no decoder (waste_generate) when nothing needs the logits or a pause."""
-        self.check_logprobs(top_logprobs)
         if constraint is None and top_logprobs is None and pause is None:
             return None
         if top_logprobs is not None:
