@@ -33,8 +33,7 @@
 #define OPEN(state) (GEN(state) & 1u)
 
 struct wpool {
-    int n_threads; /* helpers + the caller */
-    int n_helpers;
+    int n_helpers; /* the caller is one more thread */
     pthread_t helpers[WPOOL_MAX_THREADS];
     wcpus cpus;
 
@@ -144,7 +143,6 @@ wpool *wpool_open(int n_threads, const wcpus *cpus) {
         }
         pool->n_helpers++;
     }
-    pool->n_threads = pool->n_helpers + 1;
     return pool;
 }
 
@@ -161,7 +159,7 @@ void wpool_close(wpool *pool) {
 }
 
 void wpool_run(wpool *pool, size_t n_rows, size_t work, wpool_rows_fn fn, void *arg) {
-    size_t n_chunks = pool ? (size_t)pool->n_threads * CHUNKS_PER_THREAD : 1;
+    size_t n_chunks = pool ? (size_t)(pool->n_helpers + 1) * CHUNKS_PER_THREAD : 1;
     if (n_chunks > n_rows) n_chunks = n_rows;
     if (n_chunks <= 1 || pool->n_helpers == 0 || work < WPOOL_WORK_THRESHOLD) {
         fn(arg, 0, n_rows);

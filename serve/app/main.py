@@ -222,7 +222,7 @@ def banner(lib: Library, engine: Engine, fmt: ChatFormat, args: argparse.Namespa
         f"memory   {gib(mem.recommended_bytes)} resolved (trunk {gib(mem.trunk_bytes)}, "
         f"state {gib(mem.state_bytes)}, floor {gib(mem.floor_bytes)})"
         + (f", vision tower {gib(mem.vision_bytes)}" if args.vision else ""),
-        f"experts  {describe_hotlist(args.usage or os.path.join(args.model, 'usage.waste'))}",
+        f"experts  {describe_hotlist(hotlist_path(args))}",
         f"chat     {chat}",
         f"tokens   {tokens.note}",
         *([f"images   {service.positions.describe()}"] if args.vision else []),
@@ -287,10 +287,16 @@ def open_prefix_cache(args: argparse.Namespace, lib: Library, engine: Engine,
     size = default_prefix_cache_bytes(directory) if args.prefix_cache is None else args.prefix_cache
     if size <= 0:
         return None
-    usage = (args.usage if model is None else None) or os.path.join(model or args.model,
-                                                                    "usage.waste")
     return PrefixCache(size, directory, max_entries=args.prefix_cache_entries,
-                       identity=state_identity(lib, engine, model or args.model, skip=[usage]))
+                       identity=state_identity(lib, engine, model or args.model,
+                                               skip=[hotlist_path(args, model)]))
+
+
+def hotlist_path(args: argparse.Namespace, model: Optional[str] = None) -> str:
+    """The main model's learned hotlist (--usage, else in its directory), or the chores
+    `model`'s, always in its own directory."""
+    return (args.usage if model is None else None) or os.path.join(model or args.model,
+                                                                   "usage.waste")
 
 
 def fail(message: str) -> int:

@@ -147,20 +147,23 @@ class ImagePositions:
         self._log = log
 
     @property
+    def _rule(self) -> Optional[Grid]:
+        """The grid, while serve's figure holds; None once the engine differed."""
+        return None if self.differed is not None else self.grid
+
+    @property
     def max_images(self) -> Optional[int]:
         """Images one request may carry, as the engine's rule says; None: no limit known."""
-        return None if self.grid is None or self.differed is not None else self.grid.max_images
+        return None if self._rule is None else self._rule.max_images
 
     @property
     def max_pixels(self) -> Optional[int]:
         """The largest image the engine decodes, as its rule says; None: not known."""
-        return None if self.grid is None or self.differed is not None else self.grid.max_pixels
+        return None if self._rule is None else self._rule.max_pixels
 
     def figure(self, width: int, height: int) -> Optional[int]:
         """The positions a width x height image takes; None when serve does not count them."""
-        if self.grid is None or self.differed is not None:
-            return None
-        return self.grid.positions(width, height)
+        return None if self._rule is None else self._rule.positions(width, height)
 
     def probe(self, engine: EngineApi) -> None:
         """At start, with the engine idle: encode PROBE_SIZES and compare the counts."""

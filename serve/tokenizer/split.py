@@ -58,7 +58,6 @@ class Splitter:
 WARP_WINDOW = 1024   # WARP's encode_piece: its merge loop is quadratic in a window
 
 
-@functools.lru_cache(maxsize=None)
 def splitter(name: str) -> Splitter:
     if name == "warp":
         return Splitter(warp_split.PATTERN, warp_split.units, warp_split.piece_bytes, WARP_WINDOW)
