@@ -27,7 +27,7 @@ from serve.service.metrics import Metrics
 from serve.service.prefill import DEFAULT_CHUNK, Pause, Prefill, PrefillCancelled
 from serve.snapshots.cache import PrefixCache
 from serve.snapshots.lookup import Lookup
-from serve.service.prompt import Prompt, too_long
+from serve.service.prompt import Prompt, check_room
 from serve.service.reply_reader import ReplyReader
 from serve.snapshots.policy import SnapshotPolicy
 
@@ -102,9 +102,8 @@ class Generation:
         else:
             pause_at = None
         decoder = self._decoder(sampling, logprobs, run, constraint, stop_tokens, pause_at)
+        check_room(len(prompt.ids), self.engine.info.ctx_max, "messages", self.context_beyond)
         room = self.engine.info.ctx_max - len(prompt.ids)
-        if room < 1:
-            raise too_long(len(prompt.ids), self.engine.info.ctx_max, "messages", self.context_beyond)
         params = GenParams(temperature=sampling.temperature, top_p=sampling.top_p,
                            top_k=sampling.top_k,
                            seed=secrets.randbits(64) if sampling.seed is None else sampling.seed,
