@@ -152,7 +152,10 @@ def test_a_forced_call_on_the_reference_engine_goes_round_trip(real):
                                         {"role": "user", "content": [{"type": "tool_result",
                                                                       "tool_use_id": use.id,
                                                                       "content": "18 degrees"}]}])
-    assert [block.type for block in answer.content] == ["text"]
+    # The random model may close its response at once (seen 1 in ~4,500: close, "response",
+    # sep, close), so an empty answer is a faithful one; a tool call never is, under "none".
+    assert all(block.type == "text" for block in answer.content)
+    assert answer.stop_reason in ("end_turn", "max_tokens") and answer.usage.output_tokens >= 1
 
 
 # ---- tools, on a scripted reply -------------------------------------------------------
