@@ -170,10 +170,6 @@ class PrefixCache:
             self._touch(lookup.entry)
         return lookup
 
-    def lookup(self, tokens: Sequence[int], limit: Optional[int] = None) -> Optional[Snapshot]:
-        """find(), recheck() and counted() at once: the snapshot to restore now."""
-        return self.counted(self.recheck(self.find(tokens, limit))).found
-
     def entry(self, key: str) -> Optional[Entry]:
         """The indexed entry of a snapshot's key (Snapshot.key), or None."""
         with self._lock:

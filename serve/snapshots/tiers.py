@@ -18,7 +18,6 @@ from typing import Callable, Optional, Sequence
 from serve.snapshots.cache import PrefixCache, Snapshot
 from serve.snapshots.lookup import Files, Lookup
 from serve.snapshots.policy import SnapshotPolicy
-from serve.snapshots.publishing import Job, publish_now
 
 FETCH_TRIES = 3   # shared snapshots tried, longest first, before prefilling from the local one
 
@@ -43,7 +42,7 @@ def claim(cache: PrefixCache, policy: SnapshotPolicy, lookup: Lookup) -> Lookup:
     asked again too, as find() did."""
     current = cache.recheck(lookup)
     held = current.found.n_tokens if current.found is not None else 0
-    if lookup.found is not None and held < lookup.found.n_tokens and current.longest >= 0:
+    if lookup.found is not None and held < lookup.found.n_tokens:
         fetched = fetch(cache, policy, lookup.tokens, current.longest, current.found)
         if fetched is not None:
             current = _local(cache, current, fetched)
@@ -63,19 +62,11 @@ def _local(cache: PrefixCache, lookup: Lookup, fetched: Snapshot) -> Lookup:
     return cache.find(lookup.tokens, lookup.limit)
 
 
-def publish(cache: PrefixCache, policy: SnapshotPolicy, snap: Snapshot) -> bool:
-    """Publish a snapshot just stored locally when sparing another host its prefill pays,
-    now, on this thread; True when published."""
-    shared = cache.shared
-    if shared is None:
-        return False
-    return publish_now(shared, Job(snap, None, policy.worth_publishing, policy.published))
-
-
 def publish_later(cache: PrefixCache, policy: SnapshotPolicy, snap: Snapshot,
                   supersedes: Optional[Snapshot] = None) -> None:
-    """publish(), on the shared tier's publisher thread (serve/snapshots/publishing.py): what
-    the engine's thread calls. `supersedes`: a progress snapshot `snap` holds all of, to
+    """Publish a snapshot just stored locally when sparing another host its prefill pays, on
+    the shared tier's publisher thread (serve/snapshots/publishing.py): what the engine's
+    thread calls. `supersedes`: a progress snapshot `snap` holds all of, to
     unpublish once `snap` is published."""
     if cache.shared is not None:
         cache.shared.publisher.submit(snap, policy.worth_publishing, policy.published, supersedes)

@@ -161,7 +161,10 @@ def test_a_forced_call_on_the_reference_engine_goes_round_trip(real):
                                      tool_choice="none", max_output_tokens=8, reasoning=OFF, input=[
                                          {"type": "function_call_output", "call_id": call_item.call_id,
                                           "output": "18 degrees"}])
-    assert [item.type for item in answer.output] == ["message"] and answer.output_text
+    # The random model may close its response at once, so the text may be empty; a call never
+    # comes under "none".
+    assert all(item.type == "message" for item in answer.output)
+    assert answer.status in ("completed", "incomplete") and answer.usage.output_tokens >= 1
 
 
 class Place(pydantic.BaseModel):

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
+from cache_calls import lookup
 from serve.engine import abi, binding as eng
 from serve.engine.binding import (Engine, EngineConfig, GenParams, LibraryNotFound, WasteError,
                           load_library)
@@ -419,10 +420,10 @@ def test_a_snapshot_of_the_old_state_layout_is_dropped_and_prefilled(fresh, k3_c
     fresh.save_state(tmp_path / "v2.state")
     v2_to_v1(tmp_path / "v2.state", tmp_path / "v1.state", m.get("n_kv_heads", m["n_heads"]))
     snapshot_cache.store(head, lambda path: shutil.copyfile(tmp_path / "v1.state", path))
-    assert snapshot_cache.lookup(tokens).n_tokens == len(head)
+    assert lookup(snapshot_cache, tokens).n_tokens == len(head)
     fresh.reset()
     assert prefill(fresh, tokens, len(tokens) - 1, cache=snapshot_cache).cached == 0
-    assert snapshot_cache.lookup(tokens) is None   # the entry is gone
+    assert lookup(snapshot_cache, tokens) is None   # the entry is gone
     logits = list(fresh.eval(tokens[-1:]))
     fresh.reset()
     assert logits == list(fresh.eval(tokens))

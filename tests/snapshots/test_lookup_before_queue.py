@@ -20,6 +20,7 @@ from typing import Any, Iterator
 import pytest
 
 from scripted import call, real_service, serving, wait_idle
+from cache_calls import publish
 from serve.core.classes import INTERACTIVE
 from serve.service.facade import Service
 from serve.formats.xtml import render as xtml
@@ -430,7 +431,7 @@ def test_a_copy_given_up_is_taken_over_by_the_request_waiting_for_it(tmp_path, m
             c.shared = SharedTier(shared, 1 << 30, IDENTITY)
         prompt = list(range(300))
         snap = a.store(prompt[:200], saver(prompt[:200]))
-        assert snap is not None and tiers.publish(a, SnapshotPolicy(), snap)
+        assert snap is not None and publish(a, SnapshotPolicy(), snap)
         slow = SlowCopies(monkeypatch)
         give_up = threading.Event()
         first, first_out = in_thread(lambda: tiers.find(b, SnapshotPolicy(), prompt,

@@ -13,6 +13,7 @@ import tracemalloc
 import pytest
 
 from conftest import ROOT
+from cache_calls import lookup
 from serve.snapshots import entry_format, keys
 from serve.snapshots.cache import BLOCK, PrefixCache, PrefixCacheError
 
@@ -39,30 +40,30 @@ def test_longest_proper_prefix_wins(cache):
     cache.store([1, 2], writer(10))
     cache.store([1, 2, 3, 4], writer(10))
     cache.store([1, 9, 9], writer(10))
-    assert cache.lookup([1, 2, 3, 4, 5]).tokens == (1, 2, 3, 4)
-    assert cache.lookup([1, 2, 3]).tokens == (1, 2)
+    assert lookup(cache, [1, 2, 3, 4, 5]).tokens == (1, 2, 3, 4)
+    assert lookup(cache, [1, 2, 3]).tokens == (1, 2)
     # an exact match is not usable: generation needs one token of its own
-    assert cache.lookup([1, 2, 3, 4]).tokens == (1, 2)
-    assert cache.lookup([7, 1, 2]) is None
+    assert lookup(cache, [1, 2, 3, 4]).tokens == (1, 2)
+    assert lookup(cache, [7, 1, 2]) is None
 
 
 def test_prefixes_across_block_boundaries(cache):
     long = list(range(5 * BLOCK + 7))
     for n in (BLOCK - 1, BLOCK, BLOCK + 1, 3 * BLOCK, 5 * BLOCK + 3):
         cache.store(long[:n], writer(10))
-    assert cache.lookup(long).n_tokens == 5 * BLOCK + 3
-    assert cache.lookup(long, limit=5 * BLOCK + 2).n_tokens == 3 * BLOCK
-    assert cache.lookup(long[:BLOCK + 1]).n_tokens == BLOCK
-    assert cache.lookup(long[:BLOCK]).n_tokens == BLOCK - 1
+    assert lookup(cache, long).n_tokens == 5 * BLOCK + 3
+    assert lookup(cache, long, limit=5 * BLOCK + 2).n_tokens == 3 * BLOCK
+    assert lookup(cache, long[:BLOCK + 1]).n_tokens == BLOCK
+    assert lookup(cache, long[:BLOCK]).n_tokens == BLOCK - 1
     other = long[:2 * BLOCK] + [-1] + long[2 * BLOCK + 1:]   # differs inside the third block
-    assert cache.lookup(other).n_tokens == BLOCK + 1
+    assert lookup(cache, other).n_tokens == BLOCK + 1
 
 
 def test_limit_caps_the_prefix(cache):
     cache.store([1, 2, 3, 4], writer(10))
     cache.store([1, 2], writer(10))
-    assert cache.lookup([1, 2, 3, 4, 5], limit=3).tokens == (1, 2)
-    assert cache.lookup([1, 2, 3, 4, 5], limit=1) is None
+    assert lookup(cache, [1, 2, 3, 4, 5], limit=3).tokens == (1, 2)
+    assert lookup(cache, [1, 2, 3, 4, 5], limit=1) is None
 
 
 def test_lru_eviction_by_bytes(tmp_path):
@@ -72,11 +73,11 @@ def test_lru_eviction_by_bytes(tmp_path):
     cache = PrefixCache(2 * one + 10, parent_dir=str(tmp_path))
     cache.store([1], writer(400))
     cache.store([2], writer(400))
-    assert cache.lookup([1, 0]) is not None      # touch [1]: [2] is now oldest
+    assert lookup(cache, [1, 0]) is not None      # touch [1]: [2] is now oldest
     cache.store([3], writer(400))
     assert cache.used_bytes == 2 * one
-    assert cache.lookup([2, 0]) is None
-    assert cache.lookup([1, 0]) is not None and cache.lookup([3, 0]) is not None
+    assert lookup(cache, [2, 0]) is None
+    assert lookup(cache, [1, 0]) is not None and lookup(cache, [3, 0]) is not None
     assert len(entry_dirs(cache)) == 2
     cache.close()
 
@@ -86,7 +87,7 @@ def test_lru_eviction_by_entries(tmp_path):
     for t in range(5):
         cache.store([t], writer(10))
     assert len(cache) == 3 and len(entry_dirs(cache)) == 3
-    assert [cache.lookup([t, 0]) is not None for t in range(5)] == [False, False, True, True, True]
+    assert [lookup(cache, [t, 0]) is not None for t in range(5)] == [False, False, True, True, True]
     cache.close()
 
 
@@ -141,8 +142,8 @@ def test_a_failed_save_leaves_no_file(cache):
 
 def test_stats_count_hits_misses_and_restored_tokens(cache):
     cache.store([1, 2, 3], writer(10))
-    cache.lookup([1, 2, 3, 4])
-    cache.lookup([9, 9])
+    lookup(cache, [1, 2, 3, 4])
+    lookup(cache, [9, 9])
     cache.note_restored(3)
     assert cache.stats() == {"entries": 1, "bytes": cache.used_bytes, "hits": 1, "misses": 1,
                              "restored_tokens": 3}
@@ -156,7 +157,7 @@ def test_a_restart_finds_the_snapshots(tmp_path):
     stored = first.store(list(range(200)), writer(50))
     first.close()
     again = PrefixCache(1 << 20, parent_dir=str(tmp_path), identity="model A")
-    found = again.lookup(list(range(300)))
+    found = lookup(again, list(range(300)))
     assert found is not None and found.tokens == tuple(range(200)) and found.path == stored.path
     again.close()
 
@@ -165,14 +166,14 @@ def test_another_identity_never_sees_an_entry(tmp_path):
     a = PrefixCache(1 << 20, parent_dir=str(tmp_path), identity="engine 0.6.8")
     a.store([1, 2, 3], writer(10))
     b = PrefixCache(1 << 20, parent_dir=str(tmp_path), identity="engine 0.6.9")
-    assert b.lookup([1, 2, 3, 4]) is None
+    assert lookup(b, [1, 2, 3, 4]) is None
     assert len(b) == 1   # yet it counts toward the directory's bounds
     # An entry copied into another namespace is refused by its recorded identity.
     b.store([5], writer(10))
     src = entry_dirs(a)[0]
     os.rename(src, os.path.join(b.directory, os.path.basename(src)))
     c = PrefixCache(1 << 20, parent_dir=str(tmp_path), identity="engine 0.6.9")
-    assert c.lookup([1, 2, 3, 4]) is None
+    assert lookup(c, [1, 2, 3, 4]) is None
     for each in (a, b, c):
         each.close()
 
@@ -216,7 +217,7 @@ def test_a_damaged_entry_is_dropped(tmp_path, damage):
         real = str(tmp_path / "elsewhere")
         os.rename(meta, real)
         os.symlink(real, meta)
-    assert c.lookup(list(range(101))) is None
+    assert lookup(c, list(range(101))) is None
     assert len(c) == 0 and entry_dirs(c) == []
     c.close()
 
@@ -264,7 +265,8 @@ def test_an_unusable_directory_is_refused(tmp_path):
 
 CHILD = textwrap.dedent("""
     import sys, time
-    sys.path.insert(0, {root!r})
+    sys.path[:0] = [{root!r}, {root!r} + "/tests"]
+    from cache_calls import lookup
     from serve.snapshots.cache import PrefixCache
 
     def save(path):
@@ -278,7 +280,7 @@ CHILD = textwrap.dedent("""
     for i in range({count}):
         cache.store([i % 7, i, {me}], save)          # private entries
         cache.store([i % 7, i], save)                # the same keys in both processes
-        cache.lookup([i % 7, i, 0, 0])
+        lookup(cache, [i % 7, i, 0, 0])
     cache.close()
 """)
 
@@ -316,7 +318,7 @@ def test_close_waits_for_a_snapshot_being_written_and_then_refuses_new_ones(tmp_
     assert c.store([4, 5, 6], writer(10)) is None   # closed: nothing new is written
     assert not [name for name in os.listdir(tmp_path) if name.startswith("work-")]
     reopened = PrefixCache(1 << 20, parent_dir=str(tmp_path))
-    assert reopened.lookup([1, 2, 3, 4]).n_tokens == 3 and reopened.reclaimed == 0
+    assert lookup(reopened, [1, 2, 3, 4]).n_tokens == 3 and reopened.reclaimed == 0
     reopened.close()
 
 
@@ -331,7 +333,7 @@ def test_two_processes_write_concurrently(tmp_path):
     # Every entry left is whole: each one looks up to itself.
     for name in os.listdir(c.directory):
         header, tokens = entry_format.read_meta(os.path.join(c.directory, name, "meta"), True)
-        assert c.lookup(list(tokens) + [0]).tokens == tokens
+        assert lookup(c, list(tokens) + [0]).tokens == tokens
     assert len(c) == len(entry_dirs(c))
     assert [n for n in os.listdir(tmp_path) if n.startswith("work-")] == [c._work.rsplit("/", 1)[1]]
     c.close()
@@ -368,7 +370,7 @@ def test_a_soak_keeps_entries_files_and_memory_bounded(tmp_path):
     def round_of(n: int) -> None:
         for i in range(n):
             prompt = [i % 13] * 40 + list(range(i, i + 150))
-            c.lookup(prompt + [1])
+            lookup(c, prompt + [1])
             c.store(prompt, writer(64))
 
     round_of(500)
@@ -408,7 +410,7 @@ def test_lookup_work_does_not_grow_with_the_entry_count(tmp_path, monkeypatch):
         for i in range(entries - 1):                   # and many that share its first block
             c.store(prompt[:BLOCK] + [i, i], writer(1))
         calls = count_digests(monkeypatch)
-        assert c.lookup(prompt).n_tokens == 10 * BLOCK + 5
+        assert lookup(c, prompt).n_tokens == 10 * BLOCK + 5
         work.append(calls[0])
         monkeypatch.undo()
         c.close()

@@ -17,6 +17,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Iterator
 
+from cache_calls import lookup
 from served import cli_server, run_cli
 from conftest import make_container
 from scripted import (ScriptedEngine, SlowEnginePolicy, call, real_service, scrape, scripted_service,
@@ -198,13 +199,13 @@ def test_a_foreign_state_that_the_engine_refuses_is_dropped(lib_path, k3_contain
     messages = project("/home/a")
     with persistent(lib_path, twin, tmp_path / "twin-cache") as (service, port):
         ask(port, messages, tools=TOOLS)
-        foreign = service.options.prefix_cache.lookup(
+        foreign = lookup(service.options.prefix_cache,
             service.engine.tokenize_segments(service.chat_format.render(
                 messages, tools=TOOLS, thinking=False).segments))
     with persistent(lib_path, k3_container, tmp_path / "cache") as (service, port):
         first = ask(port, messages, tools=TOOLS)
         cache = service.options.prefix_cache
-        snap = cache.lookup(service.engine.tokenize_segments(service.chat_format.render(
+        snap = lookup(cache, service.engine.tokenize_segments(service.chat_format.render(
             messages, tools=TOOLS, thinking=False).segments))
         assert snap.n_tokens == foreign.n_tokens
         with open(foreign.path, "rb") as src:   # the other model's state, with a valid meta
@@ -215,7 +216,7 @@ def test_a_foreign_state_that_the_engine_refuses_is_dropped(lib_path, k3_contain
         assert again["choices"] == first["choices"]
         assert cached(again) < snap.n_tokens   # restored at most an earlier checkpoint
         # and the history's snapshot was written again, by this model this time
-        assert Path(cache.lookup(list(snap.tokens) + [0]).path).read_bytes() != state
+        assert Path(lookup(cache, list(snap.tokens) + [0]).path).read_bytes() != state
 
 
 def test_a_killed_server_is_reclaimed_and_its_snapshots_reused(lib_path, k3_container, tmp_path):
@@ -247,7 +248,7 @@ def test_a_fixed_spacing_checkpoints_every_multiple_and_keeps_them(k3_engine, tm
     k3_engine.reset()
     prefill(k3_engine, tokens, len(tokens) - 1, cache=cache, snapshot_at=[150], chunk=64,
             policy=SnapshotPolicy(spacing=256))
-    stored = sorted(cache.lookup(tokens[:n + 1]).n_tokens for n in (150, 256, 512))
+    stored = sorted(lookup(cache, tokens[:n + 1]).n_tokens for n in (150, 256, 512))
     assert stored == [150, 256, 512] and len(cache) == len(tokens[:-1]) // 256 + 1
     k3_engine.reset()
     cache.close()

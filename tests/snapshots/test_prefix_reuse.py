@@ -14,6 +14,7 @@ import pytest
 
 from scripted import (ScriptedEngine, call, data_url, real_service, scripted_service, serving,
                       tiny_png, wait_idle, xtml_answer)
+from cache_calls import lookup
 from serve.formats.xtml import render as xtml
 from serve.engine.binding import WasteError
 from serve.snapshots.cache import PrefixCache
@@ -116,7 +117,7 @@ def test_a_snapshot_that_fails_to_load_is_dropped(lib_path, k3_container, cache)
         assert got["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
         # The damaged snapshots the new turn tried are gone; its own took their place.
         assert damaged.isdisjoint(os.listdir(cache.directory))
-        assert cache.lookup(list(range(3))) is None
+        assert lookup(cache, list(range(3))) is None
 
 
 def test_images_invalidate_reuse_past_their_position(lib_path, k3_vision_container, cache):

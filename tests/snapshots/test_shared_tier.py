@@ -16,6 +16,7 @@ import pytest
 
 from conftest import ROOT
 from scripted import call, scrape, wait_idle
+from cache_calls import lookup, publish
 from served import run_cli, serve
 from serve.dialects import seal
 from serve.service.response_store import ResponseStore
@@ -56,12 +57,12 @@ class Host:
 
     def store(self, tokens):
         snap = self.cache.store(tokens, saver(tokens))
-        assert tiers.publish(self.cache, self.policy, snap)
+        assert publish(self.cache, self.policy, snap)
         return snap
 
     def restore(self, tokens):
         """What a prompt of `tokens` would load: the local tier's, or the shared tier's."""
-        local = self.cache.lookup(tokens)
+        local = lookup(self.cache, tokens)
         return tiers.fetch(self.cache, self.policy, tokens, len(tokens), local) or local
 
 
@@ -90,7 +91,7 @@ def test_a_snapshot_published_by_one_host_is_restored_whole_by_another(hosts):
     assert snap.n_tokens == 2 * BLOCK + 3
     with open(snap.path, "rb") as f:
         assert f.read() == state_of(prompt[:2 * BLOCK + 3])
-    assert b.cache.lookup(prompt).n_tokens == snap.n_tokens     # now in b's local tier
+    assert lookup(b.cache, prompt).n_tokens == snap.n_tokens     # now in b's local tier
     assert b.tier.files.counters.read == 1 and b.tier.fetched_tokens == snap.n_tokens
     # A longer local snapshot wins; a shorter shared one is not even opened.
     b.cache.store(prompt[:3 * BLOCK], saver(prompt[:3 * BLOCK]))
@@ -101,7 +102,7 @@ def test_publishing_what_is_published_already_writes_nothing(hosts):
     a, b = hosts("a"), hosts("b")
     a.store([1, 2, 3])
     snap = b.cache.store([1, 2, 3], saver([1, 2, 3]))
-    assert not tiers.publish(b.cache, b.policy, snap)    # spares no one anything
+    assert not publish(b.cache, b.policy, snap)    # spares no one anything
     assert b.tier.files.counters.published == 0
 
 

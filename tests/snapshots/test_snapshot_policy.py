@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from scripted import SlowEnginePolicy, call, scrape, wait_idle
+from cache_calls import lookup
 from served import serve
 from serve.engine.binding import Engine, EngineConfig, load_library
 from serve.service.prefill import prefill
@@ -78,7 +79,7 @@ def test_a_prefill_keeps_only_its_latest_progress_snapshot(k3_engine, tmp_path):
     # The checkpoint, and the progress snapshot at the last chunk boundary (150 + 8 * 64): the
     # ones at the boundaries before it were dropped as each later one held all they did.
     assert done.saved == 662 and len(cache) == 2
-    assert [cache.lookup(tokens[:n + 1]).n_tokens for n in (150, 500, 662)] == [150, 150, 662]
+    assert [lookup(cache, tokens[:n + 1]).n_tokens for n in (150, 500, 662)] == [150, 150, 662]
     k3_engine.reset()
     cache.close()
 
