@@ -7,7 +7,6 @@ import os
 from typing import Callable, Optional, Protocol, Sequence
 
 from serve.engine.types import GenParams, GenResult, ModelInfo, Stats, TokenInfo
-from serve.core.segment import Segment
 
 
 class EngineApi(Protocol):
@@ -17,8 +16,6 @@ class EngineApi(Protocol):
     evaluated: int             # positions evaluated so far (eval, generate), restores not included
 
     def tokenize(self, text: str, *, markup: bool = False, add_bos: bool = False) -> list[int]: ...
-
-    def tokenize_segments(self, segments: Sequence[Segment]) -> list[int]: ...
 
     def detokenize(self, ids: Sequence[int]) -> bytes: ...
 
