@@ -22,7 +22,7 @@ Hits and misses are counted then, once, for what is really restored.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 from serve.snapshots.entry_format import Entry, crc32, read_meta
@@ -61,8 +61,7 @@ class Lookup:
     checked: float = 0.0        # seconds the verification took (a load's cost counts it)
 
     def verified(self, entry: Entry, snap: Snapshot, files: Files, checked: float) -> "Lookup":
-        return Lookup(self.tokens, self.limit, self.longest, self.raw, self.chain,
-                      self.additions, snap, entry, files, checked)
+        return replace(self, found=snap, entry=entry, files=files, checked=checked)
 
 
 def usable(tokens: Sequence[int], limit: Optional[int]) -> int:
