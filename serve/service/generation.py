@@ -221,15 +221,16 @@ class Generation:
                 prefill.snapshot("stopped")
                 raise PrefillCancelled()
 
+        # The prefix the lookup made in line was of (Service._look_up): the two must agree.
+        ids, upto = prompt.restorable
         try:
             if not prompt.image_paths:
-                run_prefill(prompt.ids, len(prompt.ids) - 1)
+                run_prefill(ids, upto)
                 return prompt.ids[-1:]
             # An engine may consume its whole image queue on the next eval (the ABI
             # allows it), so the text before the first image is prefilled with the
             # queue empty, and the images are queued again right before generate.
             # When there is nothing to restore or to chunk, one generate does it all.
-            upto = prompt.image_start
             if upto <= chunk and (lookup is None or lookup.found is None):
                 # Nothing found while it waited (a snapshot stored since holds at most a chunk).
                 if cache is not None and lookup is not None:
@@ -237,7 +238,7 @@ class Generation:
                 run.prefilling(len(prompt.ids), 0)
                 return prompt.ids
             self.engine.image_clear()
-            run_prefill(prompt.text_ids, upto)
+            run_prefill(ids, upto)
             for path in prompt.image_paths:
                 self.engine.image_add(path)
             return self.engine.image_expand(prompt.text_ids[upto:])
