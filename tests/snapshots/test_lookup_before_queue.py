@@ -40,7 +40,9 @@ LATER = FIRST + [{"role": "assistant", "content": "The moon pulls the water."},
 
 
 def published(host: "Host") -> None:
-    """Wait until what the host queued for the team is published."""
+    """Wait until what the host queued for the team is published: the server says it is idle
+    (its idle-time work includes publishing), and the publisher agrees."""
+    wait_idle(host.port)
     assert host.cache.shared is not None and host.cache.shared.publisher.flush(60)
 
 
@@ -208,6 +210,7 @@ def test_the_engine_spends_no_time_verifying_fetching_or_publishing(
     again = ask(b.port, LATER)
     assert cached(again) >= cached(got) and choices(again) == choices(got)
     assert {"find", "verify", "crc"} <= trace.off_engine() and trace.on_engine() == []
+    wait_idle(b.port)
     assert b.cache.stats()["hits"] == 2 and b.cache.stats()["misses"] == 0
 
 
@@ -232,6 +235,7 @@ def test_a_request_behind_the_same_conversation_restores_the_longer_snapshot_it_
     # The request ahead stored its conversation's end; the one behind it restored that.
     assert cached(b) > preamble and cached(b) == history(host, a)
     assert choices(b) == choices(cold(LATER)) and choices(a) == choices(cold(FIRST))
+    wait_idle(host.port)
     after = host.cache.stats()
     assert (after["hits"] - before["hits"], after["misses"] - before["misses"]) == (2, 0)
     assert after["restored_tokens"] - before["restored_tokens"] == cached(a) + cached(b)
@@ -264,6 +268,7 @@ def test_an_entry_lost_while_its_request_waited_is_not_restored(what, hosts, col
     [got] = out
     assert choices(got) == choices(cold(LATER))
     assert cached(got) < lookups.found[0]         # what it verified was not restored
+    wait_idle(host.port)
     after = host.cache.stats()
     # Counted once, for what it restored.
     assert after["hits"] + after["misses"] - before["hits"] - before["misses"] == 1
