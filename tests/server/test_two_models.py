@@ -204,7 +204,9 @@ LONG_PROMPT = [{"role": "user", "content": " ".join(f"w{i}" for i in range(600))
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_sigterm_mid_request_on_both_engines_stops_both_cleanly(lib_path, k3_container,
-                                                                 kimi_linear_container, tmp_path):
+                                                                 kimi_linear_container, tmp_path,
+                                                                 monkeypatch):
+    monkeypatch.setenv("WASTE_DELAY_MS", "3")   # both still prefill when the signal comes
     with serve(k3_container, lib_path, tmp_path, "--quiet", "--chores-model",
                str(kimi_linear_container), "--chores-model-id", CHORES) as srv:
         assert any(line.startswith("chores   chores (") for line in srv.banner)
