@@ -294,6 +294,24 @@ def test_the_grammar_accepts_exactly_the_calls_history_writes(matcher_for):
     assert not accepts(matcher, history_reply(engine, good[:1]))
 
 
+def test_a_string_argument_never_holds_a_nul(matcher_for):
+    # The call comes back in the next request's history, and text with a NUL cannot be
+    # tokenized: the random model wrote one in about 1 forced call in 120 before it was barred.
+    weather = WEATHER["function"]
+    patterned = {"type": "function", "function": {**weather, "parameters": {
+        **weather["parameters"], "properties": {"city": {"type": "string", "pattern": "^P.*$"}}}}}
+    for tool in (WEATHER, patterned):
+        body = {"tools": [tool], "tool_choice": "required"}
+        matcher, engine = matcher_for(body)
+        ids = history_reply(engine, [{"name": "get_weather", "arguments": json.dumps({"city": "Pa"})}])
+        assert accepts(matcher, ids)
+        city = engine.tokenize("Pa")
+        at = next(i for i in range(len(ids)) if ids[i:i + len(city)] == city) + len(city)
+        nul = next(t for t in range(1 << 20) if engine.detokenize([t]) == b"\0")
+        matcher, _ = matcher_for(body)
+        assert not accepts(matcher, ids[:at] + [nul] + ids[at:]), tool
+
+
 def test_string_patterns_and_strict_tools(k3):
     code = {"type": "function", "function": {"name": "lookup", "strict": True, "parameters": {
         "type": "object", "additionalProperties": False, "required": ["code", "path"],

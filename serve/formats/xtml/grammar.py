@@ -196,15 +196,15 @@ class _ToolGrammar:
             raise invalid(f"{path}.minLength", f"{path}.minLength: no reply holds a string that long")
         if high is not None and high < low:
             return None
-        bound = f"/(?s:.{{{low},{'' if high is None or high > LONGEST_STRING else high}}})/"
+        # Any character but NUL: the call comes back in the next request's history, and text
+        # with a NUL cannot be tokenized (a C string ends there), so that request would be a 400.
+        bound = f"/[^\\x00]{{{low},{'' if high is None or high > LONGEST_STRING else high}}}/"
         if "pattern" not in schema:
             return self.g.add(bound, field=path)
         pattern = schema["pattern"]
         if not isinstance(pattern, str):
             raise invalid(f"{path}.pattern", f"{path}.pattern must be a string")
         regex = "/" + regex_to_lark(pattern) + "/"
-        if low == 0 and high is None:
-            return self.g.add(regex, field=f"{path}.pattern")
         return self.g.terminal(f"{regex} & {bound}", field=f"{path}.pattern")
 
     def _enum_bodies(self, values: Sequence[Json], path: str) -> list[tuple[str, str]]:
