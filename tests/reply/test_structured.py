@@ -300,16 +300,15 @@ def test_a_string_argument_never_holds_a_nul(matcher_for):
     weather = WEATHER["function"]
     patterned = {"type": "function", "function": {**weather, "parameters": {
         **weather["parameters"], "properties": {"city": {"type": "string", "pattern": "^P.*$"}}}}}
+    _, engine = matcher_for({"tools": [WEATHER]})
+    ids = history_reply(engine, [{"name": "get_weather", "arguments": json.dumps({"city": "Pa"})}])
+    city = engine.tokenize("Pa")
+    at = next(i for i in range(len(ids)) if ids[i:i + len(city)] == city) + len(city)
+    nul = next(t for t in range(1 << 20) if engine.detokenize([t]) == b"\0")
     for tool in (WEATHER, patterned):
         body = {"tools": [tool], "tool_choice": "required"}
-        matcher, engine = matcher_for(body)
-        ids = history_reply(engine, [{"name": "get_weather", "arguments": json.dumps({"city": "Pa"})}])
-        assert accepts(matcher, ids)
-        city = engine.tokenize("Pa")
-        at = next(i for i in range(len(ids)) if ids[i:i + len(city)] == city) + len(city)
-        nul = next(t for t in range(1 << 20) if engine.detokenize([t]) == b"\0")
-        matcher, _ = matcher_for(body)
-        assert not accepts(matcher, ids[:at] + [nul] + ids[at:]), tool
+        assert accepts(matcher_for(body)[0], ids)
+        assert not accepts(matcher_for(body)[0], ids[:at] + [nul] + ids[at:]), tool
 
 
 def test_string_patterns_and_strict_tools(k3):

@@ -62,11 +62,11 @@ def logged():
 
 
 def wait_logged(lines: list[str], what: str) -> str:
-    """The first log line whose text before its request id holds `what`: the id is random hex, so
-    a status looked for anywhere would sometimes be found inside another line's id."""
+    """The first log line holding `what`. A status is looked for as its field, " 505 tokens=":
+    alone, it would sometimes be found inside another line's request id (random hex) or time."""
     deadline = time.monotonic() + 10   # the line is written just after the reply
     while time.monotonic() < deadline:
-        found = [line for line in lines if what in line.partition(" id=")[0]]
+        found = [line for line in lines if what in line]
         if found:
             return found[0]
         time.sleep(0.01)
