@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import select
 import socket
+import threading
 
 _HANGUP = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0)
 
@@ -25,10 +26,13 @@ class Hangup:
         # because select() cannot watch a descriptor numbered 1024 or above.
         self._poll = select.poll()
         self._poll.register(sock, select.POLLIN | _HANGUP)
+        # Asked by the job's thread and by the reader's: a poll object takes one at a time.
+        self._lock = threading.Lock()
 
     def __call__(self) -> bool:
         try:
-            events = self._poll.poll(0)
+            with self._lock:
+                events = self._poll.poll(0)
             if not events:
                 return False
             return bool(events[0][1] & _HANGUP) or self._sock.recv(1, socket.MSG_PEEK) == b""

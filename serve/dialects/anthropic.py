@@ -112,6 +112,14 @@ def is_billing_block(block: Json) -> bool:
             and isinstance(block.get("text"), str) and block["text"].startswith(BILLING_HEADER))
 
 
+def without_billing(body: dict) -> dict:
+    """The body as the prompt reads it, for comparing requests: without the billing block."""
+    blocks = body.get("system")
+    if not isinstance(blocks, list) or not any(is_billing_block(b) for b in blocks):
+        return body
+    return {**body, "system": [b for b in blocks if not is_billing_block(b)]}
+
+
 def billing_block(body: dict) -> Optional[str]:
     """Where a request's billing block is (`system[0]`), if it has one."""
     system = body.get("system")

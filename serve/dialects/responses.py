@@ -49,8 +49,7 @@ FIELDS = frozenset(("model", "input", "instructions", "tools", "tool_choice",
                     "temperature", "top_p", "metadata", "store", "include",
                     "previous_response_id", "prompt_cache_key", "client_metadata", "stream",
                     "user", "background", "conversation", "prompt"))
-UNSUPPORTED = {"background": "background responses are not supported",
-               "conversation": "conversations are not supported; continue with previous_response_id",
+UNSUPPORTED = {"conversation": "conversations are not supported; continue with previous_response_id",
                "prompt": "stored prompt templates are not supported"}
 
 
@@ -73,6 +72,10 @@ def _parse(body: dict, store: ResponseStore) -> _Request:
     for name, reason in UNSUPPORTED.items():
         if body.get(name) not in (None, False):
             raise invalid(name, reason)
+    if body.get("background") not in (None, False, True):
+        raise invalid("background", "background must be a boolean")
+    if body.get("background") is True and body.get("store") is False:
+        raise invalid("store", "a background response is stored: it cannot have store false")
     conversation = Conversation()
     if body.get("instructions") is not None:
         if not isinstance(body["instructions"], str):
@@ -339,6 +342,9 @@ class Exchange:
         self._sequence = 0
         self._incomplete = False
         self._done: Optional[dict] = None   # the final Response, once the reply is over
+        self._start = ReplyStart()
+        self._message: Optional[dict] = None   # the reply's message, once it is over
+        self.background = body.get("background") is True
 
     def error(self, error: ApiError) -> ApiError:
         return self.translation.error(error)
@@ -346,21 +352,16 @@ class Exchange:
     # -- the stream -------------------------------------------------------------------
 
     def opening(self, start: ReplyStart) -> bytes:
-        response = self._response("in_progress", [], self._usage_at(start))
-        return sse_named([self._event("response.created", response=response),
-                          self._event("response.in_progress", response=response)])
+        return sse_named(self.opening_events(start))
 
     def heartbeat(self, start: ReplyStart) -> bytes:
         """response.in_progress again: a data event (Codex's idle timer ignores comments),
         with the output so far and the usage as known before prefill."""
-        current = self._blocks.current
-        output = [self._item(block, block is not current) for block in self._blocks.blocks]
         return sse_named([self._event("response.in_progress",
-                                      response=self._response("in_progress", output,
-                                                              self._usage_at(start)))])
+                                      response=self._now("in_progress", start))])
 
     def delta(self, delta: Delta) -> bytes:
-        return sse_named([event for step in self._blocks.feed(delta) for event in self._events(*step)])
+        return sse_named(self.delta_events(delta))
 
     def keep(self, reply: ChatReply) -> None:
         """Store the Response before the client sees it, so its next request can name it."""
@@ -368,17 +369,10 @@ class Exchange:
             self._store.put(self._final(reply), self._history + [reply.message], self._input_items)
 
     def closing(self, reply: ChatReply) -> bytes:
-        self._incomplete = reply.finish_reason == "length"
-        events = [event for step in self._blocks.finish() for event in self._events(*step)]
-        response = self._final(reply)
-        kind = "response.incomplete" if self._incomplete else "response.completed"
-        return sse_named(events + [self._event(kind, response=response)])
+        return sse_named(self.closing_events(reply))
 
     def failed(self, error: ApiError) -> bytes:
-        response = self._response("failed", [self._item(b, True) for b in self._blocks.blocks], None)
-        response["error"] = {"code": "server_error" if error.status >= 500 else "invalid_prompt",
-                             "message": error.message}
-        return sse_named([self._event("response.failed", response=response)])
+        return sse_named(self.failed_events(error))
 
     def body(self, reply: ChatReply) -> dict:
         self._incomplete = reply.finish_reason == "length"
@@ -387,6 +381,55 @@ class Exchange:
         return {**response, "output_text": "".join(
             part["text"] for item in response["output"] if item["type"] == "message"
             for part in item["content"])}
+
+    # -- the same events as lists, for a background response (serve/http/background.py) ----
+
+    def opening_events(self, start: ReplyStart) -> list[dict]:
+        self._start = start
+        response = self._response("in_progress", [], self._usage_at(start))
+        return [self._event("response.created", response=response),
+                self._event("response.in_progress", response=response)]
+
+    def delta_events(self, delta: Delta) -> list[dict]:
+        return [event for step in self._blocks.feed(delta) for event in self._events(*step)]
+
+    def closing_events(self, reply: ChatReply, status: Optional[str] = None) -> list[dict]:
+        """The last events; `status` overrides the final one (a background response
+        cancelled on purpose ends `cancelled`)."""
+        self._incomplete = reply.finish_reason == "length" and status is None
+        self._message = reply.message
+        events = [event for step in self._blocks.finish() for event in self._events(*step)]
+        response = self._final(reply)
+        if status is not None:
+            response["status"] = status
+        kind = {"cancelled": "response.cancelled", None: "response.incomplete"
+                if self._incomplete else "response.completed"}[status]
+        return events + [self._event(kind, response=response)]
+
+    def failed_events(self, error: ApiError) -> list[dict]:
+        response = self._response("failed", [self._item(b, True) for b in self._blocks.blocks], None)
+        response["error"] = {"code": "server_error" if error.status >= 500 else "invalid_prompt",
+                             "message": error.message}
+        self._done = response
+        return [self._event("response.failed", response=response)]
+
+    def snapshot(self, status: Optional[str]) -> dict:
+        """The Response as it stands: its final one once there is one (`status` overriding
+        it), else in `status` (queued, in_progress) with the output so far."""
+        if self._done is not None:
+            return {**self._done, "status": status} if status else self._done
+        return self._now(status or "in_progress", self._start)
+
+    def store_final(self) -> None:
+        """Store the final Response (a background response's, once it has one)."""
+        if self.stored and self._done is not None:
+            message = [self._message] if self._message is not None else []
+            self._store.put(self._done, self._history + message, self._input_items)
+
+    def _now(self, status: str, start: ReplyStart) -> dict:
+        current = self._blocks.current
+        output = [self._item(block, block is not current) for block in self._blocks.blocks]
+        return self._response(status, output, self._usage_at(start))
 
     # -- shapes -----------------------------------------------------------------------
 
@@ -422,7 +465,7 @@ class Exchange:
     def _response(self, status: str, output: list[dict], usage: Optional[dict]) -> dict:
         body, sampling = self._body, self.request.sampling
         return {"id": self.id, "object": "response", "created_at": self._created, "status": status,
-                "background": False, "error": None, "incomplete_details": None,
+                "background": self.background, "error": None, "incomplete_details": None,
                 "instructions": body.get("instructions"),
                 "max_output_tokens": body.get("max_output_tokens"), "model": self.model,
                 "output": output, "parallel_tool_calls": self.request.parallel_tool_calls,

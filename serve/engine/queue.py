@@ -137,6 +137,15 @@ class Turn:
                 self.idle, q._idle = True, True
                 q._cond.notify_all()
 
+    def reclaim(self) -> None:
+        """Someone waits on this work again (its client came back): it holds the engine as a
+        request once more, and no longer yields to requests that arrive later."""
+        q = self._queue
+        with q._cond:
+            if self.idle and q._holder is None:
+                self.idle, q._idle = False, False
+                q._holder, q._held_since = self.ticket, time.monotonic()
+
     def requested(self) -> bool:
         """A request waits for the engine, or the line is closed."""
         return self._queue._requested()

@@ -15,7 +15,10 @@ from serve.core.hangup import Hangup
 from serve.dialects.exchange import R, Exchange
 from serve.service.facade import Service
 from serve.service.models import Models
+from serve.service.jobs import Job
 from serve.service.run import Run
+from serve.dialects.sse import EventWriter
+from serve.http.background import Keepers
 
 
 @dataclass
@@ -39,10 +42,14 @@ class Ongoing:
 
 
 class ServerFace(Protocol):
-    """What an endpoint reads of the server: its models, the main model's service, its log."""
+    """What an endpoint reads of the server: its models, the main model's service, its
+    background responses, its log."""
 
     @property
     def models(self) -> Models: ...
+
+    @property
+    def background(self) -> Keepers: ...
 
     @property
     def service(self) -> Service: ...
@@ -74,9 +81,25 @@ class Answering(Protocol):
         """Asks whether the client has closed its end."""
         ...
 
+    @property
+    def owner(self) -> str:
+        """Who sent it: a digest of its credentials ("" for none)."""
+        ...
+
+    def start_job(self, exchange: Exchange[R], call: Callable[[Service], Callable[[Any, Run], R]],
+                  body: Optional[dict], hung_up: Callable[[], bool]) -> tuple[Job[R], bool, int]:
+        """The request's job (new, or an identical request's when `body` is given) and the
+        caller's reader number in it."""
+        ...
+
+    def open_stream(self, on_silence: Callable[[], None], on_failed: Callable[[], None]) -> EventWriter:
+        """Send an event stream's headers; its bytes then go through the returned writer."""
+        ...
+
     def generate(self, exchange: Exchange[R], call: Callable[[Service], Callable[[Any, Run], R]],
-                 headers: Optional[dict[str, str]] = None) -> None:
-        """Run a generation and answer with it, blocking or streamed as the request says."""
+                 body: dict, headers: Optional[dict[str, str]] = None) -> None:
+        """Run a generation as a job and answer with it, blocking or streamed as the request
+        says; `body` is what an identical request must match to attach to the job."""
         ...
 
     def send_json(self, status: int, payload: Any, headers: Optional[dict[str, str]] = None) -> None:

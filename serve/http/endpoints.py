@@ -8,7 +8,8 @@ goes through the handler's `generate`.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+import threading
+from typing import Any, Callable, Optional
 from urllib.parse import parse_qsl
 
 from serve.service import metrics
@@ -16,6 +17,9 @@ from serve.core.errors import ApiError
 from serve.http.answering import Answering
 from serve.dialects import anthropic, openai, responses
 from serve.dialects.input_items import listing
+from serve.dialects.sse import sse_comment, sse_named
+from serve.http.background import Keeper
+from serve.service.jobs import Job
 from serve.service.facade import Service
 from serve.service.replies import ChatReply, CompletionReply
 from serve.service.response_store import Stored
@@ -57,30 +61,34 @@ def model(handler: Answering, method: str, model_id: str) -> None:
 # answers (serve/service/models.py picks it).
 
 def chat(handler: Answering, method: str, rest: str) -> None:
-    main = handler.server.service.options.model_id
-    handler.generate(openai.ChatExchange(handler.read_json(), main), _chat_on)
+    main, body = handler.server.service.options.model_id, handler.read_json()
+    handler.generate(openai.ChatExchange(body, main), _chat_on, body)
 
 
 def complete(handler: Answering, method: str, rest: str) -> None:
-    main = handler.server.service.options.model_id
-    handler.generate(openai.CompletionExchange(handler.read_json(), main), _complete_on)
+    main, body = handler.server.service.options.model_id, handler.read_json()
+    handler.generate(openai.CompletionExchange(body, main), _complete_on, body)
 
 
 def messages(handler: Answering, method: str, rest: str) -> None:
-    exchange = anthropic.Exchange(handler.read_json(), handler.server.service.options.model_id)
+    body = handler.read_json()
+    exchange = anthropic.Exchange(body, handler.server.service.options.model_id)
     if exchange.billing is not None:
         handler.server.log_once("billing", f"/v1/messages: {exchange.billing} is Claude Code's "
                                 "billing header, which changes on every request: it is left out "
                                 "of the prompt (logged once)")
-    handler.generate(exchange, _chat_on)
+    handler.generate(exchange, _chat_on, anthropic.without_billing(body))
 
 
 def create_response(handler: Answering, method: str, rest: str) -> None:
     service = handler.server.service
-    exchange = responses.Exchange(handler.read_json(), service.responses, service.options.model_id)
+    body = handler.read_json()
+    exchange = responses.Exchange(body, service.responses, service.options.model_id)
+    if exchange.background:
+        return _background(handler, exchange)
     # The id the reply is stored under, for a router to remember this host by: the
     # response's next turn and its retrieval find it only here (docs/serving-a-team.md).
-    handler.generate(exchange, _chat_on,
+    handler.generate(exchange, _chat_on, body,
                      {"X-Serve-Response-Id": exchange.id} if exchange.stored else {})
 
 
@@ -96,6 +104,16 @@ def count_tokens(handler: Answering, method: str, rest: str) -> None:
 
 
 def stored_response(handler: Answering, method: str, response_id: str) -> None:
+    keeper = handler.server.background.get(response_id, handler.owner)
+    query = dict(parse_qsl(handler.path.partition("?")[2], keep_blank_values=True))
+    if method == "GET" and keeper is not None:
+        if query.get("stream") == "true":
+            return _resume(handler, keeper, query.get("starting_after"))
+        return handler.send_json(200, keeper.response())
+    if query.get("stream") == "true":
+        _stored(handler, response_id)
+        raise ApiError(400, "only a background response's events can be streamed again",
+                       param="stream")
     store = handler.server.service.responses
     stored = _stored(handler, response_id)
     if method == "DELETE" and not store.delete(response_id):
@@ -111,11 +129,72 @@ def input_items(handler: Answering, method: str, response_id: str) -> None:
 
 
 def cancel(handler: Answering, method: str, response_id: str) -> None:
+    keeper = handler.server.background.get(response_id, handler.owner)
+    if keeper is not None:
+        keeper.cancel()
+        return handler.send_json(200, keeper.response())
     _stored(handler, response_id)
-    # As OpenAI answers for a response not made with background: true, the only kind
-    # there is here (background is refused at creation).
+    # As OpenAI answers for a response not made with background: true.
     raise ApiError(400, "Cannot cancel a synchronous response: only responses created with "
-                        "background: true can be cancelled, and this server runs none")
+                        "background: true can be cancelled")
+
+
+def _background(handler: Answering, exchange: responses.Exchange) -> None:
+    """A background response: its job starts, and the answer is at once (its stream, when
+    asked, follows it from its first event)."""
+    job, _, reader = handler.start_job(exchange, _chat_on, None, lambda: False)
+    keeper = Keeper(exchange, job, reader, handler.owner)
+    handler.server.background.add(keeper)
+    if exchange.request.stream:
+        return _resume(handler, keeper, None)
+    handler.send_json(200, keeper.response(), {"X-Serve-Response-Id": exchange.id,
+                                               **handler.current.reply_headers})
+
+
+def _resume(handler: Answering, keeper: Keeper, after: Optional[str]) -> None:
+    """A background response's events numbered above `after` (all of them for None), then
+    live until it ends; the client leaving ends only this stream."""
+    try:
+        start = -1 if after is None else int(after)
+    except ValueError:
+        raise ApiError(400, "starting_after must be an integer", param="starting_after") from None
+    failed = threading.Event()
+    writer = handler.open_stream(lambda: None, failed.set)
+    try:
+        for batch in keeper.events(start):
+            if failed.is_set() or handler.hangup():
+                handler.current.status = 499
+                return
+            # Not the exchange's in_progress heartbeat, which would take a sequence number.
+            writer.put(sse_named(batch) if batch else sse_comment("keepalive"))
+    finally:
+        writer.close()
+
+
+def job_list(handler: Answering, method: str, rest: str) -> None:
+    """GET /v1/jobs: the caller's jobs still known, running and recently finished."""
+    handler.send_json(200, {"object": "list", "data": [
+        job.describe() for job in handler.server.models.jobs.owned(handler.owner)]})
+
+
+def jobs(handler: Answering, method: str, job_id: str) -> None:
+    """GET /v1/jobs/{id}: a job's state, prefill and output so far (its X-Serve-Job id)."""
+    handler.send_json(200, _job(handler, job_id).describe())
+
+
+def stop_job(handler: Answering, method: str, job_id: str) -> None:
+    """POST /v1/jobs/{id}/stop: end the job at its next token or prefill chunk, as a normal
+    finish with what it said so far (its readers get that finish)."""
+    job = _job(handler, job_id)
+    job.stop()
+    handler.send_json(200, {**job.describe(), "stop_requested": True})
+
+
+def _job(handler: Answering, job_id: str) -> Job:
+    job = handler.server.models.jobs.get(job_id, handler.owner)
+    if job is None:
+        raise ApiError(404, f"no job with id {job_id!r}", param="job_id", code="not_found")
+    return job
 
 
 def _stored(handler: Answering, response_id: str) -> Stored:

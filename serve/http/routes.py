@@ -52,6 +52,9 @@ ROUTES = (
     Route(f"/v1/responses/{ID}", ("GET", "DELETE"), endpoints.stored_response),
     Route(f"/v1/responses/{ID}/input_items", ("GET",), endpoints.input_items),
     Route(f"/v1/responses/{ID}/cancel", ("POST",), endpoints.cancel),
+    Route("/v1/jobs", ("GET",), endpoints.job_list),
+    Route(f"/v1/jobs/{ID}", ("GET",), endpoints.jobs),
+    Route(f"/v1/jobs/{ID}/stop", ("POST",), endpoints.stop_job),
 )
 ROOT = next(r for r in ROUTES if r.path == "/")   # answers for a target that is no path
 

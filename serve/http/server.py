@@ -24,7 +24,9 @@ from serve.dialects.exchange import R, Exchange
 from serve.engine.queue import ClientGone
 from serve.http import heap, request_line
 from serve.http.answering import Ongoing
-from serve.http.auth import authorized, unauthorized
+from serve.http.background import Keepers
+from serve.http.auth import authorized, credential_digest, unauthorized
+from serve.http.job_key import job_key
 from serve.http.connections import DEFAULT_MAX_CONNECTIONS, ConnectionServer
 from serve.http.json_body import parse_body
 from serve.http.request_body import DeadlineReader, declared_length, has_body, read_exactly
@@ -34,6 +36,7 @@ from serve.http.sinks import Answer, ExchangeSink
 from serve.dialects.sse import DEFAULT_HEARTBEAT, EventWriter
 from serve.service.facade import Service
 from serve.service.models import Models
+from serve.service.jobs import Job
 from serve.service.run import Run
 
 DEFAULT_REQUEST_TIMEOUT = 60.0  # seconds for a whole request's headers and body, idle time included
@@ -52,6 +55,7 @@ class Server(ConnectionServer):
         # which counts HTTP requests and keeps stored responses for all of them.
         self.models = service if isinstance(service, Models) else Models([service])
         self.service = self.models.main
+        self.background = Keepers()   # background responses (serve/http/background.py)
         self.api_key = api_key
         self.heartbeat = heartbeat  # seconds a stream may stay silent (serve/dialects/sse.py)
         self.socket_timeout = socket_timeout  # bounds each send to a client that stopped reading
@@ -258,11 +262,27 @@ class Handler(BaseHTTPRequestHandler):
         return ApiError(500, f"internal error (request id {self.request_id})", kind="server_error")
 
     def generate(self, exchange: Exchange[R], call: Callable[[Service], Callable[[Any, Run], R]],
-                 headers: Optional[dict[str, str]] = None) -> None:
-        """One generation: blocking (one JSON body) or streamed, as the exchange's request says,
-        by the model the body and its request pick (`call(service)` runs it); `headers` go with
-        the reply, not with an error in its place."""
-        self.current.reply_headers = headers or {}
+                 body: dict, headers: Optional[dict[str, str]] = None) -> None:
+        """One generation, as a job (serve/service/jobs.py): blocking (one JSON body) or
+        streamed, as the exchange's request says, by the model the body and its request pick
+        (`call(service)` runs it on the job's thread). An identical request (`body`, as the
+        job key reads it) attaches to a job nobody follows, or to one whose reply never
+        reached its client. `headers` go with the reply, not with an error in its place."""
+        self.current.reply_headers = dict(headers or {})
+        job, attached, reader = self.start_job(exchange, call, body, self._hangup)
+        if attached and self.server.log is not None:
+            self.server.log(f"{self.request_id} attached to {job.id}, the same request's job")
+        answer: Answer = ExchangeSink(self, exchange, job, reader, self._hangup).follow()
+        self.current.tokens, self.current.timing = answer.tokens, answer.timing
+        if answer.body is not None:
+            self.send_json(answer.status, answer.body, self.current.reply_headers)
+        else:
+            self.current.status = answer.status
+
+    def start_job(self, exchange: Exchange[R], call: Callable[[Service], Callable[[Any, Run], R]],
+                  body: Optional[dict], hung_up: Callable[[], bool]) -> tuple[Job[R], bool, int]:
+        """The request's job, new or attached to (`body` None: never attached), and the
+        caller's reader number in it; its id goes with the reply (X-Serve-Job)."""
         if exchange.left_out and self.server.log is not None:
             self.server.log(f"{self.current.path}: tools left out (the server cannot "
                             f"run them): {', '.join(exchange.left_out)}")
@@ -278,14 +298,18 @@ class Handler(BaseHTTPRequestHandler):
         exchange.model = service.options.model_id
         if len(self.server.models.services) > 1:
             self.current.answered_by = f" model={exchange.model}"
-        run = service.new_run(self._hangup)
-        answer: Answer = ExchangeSink(self, exchange, run).run(
-            lambda: call(service)(exchange.request, run))
-        self.current.tokens, self.current.timing = answer.tokens, answer.timing
-        if answer.body is not None:
-            self.send_json(answer.status, answer.body, self.current.reply_headers)
-        else:
-            self.current.status = answer.status
+        key = job_key(self.current.path, self.owner, decision.work, body) if body is not None \
+            else new_id("unshared")
+        job, attached, reader = self.server.models.jobs.start(
+            key, self.owner, exchange.model, service.new_run(),
+            lambda run: call(service)(exchange.request, run), hung_up)
+        self.current.reply_headers["X-Serve-Job"] = job.id
+        return job, attached, reader
+
+    @property
+    def owner(self) -> str:
+        """Who sent the request, as a digest of its credentials (serve/http/auth.py)."""
+        return credential_digest(self.headers)
 
     @property
     def hangup(self) -> Hangup:

@@ -1,18 +1,21 @@
-"""The sink of every generation request: the service's output, through an exchange, to the client.
+"""The sink of every generation request: a job's events, through an exchange, to the client.
 
-The handler's thread runs the generation, which hands its events to the
-request's `Run` (serve/service/run.py) and never calls out. The sink takes
-them from there on an HTTP thread: for a stream, its own `sse-events` thread
-as they come; for a blocking reply, the handler's thread once generation
-ends. So only HTTP threads make the exchange's bytes.
+The job runs on its own thread (serve/service/jobs.py) and only appends its
+events to its run's log. The sink follows that log on the handler's thread,
+from the first event, whether the job is new or one this request attached to:
+a client that comes back gets everything said so far at once, then the rest
+as it comes. So only this thread makes the exchange's bytes, and nothing here
+ever waits for the engine.
 
 A streamed reply opens its event stream as soon as the request is accepted or
 waits in line, and from then on every byte goes through the stream's writer;
 a blocking reply sends one body at the end. Both feed the exchange the same
 deltas. The exchange's opening events wait until the prompt's size is known,
-so they can say it, unless a heartbeat is due first. The sink knows the
-connection only through `Connection`: it never writes a response itself, and
-tells the handler what to log.
+so they can say it, unless a heartbeat is due first. While it follows, the
+sink watches its client: a client that closed its end, or a send that failed,
+stops the following (the job goes on by serve/service/detach.py's rule). The
+sink knows the connection only through `Connection`: it never writes a
+response itself, and tells the handler what to log.
 """
 from __future__ import annotations
 
@@ -25,8 +28,8 @@ from serve.core.errors import ApiError
 from serve.engine.queue import ClientGone
 from serve.dialects.exchange import R, Exchange
 from serve.service.replies import ReplyStart
-from serve.service.run import (Accepted, Emitted, Event, Fetching, Prefilling, Progress, Queued, Run,
-                               Started)
+from serve.service.jobs import Job
+from serve.service.run import Accepted, Emitted, Event, Fetching, Prefilling, Progress, Queued, Started
 from serve.dialects.sse import EventWriter, sse_comment
 
 
@@ -49,16 +52,22 @@ class Answer:
     timing: str = ""               # for the log: where the time went (ExchangeSink._timing)
 
 
+FOLLOW_POLL = 0.25   # seconds between two looks at the client while the job is silent
+
+
 class ExchangeSink(Generic[R]):
-    def __init__(self, connection: Connection, exchange: Exchange[R], run: Run):
+    def __init__(self, connection: Connection, exchange: Exchange[R], job: Job[R], reader: int,
+                 client_gone: Callable[[], bool]):
         self._connection = connection
-        self._run = run
+        self._job: Job[R] = job
+        self._reader = reader   # this sink's number among the job's readers
+        self._client_gone = client_gone
         self._exchange: Exchange[R] = exchange
         self._stream = exchange.request.stream
         self._writer: Optional[EventWriter] = None
-        self._broke: Optional[Exception] = None   # what the sse-events thread raised
-        # The exchange's events are made and queued under one lock: the sse-events thread's
-        # and the writer's heartbeats share its state (sequence numbers, the open block).
+        self._failed = threading.Event()   # a send to the client failed
+        # The exchange's events are made and queued under one lock: the sink's own and the
+        # writer's heartbeats share its state (sequence numbers, the open block).
         self._lock = threading.Lock()
         self._start = ReplyStart()
         self._opened = False     # the exchange's opening events are queued
@@ -68,7 +77,7 @@ class ExchangeSink(Generic[R]):
         self._engine_at: Optional[float] = None
         self._first_at: Optional[float] = None
 
-    # -- the run's events, on an HTTP thread --------------------------------------------
+    # -- the job's events, on the handler's thread --------------------------------------
 
     def _take(self, event: Event) -> None:
         if isinstance(event, Accepted):
@@ -84,7 +93,7 @@ class ExchangeSink(Generic[R]):
                 self._open()
                 self._comment(f"fetching a snapshot of {event.positions} positions")
         elif isinstance(event, Started):
-            self._engine_at = event.at
+            self._engine_at = max(event.at, self._began)
             if self._stream:
                 self._open()
         elif isinstance(event, Prefilling):
@@ -95,57 +104,51 @@ class ExchangeSink(Generic[R]):
             self._comment(f"prefill {event.done}/{event.total}")
         elif isinstance(event, Emitted):
             if self._first_at is None:
-                self._first_at = event.at
+                self._first_at = max(event.at, self._began)
             delta = event.delta
             self._events(lambda: self._exchange.delta(delta))
 
-    def _drain(self) -> None:
-        """Take the run's events until it ends (a stream's sse-events thread; for a blocking
-        reply, the handler's once generation is over). An error here stops the generation
-        as a client that left would, and is raised to the handler when it returns."""
+    def _follow(self) -> R:
+        """Take the job's events until it ends, then its reply (or what it raised). Raises
+        ClientGone, and stops following, once the client has left."""
+        run, position = self._job.run, 0
         try:
-            more = True
-            while more:
-                events, more = self._run.take()
+            while True:
+                events, more = run.read(position, FOLLOW_POLL)
+                position += len(events)
                 for event in events:
                     self._take(event)
-        except Exception as e:
-            self._broke = e
-            self._run.leave()
+                # Asked before the end counts as delivered, too: a client that left just before
+                # it must find the job still undelivered when it comes back.
+                if self._failed.is_set() or self._client_gone():
+                    raise ClientGone()
+                if not more:   # read under the log's lock: nothing follows what it gave
+                    break
+        except ClientGone:
+            run.unfollow(self._reader)   # the job goes on by serve/service/detach.py's rule
+            raise
+        except BaseException:
+            # This side broke, not the client: what the job says can reach no one this way.
+            self._job.stop()
+            run.unfollow(self._reader)
+            raise
+        self._job.delivered = True
+        run.unfollow(self._reader)
+        return self._job.result()
 
-    # -- running it ----------------------------------------------------------------------
+    # -- following it --------------------------------------------------------------------
 
-    def run(self, generate: Callable[[], R]) -> Answer:
-        """Runs the generation, `generate()`, whose events go to the sink's Run. Errors before
-        the stream opens are ordinary HTTP errors, in the format's field names; after, the
-        format's failure events end the stream."""
+    def follow(self) -> Answer:
+        """Follows the job to its end. Errors before the stream opens are ordinary HTTP errors,
+        in the format's field names; after, the format's failure events end the stream."""
         try:
-            return self._answer(generate)
+            return self._answer()
         finally:
-            self._close()   # however the run ends, the writer thread ends too
+            self._close()   # however it ends, the writer thread ends too
 
-    def _generate(self, generate: Callable[[], R]) -> R:
-        """`generate()` on this thread, its events taken on another as they come (a stream)
-        or on this one once it returns (a blocking reply)."""
-        events = threading.Thread(target=self._drain, name="sse-events", daemon=True) \
-            if self._stream else None
-        if events is not None:
-            events.start()
+    def _answer(self) -> Answer:
         try:
-            reply = generate()
-        finally:
-            self._run.end()
-            if events is not None:
-                events.join()
-        if events is None:
-            self._drain()
-        if self._broke is not None:
-            raise self._broke
-        return reply
-
-    def _answer(self, generate: Callable[[], R]) -> Answer:
-        try:
-            reply = self._generate(generate)
+            reply = self._follow()
         except ApiError as e:
             if self._writer is None:
                 raise self._exchange.error(e) from None
@@ -180,7 +183,7 @@ class ExchangeSink(Generic[R]):
 
     def _open(self) -> None:
         if self._writer is None:  # else already open: the request waited in line
-            self._writer = self._connection.open_stream(self._heartbeat, self._run.leave)
+            self._writer = self._connection.open_stream(self._heartbeat, self._failed.set)
 
     def _events(self, make: Callable[[], bytes], last: bool = False) -> None:
         """The exchange's bytes from `make()`, queued after its opening events; nothing after

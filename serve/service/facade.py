@@ -31,6 +31,7 @@ from serve.core.request import ChatRequest, CompletionRequest
 from serve.formats.base import ChatFormat
 from serve.engine.api import EngineApi, ImageProbe
 from serve.engine.queue import EngineQueue, LostTurn, shutting_down, STARVE_AFTER_SECONDS
+from serve.service.detach import DEFAULT_KEEP_SECONDS, DetachRule, Unfollowed
 from serve.service.generation import Generation
 from serve.service.image_positions import Grid, ImagePositions
 from serve.service.images import image_parts, StagedImages
@@ -66,6 +67,8 @@ class ServiceOptions:
     prefill_chunk: int = DEFAULT_CHUNK
     snapshot_policy: Optional[SnapshotPolicy] = None  # None: by measured cost, no overrides
     finish_abandoned: bool = True  # a prefill whose client left goes on, for its retry
+    attach: bool = True            # an identical request may come back for a job (jobs.py)
+    keep_detached: float = DEFAULT_KEEP_SECONDS   # and its work goes on this long meanwhile
     log: Optional[Callable[[str], None]] = None  # prefill progress of long prompts
     reply_memory: Optional[ReplyMemory] = None   # None: history is always re-tokenized
     keep_reasoning: bool = False   # render remembered reasoning into replies a client returns without it
@@ -171,6 +174,7 @@ class Service:
         with StagedImages(self.options.allow_local_images) as staged:
             early = self.prompts.chat(req, check, staged)
             run = self._run(sink)
+            unfollowed = self._unfollowed(run, req.request_id)
             run.accepted(check.thinking)
             with self._turn(run, req.work, early) as lookup:
                 prompt = self.prompts.with_images(early)
@@ -180,7 +184,7 @@ class Service:
                 outcome = self.generation.run(
                     prompt, req.sampling, run, reader, stop_tokens=self.chat_format.stop_tokens,
                     logprobs=req.logprobs, constraint=constraint, label=req.request_id,
-                    stop=self._prefill_stop(run, req.request_id),
+                    stop=unfollowed.prefill_stop, stop_decoding=unfollowed.decode_stop,
                     pause=self._pause(run, req.work, req.request_id),
                     max_tokens=self._max_tokens(req.work), lookup=lookup)
                 message = reader.message()
@@ -211,11 +215,13 @@ class Service:
         prompt = Prompt(self.prompts.text(req.prompt))
         self.generation.check_logprobs(req.logprobs)
         run = self._run(sink)
+        unfollowed = self._unfollowed(run, req.request_id)
         with self._turn(run, req.work, prompt) as lookup:
             reader = TextReader(req.sampling.stop, self.engine.specials.values())
             outcome = self.generation.run(prompt, req.sampling, run, reader,
                                           logprobs=req.logprobs, label=req.request_id,
-                                          stop=self._prefill_stop(run, req.request_id),
+                                          stop=unfollowed.prefill_stop,
+                                          stop_decoding=unfollowed.decode_stop,
                                           pause=self._pause(run, req.work, req.request_id),
                                           max_tokens=self._max_tokens(req.work), lookup=lookup)
             self._account(outcome.usage.waste, req.work, run)
@@ -240,9 +246,9 @@ class Service:
         tokens, limit = prompt.restorable
         return tiers.find(cache, self.policy, tokens, limit, stop=run.gone, fetching=run.fetching)
 
-    def new_run(self, client_gone: Callable[[], bool]) -> Run:
-        """A Run for a caller whose own thread takes its events (Run.take): cancelled when
-        `client_gone()` or the caller's `leave()` says the client left, or at shutdown."""
+    def new_run(self, client_gone: Callable[[], bool] = lambda: False) -> Run:
+        """A Run whose events readers follow (Run.read): a job's (serve/service/jobs.py), which
+        knows its readers, or a caller's that asks `client_gone()`. Cut at shutdown."""
         return Run(self._stopping, client_gone)
 
     def _run(self, sink: ReplySink | Run) -> Run:
@@ -295,29 +301,12 @@ class Service:
         waste["work"] = work
         waste["behind_chores_ms"] = round(run.turn.behind_chores * 1000.0, 3)
 
-    def _prefill_stop(self, run: Run, label: str) -> Callable[[], bool]:
-        """Asked between prefill chunks: stop now? Not just because the client left: the
-        prefill then goes on for the client's retry (unless finish_abandoned is off), as
-        idle-time work that yields to the first request that waits."""
-        abandoned = False
-
-        def stop() -> bool:
-            nonlocal abandoned
-            self.queue.run_errands()   # between chunks: tokenizing waits no longer than one
-            if not abandoned:
-                if not run.gone():
-                    return False
-                if run.cut or not self.options.finish_abandoned \
-                        or self.options.prefix_cache is None:   # nothing to keep it in
-                    return True
-                abandoned = True
-                assert run.turn is not None   # prefill runs inside the turn
-                run.turn.to_idle()
-                if self.options.log is not None:
-                    self.options.log(f"{label} client left mid-prefill: finishing the prompt "
-                                     "for a retry while no one waits")
-            return run.turn is not None and run.turn.requested()
-        return stop
+    def _unfollowed(self, run: Run, label: str) -> Unfollowed:
+        """What the run's work may do once nobody follows it (serve/service/detach.py)."""
+        options = self.options
+        rule = DetachRule(options.attach, options.keep_detached,
+                          options.finish_abandoned and options.prefix_cache is not None)
+        return Unfollowed(run, rule, self.queue.run_errands, options.log, label)
 
     # -- idle time ------------------------------------------------------------
 

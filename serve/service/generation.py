@@ -82,15 +82,18 @@ class Generation:
     def run(self, prompt: Prompt, sampling: Sampling, run: Run, reader: ReplyReader, *,
             stop_tokens: Sequence[int] = (), logprobs: Optional[int] = None,
             constraint: Optional[str] = None, label: str = "",
-            stop: Optional[Callable[[], bool]] = None, pause: Optional[Pause] = None,
+            stop: Optional[Callable[[], bool]] = None,
+            stop_decoding: Optional[Callable[[], bool]] = None, pause: Optional[Pause] = None,
             max_tokens: Optional[int] = None, lookup: Optional[Lookup] = None) -> Outcome:
         """Prefill, generate until the reader says the reply is done, and account for it.
 
         `logprobs`: passed by check_logprobs already, before the request waited;
         `constraint`: a compiled grammar the reply must follow; `label` names the
         request in log lines; `stop`: asked between prefill chunks whether to stop
-        (by default, whether the client left). A prefill that runs to its end for a
-        client that left is snapshotted there, and nothing is generated. `pause`: a
+        (by default, whether the run is gone). A prefill that runs to its end for a
+        client that left is snapshotted there, and nothing is generated. `stop_decoding`:
+        the same question before each generated token (serve/service/detach.py answers
+        both). A run stopped on purpose (Run.stop) ends as a normal finish. `pause`: a
         chore's, asked before each engine call (a chore decodes in serve, when it can, so
         that it can step aside between two tokens); `max_tokens`: the default when the
         request sets none (else the server's); `lookup`: the prompt's prefix-cache lookup,
@@ -111,14 +114,15 @@ class Generation:
                                           room),
                            stop_tokens=tuple(stop_tokens))
         clock = _Clock()
+        halt = stop_decoding or run.gone
 
         def on_token(info: TokenInfo, piece: bytes) -> bool:
             now = time.monotonic()
             clock.first_token_at = clock.first_token_at or now
             clock.last_token_at = now
             clock.tokens.append(info.token)
-            if run.gone():
-                clock.client_gone = True
+            if halt():
+                clock.client_gone = not run.stopped
                 return True
             self.between_tokens()
             return reader.feed(info.token, piece, run.emit)   # the Run only keeps it
@@ -129,9 +133,9 @@ class Generation:
         report = decode.Report(constrained=False).waste()
         unevaluated = 0
         try:
-            rest = self._prefill(prompt, clock, run, label, stop or run.gone, pause, lookup)
+            rest = self._prefill(prompt, clock, run, label, stop or run.gone, halt, pause, lookup)
         except PrefillCancelled:
-            clock.client_gone = True
+            clock.client_gone = not run.stopped
             result = GenResult(n_tokens=0, cancelled=True, context_full=False, detail=None)
         else:
             # The one branch: serve decodes itself when a grammar or logprobs need the logits.
@@ -144,7 +148,7 @@ class Generation:
         self.metrics.engine_stats(after)
         if not reader.stopped and not clock.client_gone:
             reader.finish(run.emit)
-        finish = _finish_reason(reader, clock.tokens, params, result)
+        finish = "stop" if run.stopped else _finish_reason(reader, clock.tokens, params, result)
         # The context's end cut the reply: the engine says so, or max_tokens was lowered to
         # the room left and the reply used all of it.
         full = result.context_full or (finish == "length" and params.max_tokens == room
@@ -195,9 +199,10 @@ class Generation:
     # -- prefill --------------------------------------------------------------------------
 
     def _prefill(self, prompt: Prompt, clock: _Clock, run: Run, label: str,
-                 stop: Callable[[], bool], pause: Optional[Pause], lookup: Optional[Lookup]
-                 ) -> list[int]:
-        """Restore and evaluate all but the tail of the prompt; returns the tail for generate."""
+                 stop: Callable[[], bool], halt: Callable[[], bool], pause: Optional[Pause],
+                 lookup: Optional[Lookup]) -> list[int]:
+        """Restore and evaluate all but the tail of the prompt; returns the tail for generate.
+        `halt`: asked once it is evaluated, would generating stop at once?"""
         log, chunk, cache = self.log, self.prefill_chunk, self.prefix_cache
 
         def progress(done: int, total: int) -> None:
@@ -215,7 +220,7 @@ class Generation:
             if cache is not None:
                 self.metrics.prefix_lookup(clock.cached_tokens > 0)
             clock.saved = prefill.run(upto, prompt.snapshot_at).saved
-            if run.gone():
+            if halt():
                 # Evaluated for a client that left (or to the end, for its retry): kept for
                 # whoever sends the same prompt next, and nothing is generated.
                 prefill.snapshot("stopped")

@@ -24,6 +24,7 @@ from serve.core.request import ChatRequest, CompletionRequest
 from serve.service import metrics
 from serve.core.activity import Activity
 from serve.service.facade import Service
+from serve.service.jobs import Jobs
 
 
 class Models:
@@ -37,6 +38,8 @@ class Models:
             raise ValueError("the chores model must be one of the models")
         self.services = list(services)
         self.chores = chores
+        main = self.services[0].options
+        self.jobs = Jobs(attach=main.attach)   # every model's: an id names one server-wide
 
     @property
     def main(self) -> Service:

@@ -1,24 +1,26 @@
 """One request as it runs: the one object the service and its generation loop speak to.
 
 A `Run` holds
-- cancellation: the client left or the server is shutting down (`cut` then
-  tells the two apart). The client's side says it left through `leave()` (a
-  write failed) or a `client_gone` probe that reads the socket's state and no
-  more (serve/core/hangup.py);
+- cancellation: shutdown (`cut`), an explicit stop (`stopped`: the reply ends
+  as a normal finish with what was said so far), or nobody following it any
+  more (`detached_for`: its readers all left; serve/service/detach.py decides
+  what such work may still do). A caller with no job reads its client's state
+  through a `client_gone` probe instead;
 - the engine turn (serve/engine/queue.py's `Turn`), once the request holds it;
 - the request's events, and the logprobs waiting for the answer text they
   belong to (serve/service/logprobs.py).
 
-The thread running the request only hands its events to the Run and never
-calls out: the caller's own thread takes them (`take`), as they come or once
-the call returns. A caller with no thread of its own (a test, a benchmark)
-gives an observer instead, a `ReplySink` that hears each event as it happens.
+The thread running the request only appends its events to the Run's log and
+never calls out. The log is append-only: any number of readers follow it,
+each from a position of its own (`read`), so a client that comes back gets
+everything said so far at once, and a reader that stops reading blocks no one.
+A caller with no thread of its own (a test, a benchmark) gives an observer
+instead, a `ReplySink` that hears each event as it happens.
 """
 from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -104,27 +106,68 @@ class Run:
                  observer: Optional[ReplySink] = None):
         self._stopping = stopping
         self._client_gone = client_gone
-        self._left = threading.Event()          # the client's side said it left
         self._observer = observer
-        self._events: deque[Event] = deque()    # made, not yet taken
+        self._log: list[Event] = []             # every event made, in order; only appended to
         self._ended = False                     # the call is over: no event follows
         self._cond = threading.Condition()
+        # The readers following the log now, each with its client's hangup probe.
+        self._readers: dict[int, Callable[[], bool]] = {}
+        self._next_reader = 0
+        self._unfollowed_at: Optional[float] = None   # when the last of them left
         self.cut = False                        # gone() said yes because of shutdown
+        self.stopped = False                    # stopped on purpose: a normal finish
         self.turn: Optional[Turn] = None        # the hold on the engine, once the request has it
         self.logprobs: Optional[LogprobLedger] = None   # when the request asks for logprobs
 
     # -- cancellation ---------------------------------------------------------------------
 
     def gone(self) -> bool:
-        """Stop at the next token or prefill chunk: the client left, or shutdown began."""
+        """Is there a reason to stop at the next token or prefill chunk? Shutdown, a stop,
+        or nobody following the run (serve/service/detach.py says whether it goes on)."""
         if self._stopping.is_set():
             self.cut = True
             return True
-        return self._left.is_set() or self._client_gone()
+        if self.stopped or self._unfollowed_at is not None or self._client_gone():
+            return True
+        readers = list(self._readers.values())
+        if readers and all(hung_up() for hung_up in readers):
+            # Each reader's client has closed its socket: the readers will see it at their
+            # next look, and the work need not wait for them to count as unfollowed.
+            with self._cond:
+                if self._unfollowed_at is None:
+                    self._unfollowed_at = time.monotonic()
+            return True
+        return False
 
-    def leave(self) -> None:
-        """From the client's side: the client is gone (say a write to it failed)."""
-        self._left.set()
+    def followed(self) -> bool:
+        """Does a reader follow the log whose client is still there?"""
+        return any(not hung_up() for hung_up in list(self._readers.values()))
+
+    def stop(self) -> None:
+        """End the reply at the next token or prefill chunk, as a normal finish."""
+        self.stopped = True
+
+    def detached_for(self) -> Optional[float]:
+        """Seconds since the last reader left, or None while one follows (or none ever did)."""
+        left = self._unfollowed_at
+        return None if left is None else time.monotonic() - left
+
+    def follow(self, hung_up: Callable[[], bool] = _never) -> int:
+        """A reader starts following the log (a client, or a background response's keeper);
+        `hung_up()` asks whether its client has closed its end (serve/core/hangup.py), once per
+        token, so the work learns it at once. Returns the reader's number for unfollow."""
+        with self._cond:
+            reader, self._next_reader = self._next_reader, self._next_reader + 1
+            self._readers[reader] = hung_up
+            self._unfollowed_at = None
+            return reader
+
+    def unfollow(self, reader: int) -> None:
+        """A reader stops following: its client left, or it has everything."""
+        with self._cond:
+            self._readers.pop(reader, None)
+            if not self._readers and not self._ended and self._unfollowed_at is None:
+                self._unfollowed_at = time.monotonic()
 
     # -- events, from the thread running the request --------------------------------------
 
@@ -156,23 +199,26 @@ class Run:
             event.to(self._observer)
             return
         with self._cond:
-            self._events.append(event)
-            self._cond.notify()
+            self._log.append(event)
+            self._cond.notify_all()
 
-    # -- events, to the caller's thread -----------------------------------------------------
+    # -- events, to readers ---------------------------------------------------------------
 
-    def take(self) -> tuple[list[Event], bool]:
-        """Waits for events or the end; returns the events made since the last take, in
-        order, and whether more may follow."""
+    def read(self, position: int, timeout: Optional[float] = None) -> tuple[list[Event], bool]:
+        """The events from `position` on, waiting up to `timeout` seconds (None: for ever) for
+        one if there are none yet; and whether more may follow."""
         with self._cond:
-            while not self._events and not self._ended:
-                self._cond.wait()
-            events = list(self._events)
-            self._events.clear()
-            return events, not self._ended
+            if position >= len(self._log) and not self._ended:
+                self._cond.wait(timeout)
+            return self._log[position:], not self._ended
+
+    @property
+    def ended(self) -> bool:
+        return self._ended
 
     def end(self) -> None:
-        """The caller's call returned (or raised): no event follows, and `take` stops waiting."""
+        """The call returned (or raised): no event follows, and readers stop waiting."""
         with self._cond:
             self._ended = True
+            self._unfollowed_at = None
             self._cond.notify_all()

@@ -16,7 +16,25 @@ CHAT = "/v1/chat/completions"
 
 # ---- disconnects and queueing -------------------------------------------------
 
-def test_disconnect_mid_stream_cancels_at_the_next_token(engine):
+def _leave_after_the_first_token(port: int, body: dict, closed: threading.Event,
+                                 first_sent: threading.Event) -> bytes:
+    """Send `body`, read until the first token's chunk (a stream) or the first token's
+    generation (blocking), then close the socket."""
+    request = json.dumps(body).encode()
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(request)}\r\n\r\n".encode()
+              + request)
+    assert first_sent.wait(10)
+    received = b""
+    while body.get("stream") and b"w0 " not in received:  # the first token's chunk
+        received += s.recv(4096)
+    s.close()
+    closed.set()
+    return received
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_without_attaching_a_disconnect_cancels_at_the_next_token(engine, stream):
     engine.replies = [xtml_answer(*[f"w{i} " for i in range(50)]), xtml_answer("next")]
     first_sent, closed = threading.Event(), threading.Event()
 
@@ -26,22 +44,46 @@ def test_disconnect_mid_stream_cancels_at_the_next_token(engine):
             assert closed.wait(10)
 
     engine.before_token = pace
-    with serving(scripted_service(engine, thinking=False)) as srv:
-        request = json.dumps({"messages": USER, "stream": True}).encode()
-        s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
-        s.sendall(f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(request)}\r\n\r\n".encode()
-                  + request)
-        assert first_sent.wait(10)
-        received = b""
-        while b"w0 " not in received:  # the first token's chunk
-            received += s.recv(4096)
-        s.close()
-        closed.set()
+    with serving(scripted_service(engine, thinking=False, attach=False)) as srv:
+        received = _leave_after_the_first_token(srv.port, {"messages": USER, "stream": stream},
+                                                closed, first_sent)
         engine.before_token = None
         nxt = call(srv.port, "POST", CHAT, {"messages": USER}).json()
-    assert b"w0 " in received
+    assert not stream or b"w0 " in received
     assert engine.results[0].cancelled and engine.results[0].n_tokens == 2
     assert nxt["choices"][0]["message"]["content"] == "next"
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_disconnected_job_goes_on_and_its_retry_attaches_to_it(engine, stream):
+    """The job is not the connection: its client leaves after the first token, the reply
+    goes on while nobody waits, and the same request sent again gets all of it, generated
+    once (the engine's second reply is never asked for)."""
+    words = [f"w{i} " for i in range(50)]
+    engine.replies = [xtml_answer(*words), xtml_answer("next")]
+    first_sent, closed = threading.Event(), threading.Event()
+
+    def pace(index: int) -> None:
+        if index == 1:
+            first_sent.set()
+            assert closed.wait(10)
+
+    engine.before_token = pace
+    with serving(scripted_service(engine, thinking=False)) as srv:
+        _leave_after_the_first_token(srv.port, {"messages": USER, "stream": stream}, closed,
+                                     first_sent)
+        retry = call(srv.port, "POST", CHAT, {"messages": USER, "stream": stream})
+        engine.before_token = None
+        fresh = call(srv.port, "POST", CHAT, {"messages": USER, "stream": stream})
+    assert retry.status == 200
+    if stream:
+        assert "".join(e["choices"][0]["delta"].get("content") or "" for e in retry.events()[:-1]
+                       if e["choices"]) == "".join(words)
+    else:
+        assert retry.json()["choices"][0]["message"]["content"] == "".join(words)
+    assert len(engine.results) == 2 and not engine.results[0].cancelled
+    # The retry got the whole reply: the same request once more is a new question.
+    assert b"next" in fresh.body
 
 
 def test_each_token_reaches_the_client_before_the_next_is_generated(engine):
@@ -70,29 +112,6 @@ def test_each_token_reaches_the_client_before_the_next_is_generated(engine):
                     received += data
                     delivered.notify_all()
     assert all(w.encode() in received for w in words)
-
-
-def test_disconnect_during_blocking_request_cancels(engine):
-    engine.replies = [xtml_answer(*[f"w{i} " for i in range(50)]), xtml_answer("next")]
-    started, closed = threading.Event(), threading.Event()
-
-    def pace(index: int) -> None:
-        if index == 1:
-            started.set()
-            assert closed.wait(10)
-
-    engine.before_token = pace
-    with serving(scripted_service(engine)) as srv:
-        request = json.dumps({"messages": USER}).encode()
-        s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
-        s.sendall(f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(request)}\r\n\r\n".encode()
-                  + request)
-        assert started.wait(10)
-        s.close()
-        closed.set()
-        engine.before_token = None
-        assert call(srv.port, "POST", CHAT, {"messages": USER}).status == 200
-    assert engine.results[0].cancelled and engine.results[0].n_tokens == 2
 
 
 @pytest.fixture

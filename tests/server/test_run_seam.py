@@ -106,7 +106,8 @@ def test_a_stream_waiting_in_line_opens_from_an_http_thread(watched: Watched):
         first.start()
         assert held.wait(10)
         threading.Thread(target=release_once_the_second_waits).start()
-        second = call(srv.port, "POST", CHAT, {"messages": USER, "stream": True})
+        # Not the first's question (its own max_tokens), so it waits instead of attaching.
+        second = call(srv.port, "POST", CHAT, {"messages": USER, "stream": True, "max_tokens": 9})
         first.join(30)
     assert second.status == 200
     assert "queue 1" in second.comments()
@@ -141,12 +142,23 @@ def test_a_failed_send_tells_the_run_once():
     assert writer.failed and left == [1]
 
 
-def test_the_run_says_gone_once_its_client_left_or_shutdown_began():
+def test_the_run_says_gone_once_nobody_follows_it_it_is_stopped_or_shutdown_began():
     stopping = threading.Event()
     run = Run(stopping)
+    assert not run.gone() and run.detached_for() is None
+    reader = run.follow()
     assert not run.gone()
-    run.leave()
-    assert run.gone() and not run.cut
+    run.unfollow(reader)
+    assert run.gone() and not run.cut and run.detached_for() is not None
+    hung_up = threading.Event()
+    run.follow(hung_up.is_set)   # an identical request came back for it
+    assert not run.gone() and run.detached_for() is None
+    hung_up.set()                # its client closed its socket: known before its reader looks
+    assert run.gone() and run.detached_for() is not None
+    run.follow()
+    assert not run.gone()
+    run.stop()
+    assert run.gone() and run.stopped and not run.cut
     stopping.set()
     assert run.gone() and run.cut
 

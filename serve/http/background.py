@@ -1,0 +1,155 @@
+"""Background responses (`background: true`), as OpenAI documents them: a job nobody waits on.
+
+A background response is a job (serve/service/jobs.py) whose one reader is
+its `Keeper`, on a thread of its own: it feeds the job's events to the
+response's Responses exchange as a stream would, and keeps every event the
+exchange makes, numbered, so that a client can poll the response
+(`GET /v1/responses/{id}`: its status and output so far), resume its event
+stream after any sequence number (`?stream=true&starting_after=N`), and cancel
+it (`POST /v1/responses/{id}/cancel`: the job stops at its next token or prefill
+chunk, and the response ends `cancelled` with what it said). Once it ends, its
+final Response is stored like any other (serve/service/response_store.py), so
+`previous_response_id` can name it.
+
+The keeper never leaves, so the job runs as a person's request, never as
+idle-time work. At shutdown the job is cut like any running one, and its
+response ends `incomplete` (cut mid-reply) or `failed` (before it began), with
+the reason, and is stored so: never left `in_progress`. Keepers are forgotten
+with their jobs' bound (KEEP_FINISHED): after that the stored Response answers.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Iterator, Optional
+
+from serve.core.errors import ApiError
+from serve.dialects import responses
+from serve.service.jobs import KEEP_FINISHED, Job
+from serve.service.replies import ChatReply, ReplyStart
+from serve.service.run import Emitted, Prefilling, Started
+
+KEPT = KEEP_FINISHED   # keepers held, at most: the finished ones beyond it are dropped first
+
+
+class Keeper:
+    """One background response: its exchange fed by its job, and every event kept."""
+
+    def __init__(self, exchange: responses.Exchange, job: Job[ChatReply], reader: int, owner: str):
+        """`reader`: the keeper's number among the job's readers (Jobs.start gave it)."""
+        self.exchange, self.job, self.owner = exchange, job, owner
+        self._cond = threading.Condition()
+        self._events: list[dict] = []
+        self._done = False
+        self._cancelled = False
+        self._reader = reader
+        self._started = False
+        threading.Thread(target=self._keep, name=f"background-{exchange.id}", daemon=True).start()
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def cancel(self) -> None:
+        """End it at its next token or prefill chunk: it ends `cancelled`."""
+        self._cancelled = True
+        self.job.stop()
+
+    def response(self) -> dict:
+        """The Response as it stands: queued, in progress with its output so far, or final."""
+        with self._cond:
+            return self.exchange.snapshot(self._status())
+
+    def _status(self) -> Optional[str]:
+        """The status of a response not yet final: None once it is (the exchange has it)."""
+        if self._done:
+            return "cancelled" if self._cancelled else None
+        if self._cancelled:
+            return "cancelled"
+        return "in_progress" if self._started else "queued"
+
+    def events(self, after: int) -> Iterator[Optional[list[dict]]]:
+        """The events numbered above `after`, as they come: a list at a time, or None when
+        nothing came for a while (a heartbeat's moment), until the response ends."""
+        position = after + 1
+        while True:
+            with self._cond:
+                if position >= len(self._events) and not self._done:
+                    self._cond.wait(1.0)
+                batch, done = self._events[position:], self._done
+            position += len(batch)
+            yield batch or None
+            if done and position >= len(self._events):
+                return
+
+    # -- on the keeper's thread -------------------------------------------------------------
+
+    def _add(self, data: list[dict]) -> None:
+        with self._cond:
+            self._events.extend(data)
+            self._cond.notify_all()
+
+    def _keep(self) -> None:
+        run, position = self.job.run, 0
+        start = ReplyStart()
+        opened = False
+        while True:
+            events, more = run.read(position)
+            position += len(events)
+            for event in events:
+                if isinstance(event, Started):
+                    self._started = True
+                elif isinstance(event, Prefilling):
+                    start = ReplyStart(start.thinking, event.prompt_tokens, event.cached_tokens)
+                elif isinstance(event, Emitted):
+                    if not opened:
+                        opened = True
+                        self._add(self.exchange.opening_events(start))
+                    self._add(self.exchange.delta_events(event.delta))
+            if not more:
+                break
+        run.unfollow(self._reader)
+        if not opened:
+            self._add(self.exchange.opening_events(start))
+        try:
+            reply = self.job.result()
+        except ApiError as e:   # refused, or cut by shutdown: it says why
+            last = self.exchange.failed_events(self.exchange.error(e))
+        except Exception as e:   # noqa: BLE001 - the response says it failed, never hangs
+            last = self.exchange.failed_events(ApiError(500, f"internal error: {e}"))
+        else:
+            last = self.exchange.closing_events(reply, "cancelled" if self._cancelled else None)
+        self._finish(last)
+
+    def _finish(self, last: list[dict]) -> None:
+        """Store the final Response, then publish the last events: a client that saw the end
+        can name the response at once."""
+        self.exchange.store_final()
+        with self._cond:
+            self._events.extend(last)
+            self._done = True
+            self._cond.notify_all()
+
+
+class Keepers:
+    """The background responses of one server, by response id."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._keepers: "OrderedDict[str, Keeper]" = OrderedDict()
+
+    def add(self, keeper: Keeper) -> None:
+        with self._lock:
+            self._keepers[keeper.exchange.id] = keeper
+            done = [k for k in self._keepers.values() if k.done]
+            for old in done[:max(0, len(self._keepers) - KEPT)]:
+                del self._keepers[old.exchange.id]
+
+    def get(self, response_id: str, owner: str) -> Optional[Keeper]:
+        with self._lock:
+            keeper = self._keepers.get(response_id)
+        return keeper if keeper is not None and keeper.owner == owner else None
+
+    def running(self) -> list[Keeper]:
+        with self._lock:
+            return [k for k in self._keepers.values() if not k.done]
