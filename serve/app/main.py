@@ -30,6 +30,7 @@ from serve.snapshots.cache import (DEFAULT_MAX_ENTRIES, default_directory, Prefi
 from serve.snapshots.reply_memory import ReplyMemory
 from serve.dialects.sse import DEFAULT_HEARTBEAT
 from serve.service.facade import Service, ServiceOptions
+from serve.service.detach import DEFAULT_KEEP_SECONDS
 from serve.service.image_positions import read_grid
 from serve.service.models import Models
 from serve.snapshots.policy import SnapshotPolicy
@@ -156,6 +157,13 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--no-finish-abandoned", action="store_true",
                    help="a prefill whose client left stops at its next chunk, instead of going "
                         "on to the end of the prompt for the client's retry while no one waits")
+    p.add_argument("--no-attach", action="store_true",
+                   help="a request never attaches to an identical request's job, and a job "
+                        "whose client left ends at its next token (its prefill still goes on "
+                        "for the prefix cache, unless --no-finish-abandoned)")
+    p.add_argument("--keep-detached", type=float, default=DEFAULT_KEEP_SECONDS, metavar="SECONDS",
+                   help="how long a job whose client left goes on, while no one waits, for the "
+                        f"client to come back (default: {DEFAULT_KEEP_SECONDS:g})")
     p.add_argument("--warm", action="append", metavar="REQUEST.json",
                    help="prefill and checkpoint this saved request in idle time, from "
                         "start-up; requests are served meanwhile (repeatable)")
@@ -237,6 +245,9 @@ def banner(lib: Library, engine: Engine, fmt: ChatFormat, args: argparse.Namespa
         ("abandon  a prefill whose client left stops at its next chunk (--no-finish-abandoned)"
          if args.no_finish_abandoned else
          "abandon  a prefill whose client left goes on for its retry while no one waits"),
+        ("jobs     a request's job ends when its client leaves (--no-attach)" if args.no_attach else
+         f"jobs     a job whose client left goes on for {args.keep_detached:g} s while no one "
+         "waits; the same request sent again attaches to it"),
         structure_line(),
         *work_flags.banner_lines(args, lib.build_info(), service.options.prefix_cache is not None),
         *(chores.banner_lines(models.chores, split)
@@ -384,6 +395,7 @@ def serve(lib: Library, engine: Engine, args: argparse.Namespace, warm: list,
                                  snapshot_policy=SnapshotPolicy(args.prefix_cache_min,
                                                                 args.prefix_cache_spacing, log),
                                  finish_abandoned=not args.no_finish_abandoned,
+                                 attach=not args.no_attach, keep_detached=args.keep_detached,
                                  log=log,
                                  reply_memory=ReplyMemory(shared=team.replies if team else None),
                                  responses=ResponseStore(shared=team.responses if team else None),
@@ -455,6 +467,8 @@ def run_server(lib: Library, engine: Engine, fmt: ChatFormat, models: Models,
     drained_by = time.monotonic() + DRAIN_SECONDS
     while not server.wait_requests(0.1) and not hurry.is_set() and time.monotonic() < drained_by:
         pass
+    # Background responses cut by the shutdown: each stores how it ended, never in_progress.
+    server.background.wait(0.0 if hurry.is_set() else max(0.0, drained_by - time.monotonic()))
     # Snapshots queued for the team: published within the drain time, or none half-written.
     for service in models.services:
         if (cache := service.options.prefix_cache) is not None and cache.shared is not None:

@@ -356,9 +356,12 @@ class Exchange:
 
     def heartbeat(self, start: ReplyStart) -> bytes:
         """response.in_progress again: a data event (Codex's idle timer ignores comments),
-        with the output so far and the usage as known before prefill."""
-        return sse_named([self._event("response.in_progress",
-                                      response=self._now("in_progress", start))])
+        with the output so far (the open item as output_item.added showed it) and the usage as
+        known before prefill."""
+        current = self._blocks.current
+        output = [self._item(block, block is not current) for block in self._blocks.blocks]
+        return sse_named([self._event("response.in_progress", response=self._response(
+            "in_progress", output, self._usage_at(start)))])
 
     def delta(self, delta: Delta) -> bytes:
         return sse_named(self.delta_events(delta))
@@ -427,8 +430,14 @@ class Exchange:
             self._store.put(self._done, self._history + message, self._input_items)
 
     def _now(self, status: str, start: ReplyStart) -> dict:
+        """The Response in `status`, each item with what it holds so far (a poll shows it)."""
         current = self._blocks.current
-        output = [self._item(block, block is not current) for block in self._blocks.blocks]
+        output = []
+        for block in self._blocks.blocks:
+            item = self._item(block, True)
+            if block is current:
+                item["status"] = "in_progress"
+            output.append(item)
         return self._response(status, output, self._usage_at(start))
 
     # -- shapes -----------------------------------------------------------------------

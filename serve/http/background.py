@@ -20,6 +20,7 @@ with their jobs' bound (KEEP_FINISHED): after that the stored Response answers.
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from typing import Iterator, Optional
 
@@ -49,6 +50,10 @@ class Keeper:
     @property
     def done(self) -> bool:
         return self._done
+
+    def wait(self, timeout: float) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: self._done, timeout)
 
     def cancel(self) -> None:
         """End it at its next token or prefill chunk: it ends `cancelled`."""
@@ -150,6 +155,13 @@ class Keepers:
             keeper = self._keepers.get(response_id)
         return keeper if keeper is not None and keeper.owner == owner else None
 
-    def running(self) -> list[Keeper]:
+    def wait(self, timeout: float) -> bool:
+        """At shutdown, after the engines stopped: wait up to `timeout` seconds for every
+        background response to have stored how it ended. True when they all have."""
+        until = time.monotonic() + timeout
         with self._lock:
-            return [k for k in self._keepers.values() if not k.done]
+            keepers = [k for k in self._keepers.values() if not k.done]
+        for keeper in keepers:
+            if not keeper.wait(max(0.0, until - time.monotonic())):
+                return False
+        return True

@@ -7,13 +7,17 @@ non-main arena's top is never returned, not even by malloc_trim. Sixteen
 10 MB bodies left 300 MB resident for good. So the threshold is fixed: a
 block of a megabyte or more is its own mapping, unmapped when freed; and
 after a large body `malloc_trim(0)` returns the free pages left between the
-smaller blocks of every arena.
+smaller blocks of every arena. Before the trim, a collection: an error a job
+keeps is re-raised by each of its readers, and its traceback then holds their
+frames (the body among them) in a cycle through the job, which only the cycle
+collector frees.
 
 Other C libraries (musl, macOS) have neither call: there this does nothing.
 """
 from __future__ import annotations
 
 import ctypes
+import gc
 from typing import Optional
 
 M_MMAP_THRESHOLD = -3        # mallopt's parameter number, from glibc's malloc.h
@@ -41,6 +45,8 @@ def map_large_blocks() -> None:
 
 
 def give_back() -> None:
-    """Return the free pages between the C heap's blocks to the system."""
+    """Free what cycles hold, then return the free pages between the C heap's blocks to the
+    system."""
+    gc.collect()
     if _LIBC is not None:
         _LIBC.malloc_trim(0)

@@ -148,7 +148,9 @@ class Jobs:
             reader = run.follow(hung_up)
             self._jobs[job.id] = job
             self._by_key[key] = job
-        threading.Thread(target=self._run, args=(job, work), name=f"job-{job.id}",
+        # Handed over in a box the job's thread empties: a Thread keeps its arguments until
+        # after its run ends, and the work holds the request (tens of megabytes, for some).
+        threading.Thread(target=self._run, args=(job, [work]), name=f"job-{job.id}",
                          daemon=True).start()
         return job, False, reader
 
@@ -170,14 +172,25 @@ class Jobs:
         with self._lock:
             return [job for job in self._jobs.values() if job.owner == owner]
 
-    def _run(self, job: Job[R], work: Callable[[Run], R]) -> None:
+    def _run(self, job: Job[R], box: list[Callable[[Run], R]]) -> None:
+        self._work(job, box.pop())   # the request goes with the work, before the end is told
+        job.finished_at = time.monotonic()
+        job.run.end()
+        if job.error is not None:   # nothing to attach to: only its readers hold it
+            with self._lock:
+                self._jobs.pop(job.id, None)
+                if self._by_key.get(job.key) is job:
+                    del self._by_key[job.key]
+
+    @staticmethod
+    def _work(job: Job[R], work: Callable[[Run], R]) -> None:
         try:
             job.reply = work(job.run)
         except BaseException as e:  # noqa: BLE001 - handed to the job's readers
-            job.error = e
-        finally:
-            job.finished_at = time.monotonic()
-            job.run.end()
+            # Its frames would hold the request for as long as the error is kept: the
+            # readers re-raise it from where they are.
+            job.error = e.with_traceback(None)
+            e.__context__ = None
 
     def _forget_old(self) -> None:
         """Finished jobs past their time or beyond the count, oldest first. Under _lock."""

@@ -313,7 +313,8 @@ def test_a_codex_session_is_accepted_and_reuses_its_prefix(snapshot_cache):
     ({"max_output_tokens": 0}, "max_output_tokens"),
     ({"temperature": 3}, "temperature"),
     ({"tool_choice": {"type": "web_search_preview"}}, "tool_choice"),
-    ({"background": True}, "background"),
+    ({"background": 1}, "background"),
+    ({"background": True, "store": False}, "store"),
     ({"include": "reasoning.encrypted_content"}, "include"),
     ({"previous_response_id": "resp_nope"}, "previous_response_id"),
 ])
@@ -462,7 +463,7 @@ def test_paths_under_a_stored_response_answer_as_openai_does():
         other = assert_error(call(srv.port, "GET", f"{RESPONSES}/{done['id']}/other", headers=key), 404)
         assert other["message"] == f"no such endpoint: {RESPONSES}/{done['id']}/other"
         assert_error(input_items(srv.port, "resp_nope", **key), 404, param="response_id")
-        # Only a background response can be cancelled, and there are none here.
+        # Only a background response can be cancelled, and this one is not.
         cancel = f"{RESPONSES}/{done['id']}/cancel"
         refused = assert_error(call(srv.port, "POST", cancel, headers=key), 400)
         assert "background" in refused["message"]

@@ -98,7 +98,8 @@ REFUSED = [
     ("tool_choice required, no tools", RESPONSES, responses(tool_choice="required"), 400),
     ("max_output_tokens -1", RESPONSES, responses(max_output_tokens=-1), 400),
     ("text.format type", RESPONSES, responses(text={"format": {"type": "bogus"}}), 400),
-    ("background", RESPONSES, responses(background=True), 400),
+    ("background not a boolean", RESPONSES, responses(background="yes"), 400),
+    ("background with store false", RESPONSES, responses(background=True, store=False), 400),
 ]
 POSTS = [pytest.param(path, body, status, stream, id=f"{path} {what} {'streamed' if stream else 'blocking'}")
          for what, path, body, status in REFUSED
