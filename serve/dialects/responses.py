@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 from serve.core.client_json import Json
 from serve.core.reply import Delta
-from serve.dialects import seal
+from serve.dialects import fields, seal
 from serve.core.errors import ApiError, invalid
 from serve.dialects.openai_request import parse_hints, parse_reasoning_effort, unknown_fields
 from serve.dialects.shared import (Block, Blocks, Conversation, Parts, Translation, chat_request,
@@ -44,14 +44,7 @@ TOP_FIELDS = {"messages": "input", "max_tokens": "max_output_tokens",
 ECHOED = ("instructions", "max_output_tokens", "parallel_tool_calls", "previous_response_id",
           "reasoning", "text", "tool_choice", "tools", "user", "metadata")
 # The fields a Responses body is read for (others are named once in the log).
-FIELDS = frozenset(("model", "input", "instructions", "tools", "tool_choice",
-                    "parallel_tool_calls", "text", "reasoning", "max_output_tokens",
-                    "temperature", "top_p", "metadata", "store", "include",
-                    "previous_response_id", "prompt_cache_key", "client_metadata", "stream",
-                    "user", "background", "conversation", "prompt"))
-UNSUPPORTED = {"background": "background responses are not supported",
-               "conversation": "conversations are not supported; continue with previous_response_id",
-               "prompt": "stored prompt templates are not supported"}
+FIELDS = fields.RESPONSES.read
 
 
 def _new_id(prefix: str) -> str:
@@ -70,9 +63,7 @@ class _Request:
 
 
 def _parse(body: dict, store: ResponseStore) -> _Request:
-    for name, reason in UNSUPPORTED.items():
-        if body.get(name) not in (None, False):
-            raise invalid(name, reason)
+    fields.RESPONSES.refuse(body)
     conversation = Conversation()
     if body.get("instructions") is not None:
         if not isinstance(body["instructions"], str):

@@ -39,7 +39,8 @@ class Ongoing:
 
 
 class ServerFace(Protocol):
-    """What an endpoint reads of the server: its models, the main model's service, its log."""
+    """What an endpoint reads of the server: its models, the main model's service, its log
+    (and body fields it does not read, named there once)."""
 
     @property
     def models(self) -> Models: ...
@@ -48,6 +49,8 @@ class ServerFace(Protocol):
     def service(self) -> Service: ...
 
     def log_once(self, key: str, line: str) -> None: ...
+
+    def note_unread(self, endpoint: str, fields: list[str]) -> None: ...
 
 
 class Answering(Protocol):
