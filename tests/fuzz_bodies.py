@@ -308,7 +308,9 @@ def responses_body() -> st.SearchStrategy[dict]:
                                         {"type": "allowed_tools", "mode": "auto", "tools": []}]),
         "reasoning": st.fixed_dictionaries({}, optional={
             "effort": st.sampled_from(["none", "low", "high", "medium"]), "summary": texts()}),
-        "include": st.just(["reasoning.encrypted_content"]), "parallel_tool_calls": st.booleans(),
+        "include": st.sampled_from([["reasoning.encrypted_content"],
+                                    ["message.output_text.logprobs"]]),
+        "top_logprobs": counts(), "parallel_tool_calls": st.booleans(),
         **SAMPLING})
 
 

@@ -153,7 +153,7 @@ COUNT_TOKENS = Fields(
 RESPONSES = Fields(
     honoured=("model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls",
               "text", "reasoning", "max_output_tokens", "temperature", "top_p", "store",
-              "include", "previous_response_id", "stream"),
+              "include", "top_logprobs", "previous_response_id", "stream"),
     refused={
         "background": Refusal("background responses are not supported", (False,)),
         "conversation": Refusal("conversations are not supported; continue with "
@@ -161,9 +161,9 @@ RESPONSES = Fields(
         "prompt": Refusal("stored prompt templates are not supported"),
         "truncation": Refusal("truncation auto is not supported: a conversation too long for "
                               "the context is a 400, never cut", ("disabled",)),
-        "top_logprobs": Refusal("top_logprobs is not supported on Responses: chat completions "
-                                "report logprobs", (0,)),
         "text.verbosity": Refusal(f"text.verbosity {_VERBOSITY}", ("medium",)),
+        "include": Refusal("include's message.output_text.logprobs (and top_logprobs above 0) "
+                           f"is refused {NEEDS_DECODER}", checked_here=False),
     },
     ignored={
         "metadata": "tags the stored response carries back; they do not reach the model",

@@ -38,7 +38,8 @@ from serve.service.replies import ChatReply, ReplyStart
 from serve.dialects.sse import sse_named
 
 INCLUDE_REASONING = "reasoning.encrypted_content"
-TOP_FIELDS = {"messages": "input", "max_tokens": "max_output_tokens",
+INCLUDE_LOGPROBS = "message.output_text.logprobs"
+TOP_FIELDS = {"messages": "input", "max_tokens": "max_output_tokens", "logprobs": "include",
               "response_format": "text.format", "response_format.json_schema": "text.format",
               "reasoning_effort": "reasoning.effort"}
 ECHOED = ("instructions", "max_output_tokens", "parallel_tool_calls", "previous_response_id",
@@ -87,7 +88,10 @@ def _parse(body: dict, store: ResponseStore) -> _Request:
     if reasoning is not None and not isinstance(reasoning, dict):
         raise invalid("reasoning", "reasoning must be an object")
     thinking, effort = parse_reasoning_effort((reasoning or {}).get("effort"), "reasoning.effort")
-    chat = {"messages": conversation.messages, "tools": tools,
+    include, top = body.get("include"), body.get("top_logprobs")
+    # Logprobs are asked for by include, or by asking for alternatives (top_logprobs above 0).
+    logprobs = (isinstance(include, list) and INCLUDE_LOGPROBS in include) or top not in (None, 0)
+    chat = {"logprobs": logprobs or None, "top_logprobs": top if logprobs else None,"messages": conversation.messages, "tools": tools,
             "tool_choice": _tool_choice(body.get("tool_choice")),
             "parallel_tool_calls": body.get("parallel_tool_calls"),
             "response_format": _text_format(body.get("text")), "stream": body.get("stream"),
@@ -330,6 +334,8 @@ class Exchange:
         self._sequence = 0
         self._incomplete = False
         self._done: Optional[dict] = None   # the final Response, once the reply is over
+        self._logprobs: dict[int, list[dict]] = {}   # each text block's, as its deltas carried them
+        self._piece_logprobs: list[dict] = []        # the delta's being written
 
     def error(self, error: ApiError) -> ApiError:
         return self.translation.error(error)
@@ -351,6 +357,7 @@ class Exchange:
                                                               self._usage_at(start)))])
 
     def delta(self, delta: Delta) -> bytes:
+        self._piece_logprobs = delta.logprobs or []
         return sse_named([event for step in self._blocks.feed(delta) for event in self._events(*step)])
 
     def keep(self, reply: ChatReply) -> None:
@@ -449,12 +456,12 @@ class Exchange:
             item["namespace"] = namespace
         return item
 
-    @staticmethod
-    def _part(block: Block, text: Optional[str] = None) -> dict:
+    def _part(self, block: Block, text: Optional[str] = None) -> dict:
         text = block.text if text is None else text
         if block.kind == "reasoning":
             return {"type": "reasoning_text", "text": text}
-        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+        return {"type": "output_text", "text": text, "annotations": [],
+                "logprobs": self._logprobs.get(block.index, [])}
 
     def _events(self, step: str, block: Block, piece: str) -> list[dict]:
         where = {"item_id": self._item_ids.get(block.index), "output_index": block.index}
@@ -472,14 +479,15 @@ class Exchange:
             if block.kind == "reasoning":
                 return [self._event("response.reasoning_text.delta", **where, content_index=0,
                                     delta=piece)]
+            self._logprobs.setdefault(block.index, []).extend(self._piece_logprobs)
             return [self._event("response.output_text.delta", **where, content_index=0,
-                                delta=piece, logprobs=[])]
+                                delta=piece, logprobs=self._piece_logprobs)]
         if block.kind == "tool":
             events = [self._event("response.function_call_arguments.done", **where,
                                   name=self._item(block, True)["name"], arguments=block.text)]
         else:
             done = ({"text": block.text} if block.kind == "reasoning"
-                    else {"text": block.text, "logprobs": []})
+                    else {"text": block.text, "logprobs": self._logprobs.get(block.index, [])})
             kind = "reasoning_text" if block.kind == "reasoning" else "output_text"
             events = [self._event(f"response.{kind}.done", **where, content_index=0, **done),
                       self._event("response.content_part.done", **where, content_index=0,

@@ -244,6 +244,9 @@ def responses_cases() -> dict[str, Case]:
         "store": lambda s: (base, {**base, "store": False}),
         "include": lambda s: (thinking, {**thinking,
                                          "include": ["reasoning.encrypted_content"]}),
+        "top_logprobs": lambda s: ({**base, "include": ["message.output_text.logprobs"]},
+                                   {**base, "include": ["message.output_text.logprobs"],
+                                    "top_logprobs": 3}),
         "previous_response_id": lambda s: (base, {**base, "previous_response_id": post(
             s, RESPONSES, base).json()["id"]}),
         "stream": lambda s: (base, {**base, "stream": True}),
@@ -321,7 +324,8 @@ REFUSED = {
                                 "name": "x"}]},
     COUNT: {"mcp_servers": [{"type": "url", "url": "https://example.invalid/mcp", "name": "x"}]},
     RESPONSES: {"background": True, "conversation": "conv_1", "prompt": {"id": "pmpt_1"},
-                "truncation": "auto", "top_logprobs": 2, "text.verbosity": "high"},
+                "truncation": "auto", "text.verbosity": "high",
+                "include": ["message.output_text.logprobs"]},
 }
 BASES = {CHAT: {"messages": USER}, COMPLETIONS: {"prompt": "hi", "max_tokens": 2},
          MESSAGES: {"model": "m", "messages": USER, "max_tokens": 2},
@@ -429,3 +433,26 @@ def test_a_penalty_out_of_range_is_a_400(real, name, value):
     srv, _ = real
     resp = call(srv.port, "POST", CHAT, {"messages": USER, "max_tokens": 1, name: value})
     assert resp.status == 400 and resp.json()["error"]["param"] == name
+
+
+def test_responses_logprobs_blocking_and_streamed(real):
+    srv, _ = real
+    body = {"model": "k3", "input": "Tell me.", "max_output_tokens": 6, "temperature": 0,
+            "include": ["message.output_text.logprobs"], "top_logprobs": 2}
+    (message,) = [i for i in post(srv, RESPONSES, body).json()["output"] if i["type"] == "message"]
+    (part,) = message["content"]
+    entries = part["logprobs"]
+    assert entries and all(len(e["top_logprobs"]) == 2 for e in entries)
+    assert len(entries) <= 6 and all(isinstance(e["logprob"], float) for e in entries)
+    events = [json.loads(line[len("data: "):]) for line in
+              post(srv, RESPONSES, {**body, "stream": True}).body.decode().splitlines()
+              if line.startswith("data: ")]
+    streamed = [e for ev in events if ev["type"] == "response.output_text.delta"
+                for e in ev["logprobs"]]
+    assert streamed == entries
+    done = next(ev for ev in events if ev["type"] == "response.output_text.done")
+    assert done["logprobs"] == entries
+    plain = post(srv, RESPONSES, {k: v for k, v in body.items()
+                                  if k not in ("include", "top_logprobs")}).json()
+    assert [p["logprobs"] for i in plain["output"] if i["type"] == "message"
+            for p in i["content"]] == [[]]

@@ -8,6 +8,7 @@ from typing import Any, Iterator
 
 import pytest
 
+from serve.service.models import Models
 from scripted import (assert_error, call, data_url, held_engine, real_service,
                       scripted_service, serving, tiny_png, xtml_answer)
 
@@ -262,3 +263,17 @@ def test_unread_fields_are_named_once_in_the_log(k3_container, lib_path):
         for _ in range(2):
             tokenized(srv, {"content": "a", "n_probs": 3})
         assert sum("n_probs" in line for line in lines) == 1
+
+
+def test_the_named_model_tokenizes(lib_path, k3_container, kimi_linear_container, template):
+    """With several models, `model` picks whose ids they are, as it picks who answers."""
+    alone, _ = template
+    body = {"messages": CONVERSATIONS["text"]}
+    with real_service(lib_path, k3_container, thinking=False, model_id="k3") as main, \
+            real_service(lib_path, kimi_linear_container, model_id="small") as small, \
+            serving(Models([main, small])) as srv:
+        assert tokenized(srv, {**body, "model": "small"}) == tokenized(alone, body)
+        assert tokenized(srv, {**body, "model": "k3"}) != tokenized(alone, body)
+        assert tokenized(srv, {**body, "model": "gpt-4o"}) == tokenized(srv, {**body, "model": "k3"})
+        text = {"content": "Émile <|open|>"}
+        assert tokenized(srv, {**text, "model": "small"}) == tokenized(alone, text)
