@@ -17,7 +17,7 @@ from serve.core.client_json import Json
 from serve.core.errors import invalid
 
 # Refused only where serve cannot decode by itself (no numpy, or an engine whose waste_eval
-# gives no logits): serve/service/generation.py's check_logprobs.
+# gives no logits): serve/service/generation.py's check_decoding.
 NEEDS_DECODER = "where serve cannot decode by itself (no numpy, or no logits from waste_eval)"
 
 

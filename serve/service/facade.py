@@ -168,7 +168,7 @@ class Service:
         # Built before the engine is held: a schema the grammar cannot enforce is a 400
         # before any stream opens, and a large one compiles while others use the engine.
         constraint = self._constraint(req, check.thinking)
-        self.generation.check_logprobs(req.logprobs, req.sampling)
+        self.generation.check_decoding(req.logprobs, req.sampling)
         self.prompts.pieces(list(req.sampling.logit_bias), "logit_bias", indexed=False)
         with StagedImages(self.options.allow_local_images) as staged:
             early = self.prompts.chat(req, check, staged)
@@ -211,7 +211,7 @@ class Service:
     def complete(self, req: CompletionRequest, sink: ReplySink | Run) -> CompletionReply:
         check_fits(self.engine, len(req.prompt), "prompt", self.options.context_beyond)
         prompt = Prompt(self.prompts.text(req.prompt))
-        self.generation.check_logprobs(req.logprobs, req.sampling)
+        self.generation.check_decoding(req.logprobs, req.sampling)
         self.prompts.pieces(list(req.sampling.logit_bias), "logit_bias", indexed=False)
         run = self._run(sink)
         with self._turn(run, req.work, prompt) as lookup:

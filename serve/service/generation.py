@@ -87,7 +87,7 @@ class Generation:
             max_tokens: Optional[int] = None, lookup: Optional[Lookup] = None) -> Outcome:
         """Prefill, generate until the reader says the reply is done, and account for it.
 
-        `logprobs`: passed by check_logprobs already, before the request waited;
+        `logprobs`: passed by check_decoding already, before the request waited;
         `constraint`: a compiled grammar the reply must follow; `label` names the
         request in log lines; `stop`: asked between prefill chunks whether to stop
         (by default, whether the client left). A prefill that runs to its end for a
@@ -161,7 +161,7 @@ class Generation:
         """Why serve cannot decode by itself, or None."""
         return missing if self.eval_logits else "this engine's waste_eval gives no logits"
 
-    def check_logprobs(self, top_logprobs: Optional[int], sampling: Sampling) -> None:
+    def check_decoding(self, top_logprobs: Optional[int], sampling: Sampling) -> None:
         """Refuse logprobs, and the logits' adjustments, when serve cannot decode by itself
         (the service asks before the request waits for the engine)."""
         off = self.decoding_off(decode.missing())
