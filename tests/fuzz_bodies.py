@@ -32,7 +32,9 @@ from image_files import (corrupt_zlib_png, flat_png, gif_without_lzw, jpeg_witho
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 MESSAGES, COUNT, RESPONSES = "/v1/messages", "/v1/messages/count_tokens", "/v1/responses"
-ENDPOINTS = (CHAT, COMPLETIONS, MESSAGES, COUNT, RESPONSES)
+TOKENIZE, DETOKENIZE = "/tokenize", "/detokenize"
+ENDPOINTS = (CHAT, COMPLETIONS, MESSAGES, COUNT, RESPONSES, TOKENIZE, DETOKENIZE)
+WITHOUT_ENGINE = (COUNT, TOKENIZE, DETOKENIZE)   # answered (200) while the engine is busy
 
 # Written into the body as raw JSON: what json.dumps cannot write, but a client can send.
 RAW = {"__INF__": "1e999", "__NINF__": "-1e999", "__NAN__": "NaN", "__INFINITY__": "Infinity"}
@@ -196,6 +198,13 @@ SAMPLING = {"temperature": st.floats(0, 2), "top_p": st.floats(0.01, 1), "seed":
             "stop": st.lists(texts(), max_size=4), "user": texts(), "metadata": plain_values()}
 
 
+# What serve's own decoder applies (OpenAI's chat and completions only).
+ADJUSTING = {"logit_bias": st.dictionaries(st.sampled_from(["0", "5", "100", "163839", "x", "-1",
+                                                            "99999999999"]),
+                                           st.one_of(st.floats(-100, 100), junk()), max_size=3),
+             "frequency_penalty": st.floats(-2, 2), "presence_penalty": st.floats(-2, 2)}
+
+
 def chat_body() -> st.SearchStrategy[dict]:
     return st.fixed_dictionaries({"messages": chat_messages(), "max_tokens": SMALL}, optional={
         "model": st.just("m"), "stream": st.booleans(), "tools": chat_tools(),
@@ -205,14 +214,15 @@ def chat_body() -> st.SearchStrategy[dict]:
         "parallel_tool_calls": st.booleans(),
         "logprobs": st.booleans(), "top_logprobs": st.integers(0, 20),
         "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}), "n": st.just(1),
-        **SAMPLING})
+        **SAMPLING, **ADJUSTING})
 
 
 def completion_body() -> st.SearchStrategy[dict]:
     return st.fixed_dictionaries({"prompt": st.one_of(texts(), st.lists(texts(), min_size=1, max_size=2)),
                                   "max_tokens": SMALL}, optional={
         "model": st.just("m"), "stream": st.booleans(), "logprobs": st.integers(0, 5),
-        "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}), **SAMPLING})
+        "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}), **SAMPLING,
+        **ADJUSTING})
 
 
 def anthropic_messages() -> st.SearchStrategy[Any]:
@@ -298,17 +308,42 @@ def responses_body() -> st.SearchStrategy[dict]:
                                         {"type": "allowed_tools", "mode": "auto", "tools": []}]),
         "reasoning": st.fixed_dictionaries({}, optional={
             "effort": st.sampled_from(["none", "low", "high", "medium"]), "summary": texts()}),
-        "include": st.just(["reasoning.encrypted_content"]), "parallel_tool_calls": st.booleans(),
+        "include": st.sampled_from([["reasoning.encrypted_content"],
+                                    ["message.output_text.logprobs"]]),
+        "top_logprobs": counts(), "parallel_tool_calls": st.booleans(),
         **SAMPLING})
 
 
+def tokenize_body() -> st.SearchStrategy[dict]:
+    """llama.cpp's form, or vLLM's two."""
+    flag = st.booleans()
+    return st.one_of(
+        st.fixed_dictionaries({"content": texts()}, optional={
+            "add_special": flag, "parse_special": flag, "with_pieces": flag}),
+        st.fixed_dictionaries({"prompt": texts()}, optional={
+            "model": st.just("m"), "add_special_tokens": flag, "return_token_strs": flag}),
+        st.fixed_dictionaries({"messages": chat_messages()}, optional={
+            "model": st.just("m"), "add_generation_prompt": flag, "add_special_tokens": flag,
+            "return_token_strs": flag, "tools": chat_tools(),
+            "continue_final_message": flag}))
+
+
+def detokenize_body() -> st.SearchStrategy[dict]:
+    return st.fixed_dictionaries({"tokens": st.lists(
+        st.one_of(st.integers(0, 300), st.integers(-5, 2**40), junk()), max_size=12)},
+        optional={"model": st.just("m")})
+
+
 VALID = {CHAT: chat_body, COMPLETIONS: completion_body, MESSAGES: messages_body,
-         COUNT: lambda: messages_body(counting=True), RESPONSES: responses_body}
+         COUNT: lambda: messages_body(counting=True), RESPONSES: responses_body,
+         TOKENIZE: tokenize_body, DETOKENIZE: detokenize_body}
 FIELDS = {CHAT: ["messages", "tools", "response_format", "stream", "max_tokens", "tool_choice"],
           COMPLETIONS: ["prompt", "stream", "max_tokens", "logprobs"],
           MESSAGES: ["messages", "system", "tools", "max_tokens", "stream", "model", "thinking"],
           COUNT: ["messages", "system", "tools", "model"],
-          RESPONSES: ["input", "instructions", "tools", "text", "stream", "max_output_tokens"]}
+          RESPONSES: ["input", "instructions", "tools", "text", "stream", "max_output_tokens"],
+          TOKENIZE: ["content", "prompt", "messages", "with_pieces", "add_special"],
+          DETOKENIZE: ["tokens", "model"]}
 
 
 # ---- breaking them --------------------------------------------------------------------------

@@ -270,6 +270,30 @@ class ScriptedEngine:
         pass
 
 
+class Fed:
+    """What the engine is fed since its last reset: every eval and generate's prompt. With
+    max_tokens 1 that is the whole prompt on both paths (serve's decoder never evaluates its
+    last token)."""
+
+    def __init__(self, engine: Any):
+        self.ids: list[int] = []
+        reset, evaluate, generate = engine.reset, engine.eval, engine.generate
+
+        def on_reset() -> None:
+            self.ids = []
+            reset()
+
+        def on_eval(tokens):
+            self.ids += list(tokens)
+            return evaluate(tokens)
+
+        def on_generate(prompt, params, on_token):
+            self.ids += list(prompt)
+            return generate(prompt, params, on_token)
+
+        engine.reset, engine.eval, engine.generate = on_reset, on_eval, on_generate
+
+
 def held_engine(answer: list[str]) -> tuple[ScriptedEngine, threading.Event, threading.Event]:
     """An engine that stops before its first token until `release` is set: (engine, held,
     release), where `held` says the first request has the engine. For what is seen while a

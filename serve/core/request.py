@@ -30,6 +30,18 @@ class Sampling:
     seed: Optional[int] = None        # None: a fresh seed per request
     max_tokens: Optional[int] = None  # None: the server's default
     stop: list[str] = field(default_factory=list)
+    # Serve's own decoder applies these to the logits (the engine's sampler has no such knobs):
+    logit_bias: dict[int, float] = field(default_factory=dict)   # token id -> added to its logit
+    frequency_penalty: float = 0.0    # times a token's count in the reply, taken off its logit
+    presence_penalty: float = 0.0     # taken off the logit of a token the reply already holds
+
+    @property
+    def adjusted(self) -> Optional[str]:
+        """The field that needs serve's decoder to change the logits, or None."""
+        return next((name for name, on in (("logit_bias", bool(self.logit_bias)),
+                                           ("frequency_penalty", self.frequency_penalty != 0),
+                                           ("presence_penalty", self.presence_penalty != 0))
+                     if on), None)
 
 
 @dataclass

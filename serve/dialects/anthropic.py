@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional
 
 from serve.core.client_json import Json
 from serve.core.reply import Delta
-from serve.dialects import seal
+from serve.dialects import fields, seal
 from serve.core.errors import ApiError, invalid
 from serve.dialects.openai_request import parse_hints, parse_reasoning_effort, unknown_fields
 from serve.dialects.shared import (Block, Blocks, Conversation, Parts, Translation, chat_request,
@@ -44,15 +44,16 @@ STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
                500: "api_error", 503: "overloaded_error"}
-# The fields a Messages body is read for (others are named once in the log).
-FIELDS = frozenset(("model", "messages", "system", "max_tokens", "stop_sequences", "stream",
-                    "temperature", "top_p", "top_k", "tools", "tool_choice", "thinking",
-                    "output_config", "metadata", "context_management"))
 # Where an internal field comes from, beyond the messages (mapped as they are built).
 TOP_FIELDS = {"messages": "messages", "stop": "stop_sequences", "reasoning_effort": "thinking",
               "parallel_tool_calls": "tool_choice.disable_parallel_tool_use",
               "response_format": "output_config.format",
               "response_format.json_schema": "output_config.format"}
+
+
+def unread(body: dict, *, counting: bool = False) -> list[str]:
+    """The fields of a Messages (or count_tokens) body this server does not read, for the log."""
+    return unknown_fields(body, (fields.COUNT_TOKENS if counting else fields.MESSAGES).read)
 
 
 def error_body(error: ApiError) -> dict:
@@ -74,6 +75,7 @@ def parse_request(body: dict, *, counting: bool = False) -> Translation:
         raise invalid("model", "model is required and must be a string")
     if not counting and body.get("max_tokens") is None:
         raise invalid("max_tokens", "max_tokens is required")
+    (fields.COUNT_TOKENS if counting else fields.MESSAGES).refuse(body)
     conversation = Conversation()
     if body.get("system") is not None:
         system = _text_blocks(body["system"], "system", skip=is_billing_block)
@@ -368,7 +370,7 @@ class Exchange:
         self.translation = parse_request(body)
         self.request = self.translation.request
         self.left_out = self.translation.left_out
-        self.ignored = unknown_fields(body, FIELDS)
+        self.ignored = unread(body)
         self.billing = billing_block(body)   # where the billing header was, for the log
         self.id = "msg_" + uuid.uuid4().hex[:24]
         self.model = model

@@ -12,25 +12,23 @@ from typing import Any, Optional
 from serve.core.classes import Hints
 from serve.core.client_json import Json
 from serve.core.errors import invalid
+from serve.dialects import fields
 from serve.core.request import (IMAGE_PARTS, REASONING_EFFORTS, ChatRequest, CompletionRequest,
                                 image_url, Sampling)
 
 MAX_STOP_STRINGS = 4
 MAX_TOP_K = (1 << 31) - 1  # the engine's top_k is a C int; no vocabulary comes near it
+MAX_TOKEN_ID = (1 << 31) - 1   # the engine's ids are C ints too
 MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_CHAT_TOP_LOGPROBS = 20
 MAX_COMPLETION_LOGPROBS = 5
-# The request fields each endpoint reads (or accepts knowingly: model, user, metadata). Any
-# other is named once in the log (serve/http/server.py): a client option sent in the wrong place,
-# such as litellm's literal `extra_body`, must not be dropped without a word.
-CHAT_FIELDS = frozenset((
-    "model", "messages", "tools", "tool_choice", "parallel_tool_calls", "response_format",
-    "temperature", "top_p", "top_k", "seed", "max_tokens", "max_completion_tokens", "stop",
-    "stream", "stream_options", "logprobs", "top_logprobs", "reasoning_effort", "n", "user",
-    "metadata", "priority"))
-COMPLETION_FIELDS = frozenset((
-    "model", "prompt", "temperature", "top_p", "top_k", "seed", "max_tokens", "stop", "stream",
-    "stream_options", "logprobs", "n", "user", "priority", "echo", "suffix", "best_of"))
+MAX_LOGIT_BIAS = 100.0   # OpenAI's bound: -100 bans a token, 100 all but forces it
+MAX_PENALTY = 2.0
+# The request fields each endpoint reads or accepts knowingly (serve/dialects/fields.py sorts
+# them). Any other is named once in the log (serve/http/server.py): a client option sent in
+# the wrong place, such as litellm's literal `extra_body`, must not be dropped without a word.
+CHAT_FIELDS = fields.CHAT.read
+COMPLETION_FIELDS = fields.COMPLETIONS.read
 # Per role, the message fields besides content that reach the prompt as text.
 STRING_FIELDS = {"system": ("name",), "developer": ("name",), "user": ("name",),
                  "assistant": ("name", "reasoning_content", "reasoning"),
@@ -82,9 +80,34 @@ def _parse_sampling(body: dict) -> Sampling:
         if s.max_tokens is None:
             s.max_tokens = value
     s.stop = _parse_stop(body.get("stop"))
-    if body.get("n") is not None and body["n"] != 1:
-        raise invalid("n", "only n=1 is supported")
+    s.logit_bias = _parse_logit_bias(body.get("logit_bias"))
+    for name in ("frequency_penalty", "presence_penalty"):
+        value = body.get(name)
+        if value is not None:
+            if not _is_number(value) or not -MAX_PENALTY <= value <= MAX_PENALTY:
+                raise invalid(name, f"{name} must be a number from -{MAX_PENALTY:g} to "
+                                    f"{MAX_PENALTY:g}")
+            setattr(s, name, float(value))
     return s
+
+
+def _parse_logit_bias(value: Json) -> dict[int, float]:
+    """{"token id": bias}: ids as JSON keys are strings, biases from -100 to 100."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise invalid("logit_bias", "logit_bias must be an object mapping token ids to biases")
+    bias: dict[int, float] = {}
+    for key, amount in value.items():
+        # (at most ten digits before int(): a longer string is no id, and a huge one is slow)
+        if not key.isascii() or not key.isdigit() or len(key) > 10 or int(key) > MAX_TOKEN_ID:
+            raise invalid("logit_bias", f"logit_bias keys must be token ids, not {key!r}")
+        if not _is_number(amount) or not -MAX_LOGIT_BIAS <= amount <= MAX_LOGIT_BIAS:
+            raise invalid("logit_bias", f"logit_bias[{key!r}] must be a number from "
+                                        f"-{MAX_LOGIT_BIAS:g} to {MAX_LOGIT_BIAS:g}")
+        if amount:
+            bias[int(key)] = float(amount)
+    return bias
 
 
 def _parse_stop(stop: Json) -> list[str]:
@@ -311,6 +334,7 @@ def parse_hints(body: dict, priority: bool = True) -> Hints:
 
 
 def parse_chat_request(body: dict) -> ChatRequest:
+    fields.CHAT.refuse(body)
     messages = _parse_messages(body.get("messages"))
     sampling = _parse_sampling(body)
     stream, include_usage = _parse_stream(body)
@@ -326,24 +350,16 @@ def parse_chat_request(body: dict) -> ChatRequest:
                        logprobs=_parse_chat_logprobs(body), hints=parse_hints(body))
 
 
-def _refuse_unhonoured(body: dict) -> None:
-    """Completion options that change what the reply is, which this server cannot do: ignored,
-    they would give a client (an evaluation harness scoring echoed prompts, say) a wrong
-    answer that looks right. Their off values are accepted, as clients send them by default."""
+def _check_echo(body: dict) -> None:
+    """echo, honoured alone; with logprobs it would score the prompt, which this server cannot
+    do: ignored, that would give a client (an evaluation harness scoring echoed prompts, say)
+    a wrong answer that looks right."""
     if body.get("echo") is not None and not isinstance(body["echo"], bool):
         # `in (False, True)` would let 1 and 0 through, and 1 would not be echoed
         raise invalid("echo", "echo must be a boolean")
     if body.get("echo") and body.get("logprobs") is not None:
         # Scoring a prompt needs every prompt position's logits; the engine gives the last.
-        raise invalid("echo", "echo with logprobs is not supported: the engine gives no "
-                              "log-probabilities for the prompt's tokens")
-    if body.get("suffix") not in (None, ""):
-        raise invalid("suffix", "suffix is not supported: this server does not fill in the middle")
-    best_of = body.get("best_of")
-    if best_of is not None and not _is_int(best_of):
-        raise invalid("best_of", "best_of must be an integer")
-    if best_of not in (None, 1):
-        raise invalid("best_of", "only best_of=1 is supported")
+        raise invalid("echo", fields.COMPLETIONS.refused["echo"].why)
 
 
 def parse_completion_request(body: dict) -> CompletionRequest:
@@ -352,9 +368,10 @@ def parse_completion_request(body: dict) -> CompletionRequest:
         prompt = prompt[0]
     if not isinstance(prompt, str):
         raise invalid("prompt", "prompt must be a string or a list of one string")
+    fields.COMPLETIONS.refuse(body)
     sampling = _parse_sampling(body)
     stream, include_usage = _parse_stream(body)
-    _refuse_unhonoured(body)
+    _check_echo(body)
     return CompletionRequest(prompt=prompt, sampling=sampling, stream=stream,
                              include_usage=include_usage,
                              logprobs=_parse_completion_logprobs(body), hints=parse_hints(body),

@@ -1,8 +1,10 @@
 """Decoding in serve, token by token over `waste_eval`: sample, mask, logprobs.
 
 Used instead of the engine's own `waste_generate` when a reply must follow a
-grammar or report logprobs; both need the logits, which only `waste_eval`
-hands out. Each step evaluates the last token, samples from its logits with
+grammar, report logprobs, or have its logits adjusted (`logit_bias`, the
+frequency and presence penalties, as OpenAI defines them: a token's logit less
+its count in the reply so far times the one, less the other once it is there,
+plus its bias); all need the logits, which only `waste_eval` hands out. Each step evaluates the last token, samples from its logits with
 the request's temperature, top_k, top_p and seed (the engine's order: scale,
 keep the top k, keep the top p of that mass), and reports the token exactly
 as the engine's callback would. One difference: a token is evaluated after
@@ -69,6 +71,34 @@ class Report:
                 "mask_changed": self.mask_changed}
 
 
+@dataclass(frozen=True)
+class Adjustment:
+    """What a request changes in the logits before each draw (grammar masks come after)."""
+    bias: dict[int, float] = field(default_factory=dict)   # token id -> added to its logit
+    frequency: float = 0.0   # times the token's count among the tokens generated so far
+    presence: float = 0.0    # once the token is among them
+
+    @property
+    def active(self) -> bool:
+        return bool(self.bias) or self.frequency != 0 or self.presence != 0
+
+    def apply(self, logits: "np.ndarray", generated: Sequence[int]) -> "np.ndarray":
+        """The logits adjusted, a copy (the engine's buffer is read-only). A bias on an id
+        past the logits (a special token the tokenizer has and the model never samples, as
+        formats/grammar.py's Vocabulary also finds) has no logit to change."""
+        out = np.array(logits, dtype=np.float32)
+        n = out.shape[0]
+        if self.bias:
+            ids = np.fromiter((t for t in self.bias if t < n), dtype=np.int64)
+            out[ids] += np.fromiter((self.bias[int(t)] for t in ids), dtype=np.float32,
+                                    count=len(ids))
+        if generated and (self.frequency or self.presence):
+            seen, counts = np.unique(np.asarray(generated, dtype=np.int64), return_counts=True)
+            out[seen] -= counts.astype(np.float32) * np.float32(self.frequency) \
+                + np.float32(self.presence)
+        return out
+
+
 class LogprobListener(Protocol):
     def token(self, token: int, entry: Optional[dict]) -> None:
         """Called for each token before it is reported, with its logprob entry (or None)."""
@@ -82,7 +112,8 @@ class Decoder:
                  top_logprobs: Optional[int] = None,
                  listener: Optional[LogprobListener] = None,
                  piece: Optional[Callable[[int], bytes]] = None,
-                 pause: Optional[Callable[[Sequence[int]], None]] = None):
+                 pause: Optional[Callable[[Sequence[int]], None]] = None,
+                 adjust: Optional[Adjustment] = None):
         """`pause`: called before each evaluation with the tokens generated so far (the
         engine holds all but the last of them after the prompt): a chore steps aside there,
         and this loop's sampler and grammar go on as they were (serve/service/preempt.py)."""
@@ -95,6 +126,7 @@ class Decoder:
         self._piece = piece or (lambda token: engine.detokenize([token]))
         self.report = Report(constrained=grammar is not None)
         self.pause = pause
+        self.adjust = adjust if adjust is not None and adjust.active else None
 
     def generate(self, prompt: Sequence[int], params: GenParams,
                  on_token: Callable[[TokenInfo, bytes], Optional[bool]]) -> GenResult:
@@ -109,6 +141,8 @@ class Decoder:
             if self._make_grammar is not None:   # the vocabulary's size is the logits'
                 self.grammar = self._make_grammar(logits.shape[0])
             for index in range(params.max_tokens):
+                if self.adjust is not None:
+                    logits = self.adjust.apply(logits, generated)
                 token, allowed = self._choose(logits, rng)
                 entry = self._logprobs(logits, allowed, token) if self.top_logprobs is not None else None
                 if self.grammar is not None and not self.grammar.consume_token(token):

@@ -7,6 +7,7 @@ them: the handler meets this Protocol, and mypy checks that it does.
 from __future__ import annotations
 
 import time
+from email.message import Message
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Protocol
 
@@ -43,7 +44,7 @@ class Ongoing:
 
 class ServerFace(Protocol):
     """What an endpoint reads of the server: its models, the main model's service, its
-    background responses, its log."""
+    background responses, its log (and body fields it does not read, named there once)."""
 
     @property
     def models(self) -> Models: ...
@@ -56,6 +57,10 @@ class ServerFace(Protocol):
 
     def log_once(self, key: str, line: str) -> None: ...
 
+    def log_line(self, line: str) -> None: ...
+
+    def note_unread(self, endpoint: str, fields: list[str]) -> None: ...
+
 
 class Answering(Protocol):
     """One request as an endpoint sees it: read its body, answer it once."""
@@ -65,6 +70,9 @@ class Answering(Protocol):
 
     @property
     def server(self) -> ServerFace: ...
+
+    @property
+    def headers(self) -> Message: ...
 
     @property
     def current(self) -> Ongoing: ...

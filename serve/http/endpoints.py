@@ -93,7 +93,9 @@ def create_response(handler: Answering, method: str, rest: str) -> None:
 
 
 def count_tokens(handler: Answering, method: str, rest: str) -> None:
-    translation = anthropic.parse_request(handler.read_json(), counting=True)
+    body = handler.read_json()
+    translation = anthropic.parse_request(body, counting=True)
+    handler.server.note_unread(handler.current.path, anthropic.unread(body, counting=True))
     translation.request.request_id = handler.request_id
     service = handler.server.models.pick(handler.current.named_model, translation.request)
     try:

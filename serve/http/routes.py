@@ -7,7 +7,7 @@ from typing import Callable, Optional
 from serve.core.errors import ApiError
 from serve.http.answering import Answering
 from serve.dialects import anthropic
-from serve.http import endpoints
+from serve.http import endpoints, tokens
 
 
 ID = "{id}"
@@ -55,6 +55,11 @@ ROUTES = (
     Route("/v1/jobs", ("GET",), endpoints.job_list),
     Route(f"/v1/jobs/{ID}", ("GET",), endpoints.jobs),
     Route(f"/v1/jobs/{ID}/stop", ("POST",), endpoints.stop_job),
+    # llama.cpp's and vLLM's paths, and SGLang's under /v1 (serve/dialects/tokenize.py)
+    Route("/tokenize", ("POST",), tokens.tokenize),
+    Route("/detokenize", ("POST",), tokens.detokenize),
+    Route("/v1/tokenize", ("POST",), tokens.tokenize),
+    Route("/v1/detokenize", ("POST",), tokens.detokenize),
 )
 ROOT = next(r for r in ROUTES if r.path == "/")   # answers for a target that is no path
 

@@ -19,14 +19,13 @@ from typing import Any, Callable, Optional
 from serve.core.hangup import Hangup
 from serve.core.ids import new_id
 from serve.core.errors import ApiError
-from serve.core.work import CLASS_HEADER
 from serve.dialects.exchange import R, Exchange
 from serve.engine.queue import ClientGone
 from serve.http import heap, request_line
 from serve.http.answering import Ongoing
 from serve.http.background import Keepers
 from serve.http.auth import authorized, credential_digest, unauthorized
-from serve.http.job_key import job_key
+from serve.http.job_start import start_job
 from serve.http.connections import DEFAULT_MAX_CONNECTIONS, ConnectionServer
 from serve.http.json_body import parse_body
 from serve.http.request_body import DeadlineReader, declared_length, has_body, read_exactly
@@ -68,6 +67,11 @@ class Server(ConnectionServer):
         self.host_id = f"{socket.gethostname()}:{self.port}"
         self._logged: set[str] = set()
         self._logged_lock = threading.Lock()
+
+    def log_line(self, line: str) -> None:
+        """A line in the log, when there is one."""
+        if self.log is not None:
+            self.log(line)
 
     def log_once(self, key: str, line: str) -> None:
         """A log line said once per server, for what would otherwise repeat on every request."""
@@ -269,9 +273,9 @@ class Handler(BaseHTTPRequestHandler):
         job key reads it) attaches to a job nobody follows, or to one whose reply never
         reached its client. `headers` go with the reply, not with an error in its place."""
         self.current.reply_headers = dict(headers or {})
-        job, attached, reader = self.start_job(exchange, call, body, self._hangup)
-        if attached and self.server.log is not None:
-            self.server.log(f"{self.request_id} attached to {job.id}, the same request's job")
+        job, attached, reader = start_job(self, exchange, call, body, self._hangup)
+        if attached:
+            self.server.log_line(f"{self.request_id} attached to {job.id}, the same request's job")
         answer: Answer = ExchangeSink(self, exchange, job, reader, self._hangup).follow()
         self.current.tokens, self.current.timing = answer.tokens, answer.timing
         if answer.body is not None:
@@ -281,30 +285,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def start_job(self, exchange: Exchange[R], call: Callable[[Service], Callable[[Any, Run], R]],
                   body: Optional[dict], hung_up: Callable[[], bool]) -> tuple[Job[R], bool, int]:
-        """The request's job, new or attached to (`body` None: never attached), and the
-        caller's reader number in it; its id goes with the reply (X-Serve-Job)."""
-        if exchange.left_out and self.server.log is not None:
-            self.server.log(f"{self.current.path}: tools left out (the server cannot "
-                            f"run them): {', '.join(exchange.left_out)}")
-        self.server.note_unread(self.current.path, exchange.ignored)
-        exchange.request.request_id = self.request_id
-        # The class is decided here, at the edge, from the neutral request and the header.
-        decision = self.server.service.classifier.classify(exchange.request,
-                                                            self.headers.get(CLASS_HEADER))
-        exchange.request.work = decision.work
-        if decision.why and self.server.log is not None:
-            self.server.log(f"{self.request_id} {decision.work} ({decision.why})")
-        service = self.server.models.pick(self.current.named_model, exchange.request)
-        exchange.model = service.options.model_id
-        if len(self.server.models.services) > 1:
-            self.current.answered_by = f" model={exchange.model}"
-        key = job_key(self.current.path, self.owner, decision.work, body) if body is not None \
-            else new_id("unshared")
-        job, attached, reader = self.server.models.jobs.start(
-            key, self.owner, exchange.model, service.new_run(),
-            lambda run: call(service)(exchange.request, run), hung_up)
-        self.current.reply_headers["X-Serve-Job"] = job.id
-        return job, attached, reader
+        return start_job(self, exchange, call, body, hung_up)
 
     @property
     def owner(self) -> str:

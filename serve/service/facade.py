@@ -37,6 +37,7 @@ from serve.service.image_positions import Grid, ImagePositions
 from serve.service.images import image_parts, StagedImages
 from serve.service.logprobs import chat_logprobs, completion_logprobs
 from serve.service.metrics import Metrics
+from serve.service.model_card import context_fields
 from serve.service.preempt import Preemption
 from serve.service.prefill import DEFAULT_CHUNK, Prefill, PrefillCancelled, start_empty
 from serve.snapshots import tiers
@@ -155,7 +156,7 @@ class Service:
     def model(self) -> dict:
         info = self.engine.info
         return {"id": self.options.model_id, "object": "model", "created": self.created,
-                "owned_by": "serve",
+                "owned_by": "serve", **context_fields(info.ctx_max),
                 "waste": {"arch": info.arch, "n_layers": info.n_layers, "n_experts": info.n_experts,
                           "top_k": info.top_k, "hidden": info.hidden, "ctx": info.ctx_max,
                           "params_total": info.params_total, "params_active": info.params_active,
@@ -170,7 +171,8 @@ class Service:
         # Built before the engine is held: a schema the grammar cannot enforce is a 400
         # before any stream opens, and a large one compiles while others use the engine.
         constraint = self._constraint(req, check.thinking)
-        self.generation.check_logprobs(req.logprobs)
+        self.generation.check_decoding(req.logprobs, req.sampling)
+        self.prompts.pieces(list(req.sampling.logit_bias), "logit_bias", indexed=False)
         with StagedImages(self.options.allow_local_images) as staged:
             early = self.prompts.chat(req, check, staged)
             run = self._run(sink)
@@ -213,7 +215,8 @@ class Service:
     def complete(self, req: CompletionRequest, sink: ReplySink | Run) -> CompletionReply:
         check_fits(self.engine, len(req.prompt), "prompt", self.options.context_beyond)
         prompt = Prompt(self.prompts.text(req.prompt))
-        self.generation.check_logprobs(req.logprobs)
+        self.generation.check_decoding(req.logprobs, req.sampling)
+        self.prompts.pieces(list(req.sampling.logit_bias), "logit_bias", indexed=False)
         run = self._run(sink)
         unfollowed = self._unfollowed(run, req.request_id)
         with self._turn(run, req.work, prompt) as lookup:

@@ -3,7 +3,8 @@
 The engine state must be empty on entry. Prefill restores the longest snapshot
 and evaluates the rest in chunks the request's observer can watch and a vanished client can
 interrupt; generation goes through waste_generate, or through serve's own
-decoder (serve/engine/decode.py) when a grammar or logprobs need the logits.
+decoder (serve/engine/decode.py) when a grammar, logprobs or an adjustment of the
+logits (logit_bias, the penalties) need them.
 """
 from __future__ import annotations
 
@@ -87,7 +88,7 @@ class Generation:
             max_tokens: Optional[int] = None, lookup: Optional[Lookup] = None) -> Outcome:
         """Prefill, generate until the reader says the reply is done, and account for it.
 
-        `logprobs`: passed by check_logprobs already, before the request waited;
+        `logprobs`: passed by check_decoding already, before the request waited;
         `constraint`: a compiled grammar the reply must follow; `label` names the
         request in log lines; `stop`: asked between prefill chunks whether to stop
         (by default, whether the run is gone). A prefill that runs to its end for a
@@ -138,7 +139,7 @@ class Generation:
             clock.client_gone = not run.stopped
             result = GenResult(n_tokens=0, cancelled=True, context_full=False, detail=None)
         else:
-            # The one branch: serve decodes itself when a grammar or logprobs need the logits.
+            # The one branch: serve decodes itself when the reply needs the logits.
             result = (decoder or self.engine).generate(rest, params, on_token)
             if decoder is not None:
                 report = decoder.report.waste()
@@ -164,13 +165,20 @@ class Generation:
         """Why serve cannot decode by itself, or None."""
         return missing if self.eval_logits else "this engine's waste_eval gives no logits"
 
-    def check_logprobs(self, top_logprobs: Optional[int]) -> None:
-        """Refuse logprobs when serve cannot decode by itself (the service asks before the
-        request waits for the engine)."""
+    def check_decoding(self, top_logprobs: Optional[int], sampling: Sampling) -> None:
+        """Refuse logprobs, and the logits' adjustments, when serve cannot decode by itself
+        (the service asks before the request waits for the engine)."""
         off = self.decoding_off(decode.missing())
-        if top_logprobs is not None and off is not None:
+        if off is None:
+            return
+        if top_logprobs is not None:
             raise invalid("logprobs", f"logprobs are off here ({off}); to enable: {grammar.ENABLE_HINT}",
                           code="logprobs_unavailable")
+        adjusted = sampling.adjusted
+        if adjusted is not None:
+            raise invalid(adjusted, f"{adjusted} needs serve's own decoder, which is off here "
+                                    f"({off}): the engine's sampler cannot apply it; to enable: "
+                                    f"{grammar.ENABLE_HINT}", code="decoding_unavailable")
 
     def _decoder(self, sampling: Sampling, top_logprobs: Optional[int], run: Run,
                  constraint: Optional[str], stop_tokens: Sequence[int],
@@ -178,14 +186,18 @@ class Generation:
                  ) -> Optional[decode.Decoder]:
         """Serve's own decoder, its logprobs kept on the run when they are asked for;
         no decoder (waste_generate) when nothing needs the logits or a pause."""
-        if constraint is None and top_logprobs is None and pause is None:
+        if constraint is None and top_logprobs is None and pause is None \
+                and sampling.adjusted is None:
             return None
         if top_logprobs is not None:
             run.logprobs = LogprobLedger(frozenset(self.engine.specials.values()))
         matcher = None if constraint is None else self._matcher(constraint, tuple(stop_tokens))
         return decode.Decoder(self.engine, temperature=sampling.temperature, top_k=sampling.top_k,
                               top_p=sampling.top_p, grammar=matcher, top_logprobs=top_logprobs,
-                              listener=run.logprobs, pause=pause)
+                              listener=run.logprobs, pause=pause,
+                              adjust=decode.Adjustment(sampling.logit_bias,
+                                                       sampling.frequency_penalty,
+                                                       sampling.presence_penalty))
 
     def _matcher(self, compiled: str, eos: tuple[int, ...]) -> Callable[[int], decode.Grammar]:
         """A matcher factory (vocabulary size -> matcher) for a compiled grammar."""

@@ -206,9 +206,11 @@ class PromptBuilder:
             return "off"
         return req.thinking_effort or "on"
 
-    def chat(self, req: ChatRequest, check: ChatCheck, staged: StagedImages) -> Prompt:
+    def chat(self, req: ChatRequest, check: ChatCheck, staged: StagedImages,
+             fit: bool = True) -> Prompt:
         """Render once and tokenize, before the engine is held; images are measured here
-        and encoded on the engine (with_images)."""
+        and encoded on the engine (with_images). `fit`: refuse a prompt that leaves the
+        context no room for a reply (/tokenize counts one that does not fit)."""
         paths = [staged.stage(url, param) for param, url in check.images]
         sizes = [staged.measure(self.images.image_dimensions, path, param,
                                 self.positions.max_pixels)
@@ -230,7 +232,8 @@ class PromptBuilder:
         ids = history + generation
         snapshot_at = [*sorted(positions[cut] for cut in cuts if cut in positions), len(history)]
         if not paths:
-            check_room(len(ids), self.engine.info.ctx_max, "messages", self.context_beyond)
+            if fit:
+                check_room(len(ids), self.engine.info.ctx_max, "messages", self.context_beyond)
             return Prompt(ids, snapshot_at, generation=generation,
                           conversation=conversation.segments, thinking=check.thinking)
         prompt = Prompt(ids, snapshot_at, text_ids=ids,
@@ -256,6 +259,22 @@ class PromptBuilder:
             raise invalid("prompt", "prompt is empty")
         check_room(len(ids), self.engine.info.ctx_max, "prompt", self.context_beyond)
         return ids
+
+    def pieces(self, ids: Sequence[int], param: str, indexed: bool = True) -> list[bytes]:
+        """Each id's bytes (a special token's as its text), by the prompts' tokenizer; a 400
+        naming the first id no token has, as `param[i]` (or `param` when not `indexed`)."""
+        tokenizer = self.tokenizer
+
+        def each() -> list[bytes]:
+            found = []
+            for i, token in enumerate(ids):
+                try:
+                    found.append(tokenizer.detokenize([token]))
+                except (ValueError, WasteError):
+                    raise invalid(f"{param}[{i}]" if indexed else param,
+                                  f"no token has the id {token}") from None
+            return found
+        return self.tokenizing(each)
 
     # -- holding the engine -----------------------------------------------------------
 

@@ -91,9 +91,13 @@ def test_sampling_fields_reach_the_engine(server, engine):
     assert engine.params[-1].max_tokens == 5
 
 
-def test_unknown_fields_are_ignored(server):
-    resp = call(server.port, "POST", CHAT, {"messages": USER, "frequency_penalty": 0.3,
-                                            "presence_penalty": 1, "user": "u1", "logit_bias": {}})
+def test_unknown_fields_and_off_values_are_accepted(server):
+    """Fields serve does not know, and the off values clients send unasked (Open-WebUI's
+    penalties of 0, an empty logit_bias), even where serve's decoder is off (a script has no
+    logits): tests/api/test_field_lists.py has the fields that do something."""
+    resp = call(server.port, "POST", CHAT, {"messages": USER, "frequency_penalty": 0,
+                                            "presence_penalty": 0.0, "user": "u1",
+                                            "logit_bias": {}, "extra_knob": 3})
     assert resp.status == 200
 
 

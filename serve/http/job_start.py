@@ -1,0 +1,68 @@
+"""How a generation request becomes a job (serve/service/jobs.py): its class, the model that
+answers it, and the key under which identical requests share one job.
+
+Two requests are the same question when they name the same endpoint, carry the
+same credentials and class header, and their parsed bodies are equal with keys
+in any order (Codex resends its body with `client_metadata` reordered). Left
+out of the comparison, because they change how a reply is framed and not what
+is generated: `stream` and `stream_options` (a client may stream its first try
+and block on the retry). The caller also leaves out what a dialect already keeps
+out of the prompt (Claude Code's billing header, which changes on every request).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Callable, Optional
+
+from serve.core.ids import new_id
+from serve.core.work import CLASS_HEADER
+from serve.dialects.exchange import R, Exchange
+from serve.http.answering import Answering
+from serve.service.facade import Service
+from serve.service.jobs import Job
+from serve.service.run import Run
+
+FRAMING = ("stream", "stream_options")
+
+
+def job_key(path: str, owner: str, work: str, body: dict) -> str:
+    """A digest of everything that makes two requests the same question."""
+    kept = {name: value for name, value in body.items() if name not in FRAMING}
+    text = json.dumps(kept, sort_keys=True, ensure_ascii=False, separators=(",", ":"),
+                      allow_nan=True)
+    digest = hashlib.sha256()
+    for part in (path, owner, work, text):
+        digest.update(part.encode("utf-8", "surrogatepass"))
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def start_job(handler: Answering, exchange: Exchange[R],
+              call: Callable[[Service], Callable[[Any, Run], R]], body: Optional[dict],
+              hung_up: Callable[[], bool]) -> tuple[Job[R], bool, int]:
+    """The request's job, new or attached to (`body` None: never attached), and the caller's
+    reader number in it; its id goes with the reply (X-Serve-Job)."""
+    server, current = handler.server, handler.current
+    if exchange.left_out:
+        server.log_line(f"{current.path}: tools left out (the server cannot run them): "
+                        f"{', '.join(exchange.left_out)}")
+    server.note_unread(current.path, exchange.ignored)
+    exchange.request.request_id = handler.request_id
+    # The class is decided here, at the edge, from the neutral request and the header.
+    decision = server.service.classifier.classify(exchange.request,
+                                                  handler.headers.get(CLASS_HEADER))
+    exchange.request.work = decision.work
+    if decision.why:
+        server.log_line(f"{handler.request_id} {decision.work} ({decision.why})")
+    service = server.models.pick(current.named_model, exchange.request)
+    exchange.model = service.options.model_id
+    if len(server.models.services) > 1:
+        current.answered_by = f" model={exchange.model}"
+    key = job_key(current.path, handler.owner, decision.work, body) if body is not None \
+        else new_id("unshared")
+    job, attached, reader = server.models.jobs.start(
+        key, handler.owner, exchange.model, service.new_run(),
+        lambda run: call(service)(exchange.request, run), hung_up)
+    current.reply_headers["X-Serve-Job"] = job.id
+    return job, attached, reader
