@@ -60,12 +60,6 @@ OPENCODE_TITLE_ASK = "Generate a title for this conversation:"
 CLAUDE_IDENTITY = fixed("You are ", "2719b7a469d904b3281d8488976f33103944211279bddf04c05bca44d184dae6",
                         "6c1afcd9232947a1d8f7c44a79316f8fe08d06dcdc6e7453f09e2d78fa858e5e",
                         "0d7062851dd7bd7e66d4be4f12ac4951e3d2f587ec408295333a49963bd3f6b7")
-CLAUDE_TITLE = fixed("You are naming a coding session so the user can pick it out",
-                     "765b5ba2fa0a315a3c749c7e54bf5cef450084a745eb01e66371b8b6359d4752")
-CLAUDE_TOOL_LABEL = fixed("Write a short summary label describing what these tool calls",
-                          "470c1e371d7c79267ee021ec823a7d774f3ea00cb0521d2e1488db7fcad73ab6")
-CLAUDE_PROGRESS = fixed("You write a 3-5 word progress label for a background agent",
-                        "981473216732bee5bc279e29cb3804914849a80e2a7bcfe86596642dda3a2cf4")
 CLAUDE_PROGRESS_ASK = "\nDescribe the agent's most recent action in 3-5 words using present tense"
 CLAUDE_SUGGESTION = fixed("[SUGGESTION MODE: Suggest what the user might naturally type next",
                           "848ab6d7d37cb9e01ff58d81467438a21ff26e5287bbf510e76d387df592fb0d")
@@ -90,12 +84,11 @@ class Chat:
     """What a chat's skeleton is read from: its system text and its user messages' texts."""
     system: str             # the system messages' text (Anthropic's blocks joined by a blank line)
     users: list[str]        # each user message's text, in order
-    last_part: str          # the last text part of the last user message
     others: int             # how many messages are neither system nor user
 
 
 def read_chat(messages: Sequence[Any]) -> Chat:
-    system, users, last_part, others = [], [], "", 0
+    system, users, others = [], [], 0
     for message in messages:
         role = message.get("role") if isinstance(message, dict) else None
         content = message.get("content") if isinstance(message, dict) else None
@@ -103,10 +96,9 @@ def read_chat(messages: Sequence[Any]) -> Chat:
             system.append(message_text(content))
         elif role == "user":
             users.append(message_text(content))
-            last_part = text_parts(content)[-1] if text_parts(content) else ""
         else:
             others += 1
-    return Chat("\n\n".join(system), users, last_part, others)
+    return Chat("\n\n".join(system), users, others)
 
 
 def message_text(content: object) -> str:
@@ -134,30 +126,32 @@ def opencode_title(chat: Chat) -> bool:
         chat.users[0].strip() == OPENCODE_TITLE_ASK and chat.others == 0
 
 
-def claude_title(chat: Chat) -> bool:
-    session = chat.users[-1] if len(chat.users) == 1 else ""
-    return CLAUDE_TITLE.whole(after_identity(chat.system)) and \
-        session.startswith("<session>\n") and "\n</session>\n\n" in session
+def claude_side(prompt: Fixed, asks: Callable[[str], bool]) -> Callable[[Chat], bool]:
+    """A side request of its own: its system prompt, and one user message it `asks`."""
+    return lambda chat: len(chat.users) == 1 and asks(chat.users[0]) and \
+        prompt.whole(after_identity(chat.system))
 
 
-def claude_tool_label(chat: Chat) -> bool:
-    ask = chat.users[-1] if len(chat.users) == 1 else ""
-    return CLAUDE_TOOL_LABEL.whole(after_identity(chat.system)) and \
-        "Tools completed:\n\n" in ask and ask.rstrip().endswith("\n\nLabel:")
-
-
-def claude_progress(chat: Chat) -> bool:
-    # The notes, then the ask, then the language to write in.
-    notes = chat.users[-1] if len(chat.users) == 1 else ""
-    return CLAUDE_PROGRESS.whole(after_identity(chat.system)) and \
-        CLAUDE_PROGRESS_ASK in notes and \
-        notes.rstrip().rpartition("\n")[2].startswith("Write the label in ")
+# Claude Code's side requests with a system prompt of their own: what serve calls each, its
+# prompt, and the shape of its one user message.
+CLAUDE_SIDE: tuple[tuple[str, Fixed, Callable[[str], bool]], ...] = (
+    ("session title", fixed("You are naming a coding session so the user can pick it out",
+                            "765b5ba2fa0a315a3c749c7e54bf5cef450084a745eb01e66371b8b6359d4752"),
+     lambda ask: ask.startswith("<session>\n") and "\n</session>\n\n" in ask),
+    ("tool-use label", fixed("Write a short summary label describing what these tool calls",
+                             "470c1e371d7c79267ee021ec823a7d774f3ea00cb0521d2e1488db7fcad73ab6"),
+     lambda ask: "Tools completed:\n\n" in ask and ask.rstrip().endswith("\n\nLabel:")),
+    # the notes, then the ask, then the language to write in
+    ("agent progress label", fixed("You write a 3-5 word progress label for a background agent",
+                                   "981473216732bee5bc279e29cb3804914849a80e2a7bcfe86596642dda3a2cf4"),
+     lambda ask: CLAUDE_PROGRESS_ASK in ask and
+     ask.rstrip().rpartition("\n")[2].startswith("Write the label in ")),
+)
 
 
 def claude_fork(fixed_text: Fixed) -> Callable[[Chat], bool]:
     """A fork of the conversation whose last message is the fixed text alone."""
-    return lambda chat: bool(chat.users) and fixed_text.whole(chat.last_part) and \
-        fixed_text.whole(chat.users[-1])
+    return lambda chat: bool(chat.users) and fixed_text.whole(chat.users[-1])
 
 
 def codex_title(chat: Chat) -> bool:
@@ -184,9 +178,7 @@ def continue_title(chat: Chat) -> bool:
 
 CHORES: tuple[tuple[str, Callable[[Chat], bool]], ...] = (
     ("opencode title", opencode_title),
-    ("Claude Code session title", claude_title),
-    ("Claude Code tool-use label", claude_tool_label),
-    ("Claude Code agent progress label", claude_progress),
+    *((f"Claude Code {name}", claude_side(prompt, asks)) for name, prompt, asks in CLAUDE_SIDE),
     ("Claude Code prompt suggestion", claude_fork(CLAUDE_SUGGESTION)),
     ("Claude Code away recap", claude_fork(CLAUDE_AWAY)),
     ("Codex thread title", codex_title),
