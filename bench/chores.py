@@ -18,9 +18,10 @@ thinking is --delay-ms/2000 s here.
 Beside it, with message 1, an opencode turn: its title request and then its
 turn, both streamed, as opencode 1.18.33 sent them (tests/fixtures/agents/
 opencode-turn.json: the title agent's prompt with max_tokens 32000, then the
-turn's 10 tools and system prompt). Its turn's first token, and how much of it
-was spent behind chores, is what changed: before, serve did not know opencode's
-title and ran it first as a person's request.
+turn's 10 tools and system prompt; the turn's reply held to 200 tokens, as the
+messages' are). The turn's first token is what changed: before, serve did not
+know opencode's title and ran it first, as a person's request, to its 32,000
+tokens.
 
 Runs, on the same engine and container:
 - before: one line in arrival order, chores run to the server's max_tokens
@@ -74,6 +75,7 @@ QUESTIONS = ["How do tides work, and why are there two a day?",
              "Write a detailed explanation of spring and neap tides with a worked example.",
              "Thanks. Which coasts have the largest tidal range?"]
 MESSAGE_TOKENS = (84, 1924, 200)   # what the table's replies were (the third: unknown, failed)
+OPENCODE_TURN_TOKENS = 200   # the turn's reply (it asks 32,000, which greedy demo text would fill)
 
 
 def tools(n: int = 36) -> list[dict]:
@@ -131,8 +133,10 @@ class Chat:
     def opencode(self, after: float) -> None:
         """opencode's title and then its turn, `after` human seconds, each on its own thread."""
         def send(name: str) -> None:
-            self._streamed(f"opencode {name}", {**OPENCODE_TURN[name], "model": "demo",
-                                                "temperature": 0})
+            body = {**OPENCODE_TURN[name], "model": "demo", "temperature": 0}
+            if name == "turn":
+                body["max_tokens"] = OPENCODE_TURN_TOKENS
+            self._streamed(f"opencode {name}", body)
         self._later(after, lambda: send("title"))
         self._later(after + 0.1, lambda: send("turn"))
 

@@ -202,3 +202,23 @@ def test_the_fixture_holds_only_prompt_text():
         assert all(isinstance(text, str) and text.strip() for text in client["prompts"].values())
     for body in OPENCODE_TURN.values():
         assert body["messages"][-1] == {"role": "user", "content": json.dumps(ASK)}
+
+
+def test_codexs_title_through_the_responses_api_is_a_bounded_chore():
+    input_items = [
+        {"type": "message", "role": "developer",
+         "content": [{"type": "input_text", "text": "<permissions instructions>workspace-write"}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": codex_title()}]},
+        {"type": "message", "role": "user",
+         "content": [{"type": "input_text", "text": "<environment_context>\n  <shell>bash</shell>\n"
+                                                    "</environment_context>"}]}]
+    body = {"model": "gpt-5.5", "instructions": "You are Codex, a coding agent.",
+            "input": input_items, "max_output_tokens": 4000, "stream": False}
+    person = {**body, "input": [{"type": "message", "role": "user",
+                                 "content": [{"type": "input_text", "text": ASK}]}]}
+    engine, server = bounded_server()
+    with server as srv:
+        replies = [call(srv.port, "POST", "/v1/responses", b) for b in (body, person)]
+    assert [r.status for r in replies] == [200, 200], [r.body for r in replies]
+    assert [r.json()["waste"]["work"] for r in replies] == [BACKGROUND, INTERACTIVE]
+    assert [p.max_tokens for p in engine.params] == [64, 4000]
