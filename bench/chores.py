@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""An Open-WebUI chat replayed at a scaled K3 clock: the person's first tokens, before and after chores went to the back.
+"""An Open-WebUI chat and an opencode turn replayed at a scaled K3 clock: the person's first tokens, before and after chores went to the back.
 
     .venv/bin/python bench/chores.py [CONTAINER] [--delay-ms MS] [--lib PATH] [--runs NAME,...]
+                                     [--main-root CHECKOUT]
 
 The requests and their order are issue 28's table (Open-WebUI 0.12.4 in a
 browser, one chat of three messages): a title chore beside message 1 (36 tools
@@ -14,9 +15,19 @@ table's, scaled by the clock: the reference engine sleeps --delay-ms per
 evaluated position (default 4) where K3 takes about 2 s, so a second of
 thinking is --delay-ms/2000 s here.
 
+Beside it, with message 1, an opencode turn: its title request and then its
+turn, both streamed, as opencode 1.18.33 sent them (tests/fixtures/agents/
+opencode-turn.json: the title agent's prompt with max_tokens 32000, then the
+turn's 10 tools and system prompt; the turn's reply held to 200 tokens, as the
+messages' are). The turn's first token is what changed: before, serve did not
+know opencode's title and ran it first, as a person's request, to its 32,000
+tokens.
+
 Runs, on the same engine and container:
 - before: one line in arrival order, chores run to the server's max_tokens
   (--no-work-classes --background-max-tokens 4096): today's main.
+- main: --main-root's checkout (today's main, before opencode's title was
+  known) with the defaults of `after`.
 - after: the defaults (people first, chores preempted between engine calls,
   chores bounded), prefill in steps of 64 (WARP's batch, as K3 runs).
 - chores model: the same, with a chores model beside it (--chores-model: by
@@ -48,11 +59,13 @@ from typing import Optional
 from common import DEMO, ROOT, machine, server
 
 sys.path.insert(0, str(ROOT / "tests"))
+from agent_prompts import OPENCODE_TURN  # noqa: E402
 from openwebui_tasks import task  # noqa: E402
 
 K3_SECONDS_PER_TOKEN = 2.0
 RUNS = {
     "before": ("--no-work-classes", "--background-max-tokens", "4096", "--prefill-step", "512"),
+    "main": ("--prefill-step", "64"),
     "after": ("--prefill-step", "64"),
     "chores model": ("--prefill-step", "64", "--chores-model", "{chores}"),
 }
@@ -62,6 +75,7 @@ QUESTIONS = ["How do tides work, and why are there two a day?",
              "Write a detailed explanation of spring and neap tides with a worked example.",
              "Thanks. Which coasts have the largest tidal range?"]
 MESSAGE_TOKENS = (84, 1924, 200)   # what the table's replies were (the third: unknown, failed)
+OPENCODE_TURN_TOKENS = 200   # the turn's reply (it asks 32,000, which greedy demo text would fill)
 
 
 def tools(n: int = 36) -> list[dict]:
@@ -116,6 +130,16 @@ class Chat:
         result = self._streamed(f"message {index + 1}", body)
         self.history.append({"role": "assistant", "content": result.waste.pop("text", "")})
 
+    def opencode(self, after: float) -> None:
+        """opencode's title and then its turn, `after` human seconds, each on its own thread."""
+        def send(name: str) -> None:
+            body = {**OPENCODE_TURN[name], "model": "demo", "temperature": 0}
+            if name == "turn":
+                body["max_tokens"] = OPENCODE_TURN_TOKENS
+            self._streamed(f"opencode {name}", body)
+        self._later(after, lambda: send("title"))
+        self._later(after + 0.1, lambda: send("turn"))
+
     def join(self) -> None:
         for thread in self.threads:
             thread.join()
@@ -169,6 +193,7 @@ def replay(port: int, think: float) -> Chat:
     """Issue 28's table, each request sent when Open-WebUI sent it."""
     chat = Chat(port, think)
     chat.chore("title", "TITLE_GENERATION", 1000, 0.0)
+    chat.opencode(0.2)
     chat.message(0, 0.4)
     chat.chore("follow-ups 1", "FOLLOW_UP_GENERATION", None, 0.0)
     chat.chore("tags", "TAGS_GENERATION", None, 12.3)
@@ -208,12 +233,12 @@ def report(name: str, chat: Chat, engine: dict[str, float]) -> None:
     print(f"\n{name}: engine {engine['interactive']:.1f} s on messages, "
           f"{engine['background']:.1f} s on chores; {engine['preemptions']:.0f} preemptions"
           + (f" (by model: {by_model})" if by_model else ""))
-    print(f"  {'request':<13} {'sent s':>7} {'first token s':>14} {'behind chores s':>16} "
+    print(f"  {'request':<15} {'sent s':>7} {'first token s':>14} {'behind chores s':>16} "
           f"{'done s':>8} {'tokens':>7}")
     for r in sorted(chat.results, key=lambda r: r.sent):
         first = f"{r.first_token:.2f}" if r.first_token is not None else "-"
         behind = r.waste.get("behind_chores_ms", 0) / 1000.0
-        print(f"  {r.name:<13} {r.sent:>7.2f} {first:>14} {behind:>16.2f} {r.done:>8.2f} "
+        print(f"  {r.name:<15} {r.sent:>7.2f} {first:>14} {behind:>16.2f} {r.done:>8.2f} "
               f"{r.tokens:>7}")
 
 
@@ -223,7 +248,9 @@ def main() -> None:
     ap.add_argument("--delay-ms", type=float, default=4.0,
                     help="the reference engine's sleep per evaluated position (WASTE_DELAY_MS)")
     ap.add_argument("--lib", default=None)
-    ap.add_argument("--runs", default=",".join(RUNS), help="which of " + ", ".join(RUNS))
+    ap.add_argument("--runs", default="main,after,chores model", help="which of " + ", ".join(RUNS))
+    ap.add_argument("--main-root", default=None, type=Path,
+                    help="the checkout the `main` run serves from (e.g. `git archive main`)")
     ap.add_argument("--chores-model", default=None,
                     help="the chores model of the `chores model` run (default: "
                          "build/smollm2.waste if made, else a Kimi-Linear-flavoured container)")
@@ -240,7 +267,10 @@ def main() -> None:
           f"(K3: {K3_SECONDS_PER_TOKEN:g} s), a human second {think * 1000:.1f} ms")
     for name in args.runs.split(","):
         flags = [flag.format(chores=chores) for flag in RUNS[name]]
-        with server(args.container, *flags, lib=args.lib,
+        if name == "main" and args.main_root is None:
+            raise SystemExit("the main run needs --main-root CHECKOUT")
+        root = args.main_root if name == "main" else ROOT
+        with server(args.container, *flags, lib=args.lib, root=root,
                     env={"WASTE_DELAY_MS": f"{args.delay_ms:g}"}) as port:
             chat = replay(port, think)
             report(f"{name} ({' '.join(flags)})", chat, engine_seconds(port))

@@ -29,8 +29,9 @@ def add_flags(p: argparse.ArgumentParser, positive: Callable[[str], int],
                    metavar="REGEX", help="a pattern on the prompt (a chat's last user message, a "
                                          "completion's prompt) that marks a chore; repeatable")
     p.add_argument("--background-max-tokens", type=positive, default=DEFAULT_BACKGROUND_MAX_TOKENS,
-                   metavar="N", help="max_tokens of a chore that sets none "
-                                     f"(default {DEFAULT_BACKGROUND_MAX_TOKENS})")
+                   metavar="N", help="max_tokens of a chore that sets none, and the most a "
+                                     "chore the server recognised may ask for (default "
+                                     f"{DEFAULT_BACKGROUND_MAX_TOKENS})")
     p.add_argument("--chore-max-wait", type=seconds, default=STARVE_AFTER_SECONDS,
                    metavar="SECONDS", help="a chore that waited this long runs one engine step "
                                            "ahead of people (default "
@@ -63,8 +64,10 @@ def banner_lines(args: argparse.Namespace, build_info: str, snapshots: bool) -> 
         "".join(f"; prompt /{p}/" for p in args.background_match)
     preempt = ("step aside for them at their next engine call" if snapshots else
                "are not preempted (no prefix cache to save them in)")
-    lines += [f"chores   background: Open-WebUI's tasks, priority > 0, X-Serve-Class{named}",
+    lines += [f"chores   background: Open-WebUI's tasks, agents' side requests (opencode, Claude "
+              f"Code, Codex, Aider, Continue), priority > 0, X-Serve-Class{named}",
               f"chores   wait behind people and {preempt}; one waiting "
               f"{args.chore_max_wait:g} s runs a step (--chore-max-wait); max_tokens "
-              f"{args.background_max_tokens} unless set (--background-max-tokens)"]
+              f"{args.background_max_tokens} unless set, and at most that when recognised "
+              f"(--background-max-tokens)"]
     return lines

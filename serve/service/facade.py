@@ -101,7 +101,8 @@ class Service:
         self.responses = options.responses if options.responses is not None else ResponseStore()
         self.queue = EngineQueue(options.max_queue, classes=options.work_classes,
                                  starve_after=options.chore_max_wait)
-        self.classifier = Classifier(options.background_models, options.background_match)
+        self.classifier = Classifier(options.background_models, options.background_match,
+                                     bound=options.background_max_tokens)
         self._stopping = threading.Event()
         self.policy = options.snapshot_policy or SnapshotPolicy(log=options.log)
         self.metrics = Metrics(engine.stats(), self.activity, options.prefix_cache, self.policy,

@@ -114,7 +114,7 @@ def chores_server(**options):
     return engine, serving(scripted_service(engine, thinking=False, **options))
 
 
-def test_a_chore_without_max_tokens_gets_the_background_default_and_says_its_class():
+def test_a_chore_gets_at_most_the_background_bound_and_says_its_class():
     title = render(TEMPLATES["0.12.4"]["DEFAULT_TITLE_GENERATION_PROMPT_TEMPLATE"], CHAT)
     engine, server = chores_server(background_max_tokens=7, max_tokens=900)
     with server as srv:
@@ -124,9 +124,12 @@ def test_a_chore_without_max_tokens_gets_the_background_default_and_says_its_cla
                       {"messages": [{"role": "user", "content": "hi"}]})
         capped = call(srv.port, "POST", "/v1/chat/completions",
                       {"messages": [{"role": "user", "content": title}], "max_tokens": 50})
-    assert [r.json()["waste"]["work"] for r in (chore, person, capped)] == \
-        [BACKGROUND, INTERACTIVE, BACKGROUND]
-    assert [p.max_tokens for p in engine.params] == [7, 900, 50]
+        less = call(srv.port, "POST", "/v1/chat/completions",
+                    {"messages": [{"role": "user", "content": title}], "max_tokens": 5})
+    assert [r.json()["waste"]["work"] for r in (chore, person, capped, less)] == \
+        [BACKGROUND, INTERACTIVE, BACKGROUND, BACKGROUND]
+    # None set: the bound; more asked: the bound; less: its own.
+    assert [p.max_tokens for p in engine.params] == [7, 900, 7, 5]
 
 
 @pytest.mark.parametrize("path,body", [
@@ -164,7 +167,9 @@ def test_the_banner_says_how_chores_are_treated(lib_path, k3_container, tmp_path
         lines = [b for b in server.banner if b.startswith(("chores", "prefill"))]
     assert lines[0] == "prefill  steps of 512 positions (the reference engine's batch)"
     assert "model qwen-small" in lines[1] and "Open-WebUI's tasks" in lines[1]
-    assert "max_tokens 99 unless set (--background-max-tokens)" in lines[2]
+    assert "opencode, Claude Code, Codex, Aider, Continue" in lines[1]
+    assert "max_tokens 99 unless set, and at most that when recognised " \
+        "(--background-max-tokens)" in lines[2]
     assert "one waiting 60 s runs a step" in lines[2]
 
 
