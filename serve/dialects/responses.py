@@ -35,6 +35,7 @@ from serve.dialects.shared import (Block, Blocks, Conversation, Parts, Translati
 from serve.dialects.input_items import stored_items
 from serve.service.response_store import ResponseStore, Stored
 from serve.service.replies import ChatReply, ReplyStart
+from serve.dialects.framing import SSE
 from serve.dialects.sse import sse_named
 
 INCLUDE_REASONING = "reasoning.encrypted_content"
@@ -310,6 +311,7 @@ def _usage(prompt: int, cached: int, output: int, reasoning: int) -> dict:
 
 class Exchange:
     """One Responses request: its stream events as the deltas arrive, or the Response at the end."""
+    framing = SSE
 
     def __init__(self, body: dict, store: ResponseStore, model: str):
         parsed = _parse(body, store)
