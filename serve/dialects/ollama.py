@@ -76,9 +76,10 @@ def _ns(seconds: float) -> int:
 
 
 def ollama_call(index: int, call_id: str, name: str, arguments: str) -> Optional[dict]:
-    """A call in Ollama's shape, or None when its arguments are not an object (cut short)."""
+    """A call in Ollama's shape, or None when its arguments are not an object (cut short: a
+    whole call with none has "{}")."""
     try:
-        parsed = json.loads(arguments or "{}")
+        parsed = json.loads(arguments)
     except ValueError:
         return None
     if not isinstance(parsed, dict):
@@ -130,11 +131,12 @@ class _Exchange:
         return b"".join(ndjson_line(piece) for piece in self._pieces(delta))
 
     def _pieces(self, delta: Delta) -> list[dict]:
-        fields: dict[str, Any] = ({"thinking": delta.reasoning_content} if delta.reasoning_content
-                                  else {self._text: delta.content})
+        fields = ({"thinking": delta.reasoning_content} if delta.reasoning_content
+                  else {self._text: delta.content})
+        piece = self._piece(fields)
         if delta.logprobs:
-            fields["logprobs"] = delta.logprobs
-        return [self._piece(fields)]
+            piece["logprobs"] = delta.logprobs   # beside the message, as Ollama sends them
+        return [piece]
 
     def _head(self) -> dict:
         return {"model": ollama_name(self.model), "created_at": created_at()}
