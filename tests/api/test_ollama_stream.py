@@ -9,7 +9,8 @@ import time
 import ollama
 import pytest
 
-from scripted import ScriptedEngine, call, scripted_service, serving, xtml_answer, xtml_tool_call
+from scripted import (ScriptedEngine, call, scripted_service, serving, waiting_in_line, xtml_answer,
+                      xtml_tool_call)
 
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
 TOOLS = [{"type": "function", "function": {
@@ -106,15 +107,8 @@ def test_a_slow_first_token_gets_heartbeats_that_are_empty_pieces():
 
 
 def test_a_wait_in_line_sends_nothing_but_json():
-    service = scripted_service(ScriptedEngine([xtml_answer("ok")]), thinking=False)
-    chat = service.chat
-
-    def waits_then_runs(req, sink):
-        sink.queued(2)
-        sink.fetching(100)
-        return chat(req, sink)
-
-    service.chat = waits_then_runs
+    service = waiting_in_line(scripted_service(ScriptedEngine([xtml_answer("ok")]), thinking=False),
+                              2, 1)
     with serving(service) as srv:
         raw = lines(call(srv.port, "POST", "/api/chat", {"model": "m", "messages": ASK}).body)
     assert "".join(r["message"]["content"] for r in raw) == "ok" and raw[-1]["done"]
