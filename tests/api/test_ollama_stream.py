@@ -1,9 +1,11 @@
 """Ollama's replies where their content is the point (a scripted engine, through the `ollama` client
 and real sockets): tool calls whole with object arguments, a tool loop, reasoning as `thinking`,
-heartbeats and waits that are nothing but JSON lines, and an error inside a stream."""
+heartbeats and waits that are nothing but JSON lines, an error inside a stream, and a client
+that leaves one."""
 from __future__ import annotations
 
 import json
+import socket
 import time
 
 import ollama
@@ -133,3 +135,21 @@ def test_an_engine_failure_is_a_500_or_the_streams_last_line():
         with client_for(srv.port) as client, pytest.raises(ollama.ResponseError) as caught:
             list(client.chat(model="m", messages=ASK, stream=True))
         assert "internal error" in caught.value.error
+
+
+def test_a_client_that_leaves_mid_stream_stops_the_reply():
+    engine = ScriptedEngine([xtml_answer(*[f"w{i} " for i in range(40)]), xtml_answer("next")])
+    engine.before_token = lambda n: time.sleep(0.05) if n > 8 else None
+    log: list[str] = []
+    with serving(scripted_service(engine, thinking=False), log=log.append) as srv:
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as s:
+            body = json.dumps({"model": "m", "messages": ASK}).encode()
+            s.sendall(b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            got = b""
+            while b'"w2 "' not in got:   # a few pieces in
+                got += s.recv(4096)
+        with client_for(srv.port) as client:   # the engine is free again
+            assert client.chat(model="m", messages=ASK).message.content == "next"
+    assert engine.results[0].cancelled and engine.results[0].n_tokens < 40
+    assert any("POST /api/chat 499 " in line for line in log)
