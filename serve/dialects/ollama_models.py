@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from typing import Sequence
 
 from serve.dialects.ollama import ollama_name
+from serve.formats import grammar
 from serve.service.facade import Service
 from serve.version import version
 
@@ -53,10 +54,13 @@ def show(service: Service) -> dict:
 
 def capabilities(service: Service) -> list[str]:
     """What Ollama's clients check before they send a feature: `completion` (a raw
-    /api/generate needs no chat format), and what the model's chat format carries."""
+    /api/generate needs no chat format), and what the model's chat format carries (tools only
+    where a request with them is not refused)."""
     fmt = service.chat_format
+    # A format whose prompt alone cannot get calls (serve's generic one) needs the grammar.
+    calls = fmt.prompts_tools or service.generation.decoding_off(grammar.missing()) is None
     return ["completion"] + [name for name, has in (
-        ("tools", fmt.supports_tools and fmt.refusal is None),
+        ("tools", fmt.supports_tools and fmt.refusal is None and calls),
         ("thinking", fmt.supports_reasoning and fmt.refusal is None),
         ("vision", fmt.supports_images and service.options.vision)) if has]
 

@@ -86,6 +86,19 @@ def test_chat_blocking_and_streamed_are_the_chat_completion_of_the_same_request(
     assert parts[-1].message.content == ""
 
 
+def test_tools_are_the_chat_completions_tools(client, srv):
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "Current weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}}]
+    done = client.chat(model="real", messages=ASK, tools=tools,
+                       options={"num_predict": 10, "seed": 4})
+    same = openai_chat(srv.port, messages=ASK, tools=tools, max_tokens=10, seed=4)
+    assert done.message.content == (same["message"]["content"] or "")
+    assert done.prompt_eval_count == call(srv.port, "POST", CHAT, {
+        "messages": ASK, "tools": tools, "max_tokens": 1}).json()["usage"]["prompt_tokens"]
+
+
 def test_the_stream_is_ndjson_and_is_the_default(srv):
     resp = call(srv.port, "POST", "/api/chat", {"model": "real", "messages": ASK,
                                                 "options": {"num_predict": 3}})
@@ -301,3 +314,35 @@ def test_a_model_with_no_chat_format_still_answers_a_raw_generate(lib_path, plai
         assert client.show("real").capabilities == ["completion"]
         raw = client.generate(model="real", prompt="The", raw=True, options={"num_predict": 3})
         assert raw.done and raw.eval_count == 3
+
+
+def test_smollm2_answers_through_the_ollama_client(lib_path, smollm2):
+    """A real chat model (ChatML, no reasoning channel): greedy, the same words as chat
+    completions; `think` is accepted and left unused."""
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    with real_service(lib_path, smollm2) as service, serving(service) as srv, \
+            ollama.Client(host=f"http://127.0.0.1:{srv.port}") as client:
+        # serve's generic call format: tools with the grammar (structured output is on here)
+        assert client.show("real").capabilities == ["completion", "tools"]
+        done = client.chat(model="real", messages=question, think=True,
+                           options={"temperature": 0, "num_predict": 16})
+        same = openai_chat(srv.port, messages=question, temperature=0, max_tokens=16)
+        assert done.message.content == same["message"]["content"] and "Paris" in done.message.content
+        assert done.message.thinking is None
+        reply = call(srv.port, "POST", "/api/generate", {
+            "model": "real", "prompt": "What is the capital of France?", "stream": False,
+            "think": "high", "options": {"temperature": 0, "num_predict": 16}}).json()
+        assert reply["response"] == done.message.content
+        assert reply["waste"]["reasoning"] == "unsupported"
+
+
+def test_tools_are_no_capability_where_a_request_with_them_is_refused(lib_path,
+                                                                      kimi_linear_container):
+    # chat.json's calls need the grammar, which needs the engine's logits to decode with.
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    with real_service(lib_path, kimi_linear_container, eval_logits=False) as service, \
+            serving(service) as srv, ollama.Client(host=f"http://127.0.0.1:{srv.port}") as client:
+        assert "tools" not in client.show("real").capabilities
+        with pytest.raises(ollama.ResponseError) as caught:
+            client.chat(model="real", messages=ASK, tools=tools)
+        assert caught.value.status_code == 400 and "structured output" in caught.value.error
