@@ -33,7 +33,9 @@ from image_files import (corrupt_zlib_png, flat_png, gif_without_lzw, jpeg_witho
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 MESSAGES, COUNT, RESPONSES = "/v1/messages", "/v1/messages/count_tokens", "/v1/responses"
 TOKENIZE, DETOKENIZE = "/tokenize", "/detokenize"
-ENDPOINTS = (CHAT, COMPLETIONS, MESSAGES, COUNT, RESPONSES, TOKENIZE, DETOKENIZE)
+OLLAMA_CHAT, OLLAMA_GENERATE = "/api/chat", "/api/generate"
+ENDPOINTS = (CHAT, COMPLETIONS, MESSAGES, COUNT, RESPONSES, TOKENIZE, DETOKENIZE, OLLAMA_CHAT,
+             OLLAMA_GENERATE)
 WITHOUT_ENGINE = (COUNT, TOKENIZE, DETOKENIZE)   # answered (200) while the engine is busy
 
 # Written into the body as raw JSON: what json.dumps cannot write, but a client can send.
@@ -334,16 +336,65 @@ def detokenize_body() -> st.SearchStrategy[dict]:
         optional={"model": st.just("m")})
 
 
+OLLAMA_IMAGES = ["iVBORw0KGgo=", "!!!", "", "bm90IGFuIGltYWdl", *IMAGE_DATA]
+
+
+def ollama_common() -> dict:
+    """What /api/chat and /api/generate share: options (num_predict keeps a reply short),
+    format, think, keep_alive, logprobs."""
+    options = st.fixed_dictionaries({"num_predict": SMALL}, optional={
+        "temperature": st.floats(0, 2), "top_k": st.integers(0, 50), "top_p": st.floats(0.01, 1),
+        "seed": st.integers(-1, 2**64), "stop": st.lists(texts(), max_size=4),
+        "num_ctx": st.sampled_from([1, 512, 4096, 10**9]), "repeat_penalty": st.sampled_from([1.0, 1.1]),
+        "num_thread": st.integers(1, 4), "mirostat": st.sampled_from([0, 2])})
+    return {"options": options, "stream": st.booleans(),
+            "format": st.one_of(st.sampled_from(["", "json"]), schemas()),
+            "think": st.sampled_from([True, False, "low", "medium", "high", "max", "extreme"]),
+            "keep_alive": st.sampled_from(["5m", 0, -1, "1h30m", "forever"]),
+            "logprobs": st.booleans(), "top_logprobs": st.integers(0, 20)}
+
+
+def ollama_chat_body() -> st.SearchStrategy[dict]:
+    images = st.lists(st.sampled_from(OLLAMA_IMAGES), max_size=2)
+    call = st.fixed_dictionaries({"function": st.fixed_dictionaries({
+        "name": st.sampled_from(["f", "g"]), "arguments": st.sampled_from([{"a": 1}, {}, "{}"])})})
+    message = st.one_of(
+        st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "USER"]), "content": texts()},
+                              optional={"images": images}),
+        st.fixed_dictionaries({"role": st.just("assistant"), "content": texts()},
+                              optional={"thinking": texts(), "tool_calls": st.lists(call, max_size=2)}),
+        st.fixed_dictionaries({"role": st.just("tool"), "content": texts()},
+                              optional={"tool_name": st.sampled_from(["f", "g"])}))
+    last = st.fixed_dictionaries({"role": st.just("user"), "content": texts()}, optional={"images": images})
+    messages = st.tuples(st.lists(message, max_size=3), last).map(lambda p: p[0] + [p[1]])
+    optional = ollama_common()
+    optional.update(tools=chat_tools())
+    return st.fixed_dictionaries({"model": st.sampled_from(["m", "m:latest"]), "messages": messages,
+                                  "options": optional.pop("options")}, optional=optional)
+
+
+def ollama_generate_body() -> st.SearchStrategy[dict]:
+    optional = ollama_common()
+    optional.update(system=texts(), raw=st.booleans(), suffix=st.sampled_from(["", "end"]),
+                    images=st.lists(st.sampled_from(OLLAMA_IMAGES), max_size=2),
+                    context=st.sampled_from([[], [1, 2]]))
+    return st.fixed_dictionaries({"model": st.just("m"), "prompt": texts(),
+                                  "options": optional.pop("options")}, optional=optional)
+
+
 VALID = {CHAT: chat_body, COMPLETIONS: completion_body, MESSAGES: messages_body,
          COUNT: lambda: messages_body(counting=True), RESPONSES: responses_body,
-         TOKENIZE: tokenize_body, DETOKENIZE: detokenize_body}
+         TOKENIZE: tokenize_body, DETOKENIZE: detokenize_body,
+         OLLAMA_CHAT: ollama_chat_body, OLLAMA_GENERATE: ollama_generate_body}
 FIELDS = {CHAT: ["messages", "tools", "response_format", "stream", "max_tokens", "tool_choice"],
           COMPLETIONS: ["prompt", "stream", "max_tokens", "logprobs"],
           MESSAGES: ["messages", "system", "tools", "max_tokens", "stream", "model", "thinking"],
           COUNT: ["messages", "system", "tools", "model"],
           RESPONSES: ["input", "instructions", "tools", "text", "stream", "max_output_tokens"],
           TOKENIZE: ["content", "prompt", "messages", "with_pieces", "add_special"],
-          DETOKENIZE: ["tokens", "model"]}
+          DETOKENIZE: ["tokens", "model"],
+          OLLAMA_CHAT: ["model", "messages", "tools", "format", "options", "stream", "think"],
+          OLLAMA_GENERATE: ["model", "prompt", "system", "raw", "images", "options", "stream"]}
 
 
 # ---- breaking them --------------------------------------------------------------------------
@@ -448,11 +499,13 @@ def check(path: str, raw: bytes) -> tuple[int, Optional[str]]:
     headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
     if status >= 500:
         return status, f"a {status}"
-    if headers.get("content-type") == "text/event-stream":
+    if headers.get("content-type") in ("text/event-stream", "application/x-ndjson"):
         if headers.get("transfer-encoding") == "chunked":
             body, whole = unchunked(body)
             if not whole:
                 return status, "an event stream without its last chunk"
+        if headers["content-type"] == "application/x-ndjson":
+            return status, check_ndjson(path, body)
         return status, check_stream(path, body)
     if "content-length" not in headers:
         return status, "a body without Content-Length"
@@ -486,8 +539,11 @@ def unchunked(body: bytes) -> tuple[bytes, bool]:
 
 
 def check_error(path: str, payload: Any) -> Optional[str]:
-    """The dialect's own error shape: Anthropic's on /v1/messages*, OpenAI's elsewhere."""
-    if path.startswith(MESSAGES):
+    """The dialect's own error shape: Anthropic's on /v1/messages*, Ollama's on /api/*, OpenAI's
+    elsewhere."""
+    if path.startswith("/api/"):
+        ok = isinstance(payload, dict) and set(payload) == {"error"} and isinstance(payload["error"], str)
+    elif path.startswith(MESSAGES):
         ok = (isinstance(payload, dict) and payload.get("type") == "error"
               and isinstance(payload.get("error"), dict) and isinstance(payload["error"].get("message"), str)
               and isinstance(payload["error"].get("type"), str))
@@ -521,6 +577,24 @@ def check_stream(path: str, body: bytes) -> Optional[str]:
         return "an event stream not ending in [DONE]"
     payloads = [json.loads(data) for _, data in events[:-1]]
     return next((check_error(path, p) for p in payloads if "error" in p and check_error(path, p)), None)
+
+
+def check_ndjson(path: str, body: bytes) -> Optional[str]:
+    """An Ollama stream: JSON objects one a line and nothing else, ending done or in an error."""
+    if b"HTTP/1." in body:
+        return "a second HTTP response inside the stream"
+    if not body.endswith(b"\n"):
+        return "a stream cut mid-line"
+    try:
+        records = [json.loads(line) for line in body.decode().split("\n")[:-1]]
+    except ValueError:
+        return "a stream line that is not JSON"
+    if not records or not all(isinstance(r, dict) for r in records):
+        return "a stream with no records, or one that is not an object"
+    last = records[-1]
+    if "error" in last:
+        return check_error(path, last)
+    return None if last.get("done") is True else "a stream not ending done"
 
 
 # ---- the tally ------------------------------------------------------------------------------

@@ -360,6 +360,20 @@ def scripted_service(engine: Optional[ScriptedEngine] = None, library: Optional[
                    ServiceOptions(**options))
 
 
+def waiting_in_line(service: Service, *ahead: int) -> Service:
+    """The service, each of its chats first told to wait behind `ahead[0]`, then `ahead[1]`, ...
+    others (as the engine queue tells a request's sink)."""
+    chat = service.chat
+
+    def waits_then_runs(req, sink):
+        for n in ahead:
+            sink.queued(n)
+        return chat(req, sink)
+
+    service.chat = waits_then_runs
+    return service
+
+
 @contextmanager
 def real_service(lib_path, container, *, vision: bool = False, ctx: int = 0,
                  prefix_cache_for: Optional[Callable[[Any, Engine], PrefixCache]] = None,

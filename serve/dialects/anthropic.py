@@ -35,6 +35,7 @@ from serve.dialects.openai_request import parse_hints, parse_reasoning_effort, u
 from serve.dialects.shared import (Block, Blocks, Conversation, Parts, Translation, chat_request,
                       string_field, tool_call)
 from serve.service.replies import ChatReply, ReplyStart
+from serve.dialects.framing import SSE
 from serve.dialects.sse import sse_named
 
 BUDGET_EFFORTS = ((8192, "low"), (24576, "high"))   # budget_tokens below the bound -> effort
@@ -365,6 +366,7 @@ def _tool_input(arguments: str) -> dict:
 
 class Exchange:
     """One Messages request: its stream events as the deltas arrive, or its body at the end."""
+    framing = SSE
 
     def __init__(self, body: dict, model: str):
         self.translation = parse_request(body)

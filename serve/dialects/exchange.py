@@ -1,10 +1,11 @@
 """The Exchange protocol: one request in one wire format, from its body to its reply.
 
 Each wire format (OpenAI chat and completions in serve/dialects/openai.py, Anthropic
-Messages in serve/dialects/anthropic.py, OpenAI Responses in serve/dialects/responses.py) parses
-its body into the internal request when an exchange is made, and writes the
-service's reply back in its own shapes: one JSON body, or a stream of
-server-sent events. serve/http/sinks.py drives every exchange the same way.
+Messages in serve/dialects/anthropic.py, OpenAI Responses in serve/dialects/responses.py,
+Ollama's in serve/dialects/ollama.py) parses its body into the internal request when an
+exchange is made, and writes the service's reply back in its own shapes: one JSON
+body, or a stream in its framing (server-sent events, or Ollama's NDJSON:
+serve/dialects/framing.py). serve/http/sinks.py drives every exchange the same way.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Protocol, TypeVar
 from serve.core.reply import Delta
 from serve.core.errors import ApiError
 from serve.core.request import ChatRequest, CompletionRequest
+from serve.dialects.framing import Framing
 from serve.service.replies import ChatReply, CompletionReply, ReplyStart
 
 Reply = ChatReply | CompletionReply
@@ -23,6 +25,7 @@ class Exchange(Protocol[R]):
     left_out: list[str]                        # tools the server cannot run, named for the log
     ignored: list[str]                         # body fields the server does not read, for the log
     model: str                                 # the id replies name: the model that answers
+    framing: Framing                           # its stream's: server-sent events or NDJSON
 
     @property
     def request(self) -> ChatRequest | CompletionRequest:
@@ -31,7 +34,7 @@ class Exchange(Protocol[R]):
     def error(self, error: ApiError) -> ApiError:
         """The error naming request fields as the client named them."""
 
-    # -- a stream, as bytes of server-sent events
+    # -- a stream, as bytes in its framing
 
     def opening(self, start: ReplyStart) -> bytes:
         """The stream's first events, once the prompt's size is known (or once a heartbeat is

@@ -17,6 +17,7 @@ from serve.core.reply import Delta
 from serve.core.request import ChatRequest, CompletionRequest
 from serve.service.logprobs import chat_logprobs, completion_logprobs, text_length
 from serve.service.replies import ChatReply, CompletionReply, ReplyStart
+from serve.dialects.framing import SSE
 from serve.dialects.sse import SSE_DONE, sse_comment, sse_encoder, sse_event
 
 
@@ -33,6 +34,7 @@ class _OpenAIStream:
     """What chat and completions streams share: plain `data:` events, [DONE] at the end."""
     request: ChatRequest | CompletionRequest
     left_out: list[str] = []
+    framing = SSE
 
     model: str
     _encoder: Optional[Callable[[Any], bytes]] = None

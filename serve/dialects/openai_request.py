@@ -7,7 +7,7 @@ dialect shares (reasoning effort, parallel_tool_calls, unread fields) live here 
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Optional
 
 from serve.core.classes import Hints
 from serve.core.client_json import Json

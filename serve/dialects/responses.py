@@ -15,6 +15,7 @@ from serve.dialects.shared import Block, Blocks
 from serve.dialects.input_items import stored_items
 from serve.service.response_store import ResponseStore
 from serve.service.replies import ChatReply, ReplyStart
+from serve.dialects.framing import SSE
 from serve.dialects.sse import sse_named
 from serve.dialects.responses_request import (ECHOED, FIELDS, INCLUDE_REASONING, new_id, parse,
                                               parse_request)
@@ -34,6 +35,7 @@ def _usage(prompt: int, cached: int, output: int, reasoning: int) -> dict:
 
 class Exchange:
     """One Responses request: its stream events as the deltas arrive, or the Response at the end."""
+    framing = SSE
 
     def __init__(self, body: dict, store: ResponseStore, model: str):
         parsed = parse(body, store)

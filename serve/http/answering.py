@@ -100,7 +100,8 @@ class Answering(Protocol):
         caller's reader number in it."""
         ...
 
-    def open_stream(self, on_silence: Callable[[], None], on_failed: Callable[[], None]) -> EventWriter:
+    def open_stream(self, content_type: str, on_silence: Callable[[], None],
+                    on_failed: Callable[[], None]) -> EventWriter:
         """Send an event stream's headers; its bytes then go through the returned writer."""
         ...
 

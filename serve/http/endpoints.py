@@ -17,6 +17,7 @@ from serve.core.errors import ApiError
 from serve.http.answering import Answering
 from serve.dialects import anthropic, openai, responses
 from serve.dialects.input_items import listing
+from serve.dialects.framing import SSE
 from serve.dialects.sse import sse_comment, sse_named
 from serve.http.background import Keeper
 from serve.service.jobs import Job
@@ -161,7 +162,7 @@ def _resume(handler: Answering, keeper: Keeper, after: Optional[str]) -> None:
     except ValueError:
         raise ApiError(400, "starting_after must be an integer", param="starting_after") from None
     failed = threading.Event()
-    writer = handler.open_stream(lambda: None, failed.set)
+    writer = handler.open_stream(SSE.content_type, lambda: None, failed.set)
     try:
         for batch in keeper.events(start):
             if failed.is_set() or handler.hangup():

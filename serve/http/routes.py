@@ -6,8 +6,8 @@ from typing import Callable, Optional
 
 from serve.core.errors import ApiError
 from serve.http.answering import Answering
-from serve.dialects import anthropic
-from serve.http import endpoints, tokens
+from serve.dialects import anthropic, ollama
+from serve.http import endpoints, ollama_endpoints, tokens
 
 
 ID = "{id}"
@@ -60,6 +60,16 @@ ROUTES = (
     Route("/detokenize", ("POST",), tokens.detokenize),
     Route("/v1/tokenize", ("POST",), tokens.tokenize),
     Route("/v1/detokenize", ("POST",), tokens.detokenize),
+    # Ollama's API: its own error shape on every path under /api/, served or not.
+    *(Route(path, methods, answer, errors=ollama.error_body) for path, methods, answer in (
+        ("/api/version", ("GET",), ollama_endpoints.version),
+        ("/api/tags", ("GET",), ollama_endpoints.tags),
+        ("/api/ps", ("GET",), ollama_endpoints.running),
+        ("/api/show", ("POST",), ollama_endpoints.show),
+        ("/api/chat", ("POST",), ollama_endpoints.chat),
+        ("/api/generate", ("POST",), ollama_endpoints.generate))),
+    Route("/api/", ("GET", "POST", "PUT", "PATCH", "DELETE"), ollama_endpoints.elsewhere,
+          prefix=True, errors=ollama.error_body, label="/api/{other}"),
 )
 ROOT = next(r for r in ROUTES if r.path == "/")   # answers for a target that is no path
 

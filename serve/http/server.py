@@ -299,12 +299,13 @@ class Handler(BaseHTTPRequestHandler):
 
     # -- the connection, for sinks (serve/http/sinks.py's Connection) -------------------------
 
-    def open_stream(self, on_silence: Callable[[], None], on_failed: Callable[[], None]) -> EventWriter:
+    def open_stream(self, content_type: str, on_silence: Callable[[], None],
+                    on_failed: Callable[[], None]) -> EventWriter:
         self.current.status = 200
         self.current.streaming = True
         self.close_connection = True  # the stream ends when the connection does
         self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Content-Type", content_type)
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Connection", "close")
         for name, value in self.current.reply_headers.items():

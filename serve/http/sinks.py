@@ -30,12 +30,14 @@ from serve.dialects.exchange import R, Exchange
 from serve.service.replies import ReplyStart
 from serve.service.jobs import Job
 from serve.service.run import Accepted, Emitted, Event, Fetching, Prefilling, Progress, Queued, Started
-from serve.dialects.sse import EventWriter, sse_comment
+from serve.dialects.sse import EventWriter
 
 
 class Connection(Protocol):
-    def open_stream(self, on_silence: Callable[[], None], on_failed: Callable[[], None]) -> EventWriter:
-        """Send an event stream's headers; its bytes then go through the returned writer,
+    def open_stream(self, content_type: str, on_silence: Callable[[], None],
+                    on_failed: Callable[[], None]) -> EventWriter:
+        """Send a stream's headers (`content_type`: its framing's); its bytes then go through
+        the returned writer,
         which calls, from its own thread, `on_silence` when the stream needs a heartbeat
         and `on_failed` when a send fails."""
 
@@ -183,7 +185,8 @@ class ExchangeSink(Generic[R]):
 
     def _open(self) -> None:
         if self._writer is None:  # else already open: the request waited in line
-            self._writer = self._connection.open_stream(self._heartbeat, self._failed.set)
+            self._writer = self._connection.open_stream(self._exchange.framing.content_type,
+                                                        self._heartbeat, self._failed.set)
 
     def _events(self, make: Callable[[], bytes], last: bool = False) -> None:
         """The exchange's bytes from `make()`, queued after its opening events; nothing after
@@ -207,9 +210,10 @@ class ExchangeSink(Generic[R]):
         self._events(lambda: self._exchange.heartbeat(self._start))
 
     def _comment(self, text: str) -> None:
-        """For people reading the stream, and proxies: not a sign of life every client counts."""
+        """For people reading the stream, and proxies: not a sign of life every client counts
+        (and nothing in a framing with no comments: its writer skips empty bytes)."""
         if self._writer is not None:
-            self._writer.put(sse_comment(text), alive=False)
+            self._writer.put(self._exchange.framing.comment(text), alive=False)
 
     def _fail(self, error: Exception) -> Answer:
         """An error after the stream opened: the format's failure events end it (the writer

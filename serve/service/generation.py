@@ -276,13 +276,17 @@ class Generation:
                            clock.first_token_at - clock.started_at if n else None,
                            tps if tps else None)
         looked_up = s.experts_hit + s.experts_missed
+        # The reply's time in two: to its first token (the prompt's prefill, restored part
+        # included), and from there to its last (what Ollama's timings report apart).
+        first_ms = (clock.first_token_at - clock.started_at) * 1000.0 if n else ms
         return Usage(prompt_tokens, n, cached_tokens=clock.cached_tokens, waste={
             "prompt_tokens": prompt_tokens, "completion_tokens": n,
             "cached_tokens": clock.cached_tokens,
             "experts_hit": s.experts_hit, "experts_missed": s.experts_missed,
             "expert_hit_rate": s.experts_hit / looked_up if looked_up else 0.0,
             "bytes_read": s.bytes_read, "io_ms": round(s.sec_io * 1000.0, 3),
-            "direct_io": s.direct_io, "ms": round(ms, 3),
+            "direct_io": s.direct_io, "ms": round(ms, 3), "first_token_ms": round(first_ms, 3),
+            "decode_ms": round(decode_s * 1000.0, 3),
             "tokens_per_second": round(tps, 3), "context_full": context_full,
             **decoding})
 

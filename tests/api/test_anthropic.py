@@ -9,8 +9,8 @@ import pytest
 from agents import (CLAUDE_CODE_HEADERS, claude_code_billing, claude_code_first_message,
                     claude_code_request)
 from scripted import (ScriptedEngine, call, data_url, raw_exchange, real_server_with_cache,
-                      real_service, scripted_service, serving, status_of, tiny_png, wait_idle, xtml_answer,
-                      xtml_tool_call)
+                      real_service, scripted_service, serving, status_of, tiny_png, wait_idle, waiting_in_line,
+                      xtml_answer, xtml_tool_call)
 from serve.dialects import seal
 from serve.formats.xtml import render as xtml
 from serve.snapshots.reply_memory import ReplyMemory
@@ -474,15 +474,8 @@ def test_engine_failures_are_api_errors_before_and_after_the_stream_starts():
 
 def test_a_queued_request_opens_its_stream_and_says_where_it_waits():
     # Interface 2: the service calls sink.queued(ahead) while a request waits for the engine.
-    service = scripted_service(ScriptedEngine([xtml_answer("ok")]), thinking=False)
-    chat = service.chat
-
-    def waits_then_runs(req, sink):
-        sink.queued(2)
-        sink.queued(1)
-        return chat(req, sink)
-
-    service.chat = waits_then_runs
+    service = waiting_in_line(scripted_service(ScriptedEngine([xtml_answer("ok")]), thinking=False),
+                              2, 1)
     with serving(service) as srv:
         resp = call(srv.port, "POST", MESSAGES, {"model": "m", "max_tokens": 10, "messages": ASK,
                                                  "stream": True})

@@ -31,7 +31,8 @@ def test_blocking_chat_shape(server, engine):
     assert usage["prompt_tokens_details"] == {"cached_tokens": 0}
     waste = body["waste"]
     assert set(waste) == {"prompt_tokens", "completion_tokens", "experts_hit", "experts_missed",
-                          "expert_hit_rate", "bytes_read", "io_ms", "direct_io", "ms", "tokens_per_second",
+                          "expert_hit_rate", "bytes_read", "io_ms", "direct_io", "ms", "first_token_ms",
+                          "decode_ms", "tokens_per_second",
                           "context_full", "cached_tokens", "constrained", "mask_ms", "mask_changed",
                           "reasoning", "work", "behind_chores_ms"}
     assert waste["reasoning"] == "on"   # K3 thinking by default, no effort named

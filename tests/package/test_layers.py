@@ -15,7 +15,7 @@ FLOORS = ["app", "http", "dialects", "service", "snapshots", "formats", "tokeniz
 NEUTRAL = ["core", "engine/api.py", "engine/types.py", "formats/base.py", "dialects/exchange.py"]
 IMPLEMENTATIONS = ("serve.formats.xtml", "serve.formats.template", "serve.engine.binding",
                    "serve.engine.abi", "serve.dialects.openai", "serve.dialects.anthropic",
-                   "serve.dialects.responses")
+                   "serve.dialects.responses", "serve.dialects.ollama")
 
 
 def imports(path: Path) -> list[str]:
