@@ -24,18 +24,46 @@ from serve.service.jobs import Job
 from serve.service.run import Run
 
 FRAMING = ("stream", "stream_options")
+_SLICE = 1 << 20   # characters of a text hashed at a time
 
 
 def job_key(path: str, owner: str, work: str, body: dict) -> str:
     """A digest of everything that makes two requests the same question."""
     kept = {name: value for name, value in body.items() if name not in FRAMING}
-    text = json.dumps(kept, sort_keys=True, ensure_ascii=False, separators=(",", ":"),
-                      allow_nan=True)
     digest = hashlib.sha256()
-    for part in (path, owner, work, text):
-        digest.update(part.encode("utf-8", "surrogatepass"))
-        digest.update(b"\0")
+    for part in (path, owner, work):
+        digest.update(part.encode("utf-8", "surrogatepass") + b"\0")
+    _feed(digest, kept)
     return digest.hexdigest()
+
+
+def _feed(digest: "hashlib._Hash", value: object) -> None:
+    """Hash a parsed body canonically (object keys sorted) without writing it out: a body of
+    tens of megabytes is not copied whole a second time. Each value is tagged and each text
+    length-prefixed, so no two bodies feed the same bytes."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            digest.update(b"{%d" % len(item))
+            for name in sorted(item, reverse=True):   # popped in sorted order
+                stack.append(item[name])
+                stack.append(_Key(name))
+        elif isinstance(item, list):
+            digest.update(b"[%d" % len(item))
+            stack.extend(reversed(item))
+        elif isinstance(item, (str, _Key)):
+            text = str(item)
+            digest.update(b"k" if isinstance(item, _Key) else b"s")
+            digest.update(b"%d:" % len(text))
+            for at in range(0, len(text), _SLICE):
+                digest.update(text[at:at + _SLICE].encode("utf-8", "surrogatepass"))
+        else:   # numbers, booleans, null: their JSON
+            digest.update(b"v" + json.dumps(item).encode() + b";")
+
+
+class _Key(str):
+    """An object's key, hashed apart from a string value."""
 
 
 def start_job(handler: Answering, exchange: Exchange[R],

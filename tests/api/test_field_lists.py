@@ -31,7 +31,7 @@ SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required"
 # Whatever varies between two equal requests: ids, clocks, the engine's timings.
 VOLATILE = {"id", "item_id", "call_id", "created", "created_at", "ms", "io_ms",
             "tokens_per_second", "behind_chores_ms", "mask_ms", "experts_hit", "experts_missed",
-            "expert_hit_rate", "bytes_read", "direct_io", "response_id"}
+            "expert_hit_rate", "bytes_read", "direct_io", "response_id", "first_token_ms", "decode_ms"}
 
 
 # ---- the lists in docs/api.md ------------------------------------------------------------

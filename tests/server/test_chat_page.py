@@ -123,7 +123,9 @@ def test_streamed_text_appears_while_the_reply_runs_and_fills_the_panel(browser)
         assert p.errors == []
 
 
-def test_stop_aborts_the_fetch_and_the_server_cancels(browser):
+def test_stop_asks_the_server_to_stop_and_the_reply_finishes(browser):
+    """Stop calls POST /v1/jobs/{id}/stop instead of hanging up: the job ends at its next
+    token, and the stream finishes normally with what was said (a 200, not a 499)."""
     script = xtml_answer("word0", *[f" word{i}" for i in range(1, 20)])
     engine, gate = paced_engine(script, at=3)
     lines: list[str] = []
@@ -139,6 +141,8 @@ def test_stop_aborts_the_fetch_and_the_server_cancels(browser):
         assert p.text(".msg.assistant .md") == "word0 word1 word2"
         # The request's log line is written once its generation has returned.
         assert wait_until(lambda: any("POST /v1/chat/completions" in line for line in lines)), lines
+        assert any(re.search(r"POST /v1/jobs/job-\w+/stop 200 ", line) for line in lines), lines
+        assert any("POST /v1/chat/completions 200 " in line for line in lines), lines
     result = engine.results[-1]
     # The three shown, and the first that found the client gone (its close may come late).
     assert result.cancelled and 4 <= result.n_tokens < len(script)

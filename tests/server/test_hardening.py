@@ -237,7 +237,9 @@ def test_a_blocking_client_that_sends_more_and_closes_is_gone():
     engine = ScriptedEngine([LONG, xtml_answer("next")])
     gate = Gate(engine)
     lines: list[str] = []
-    with serving(scripted_service(engine), log=lines.append) as srv:
+    # Without attaching, so that the job stops once it knows its client left (with attaching it
+    # goes on for a retry: tests/server/test_disconnects.py).
+    with serving(scripted_service(engine, attach=False), log=lines.append) as srv:
         s = post_open(srv.port, {"messages": USER})
         assert gate.holding.wait(20)
         s.sendall(b"GET /health HTTP/1.1\r\n\r\n")  # unread bytes: peeking finds data, not EOF

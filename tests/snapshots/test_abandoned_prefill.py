@@ -6,7 +6,9 @@ snapshotted at the end of the prompt, so the retry restores it; a retry that
 arrives while it still runs makes it stop at its next chunk (snapshotting what
 it has) and restores that; a request that waits for the engine gets it at the
 next chunk. What the engine evaluated is counted by the binding
-(Engine.evaluated): every prompt position is evaluated once.
+(Engine.evaluated): every prompt position is evaluated once. These servers run
+with attaching off (--no-attach), the rule for a prefill alone: with it on, the
+retry attaches to the job itself (tests/e2e/test_jobs.py).
 """
 from __future__ import annotations
 
@@ -74,6 +76,7 @@ def cache(tmp_path):
 def served(lib_path, container, cache, progress: Progress, **options):
     """The real engine at the slow clock, its snapshot policy measuring the real costs."""
     options.setdefault("snapshot_policy", SnapshotPolicy())
+    options.setdefault("attach", False)
     return real_service(lib_path, container, prefix_cache=cache, prefill_chunk=CHUNK,
                         log=progress.log, thinking=False, **options)
 

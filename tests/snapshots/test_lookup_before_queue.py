@@ -341,7 +341,7 @@ def test_a_client_that_leaves_mid_fetch_leaves_nothing_behind(hosts, monkeypatch
     a = hosts("a", shared=True)
     ask(a.port, FIRST)
     published(a)
-    b = hosts("b", shared=True, finish_abandoned=False)
+    b = hosts("b", shared=True, finish_abandoned=False, attach=False)   # nothing kept for a return
     slow = SlowCopies(monkeypatch)
     lookups = Lookups(monkeypatch)
     body = json.dumps({"messages": LATER, "stream": True, **ANSWER_ONLY}).encode()
