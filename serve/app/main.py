@@ -36,7 +36,9 @@ from serve.snapshots.policy import SnapshotPolicy
 from serve.app.warm import WarmError, Warmer, warm_requests
 from serve.app import team as shared_tier
 from serve.service.response_store import ResponseStore
-from serve.app import work_flags
+from serve.app import team_flags, work_flags
+from serve.http.auth import Keys
+from serve.http.keyring import KeyFileError
 from serve.tokenizer.choice import Choice, choose as choose_tokenizer
 from serve.version import version
 
@@ -180,6 +182,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                    help="seconds a stream may stay silent (waiting, prefilling) before it sends "
                         f"a sign of life its client counts (default {DEFAULT_HEARTBEAT:g})")
     work_flags.add_flags(p, positive, seconds)
+    team_flags.add_flags(p, positive)
     chores.add_arguments(p, parse_size, non_negative)
     return p.parse_args(argv)
 
@@ -209,7 +212,7 @@ def describe_cache(cache: Optional[PrefixCache]) -> str:
 
 def banner(lib: Library, engine: Engine, fmt: ChatFormat, args: argparse.Namespace, url: str,
            models: Models, context: ContextChoice, tokens: Choice,
-           split: Optional[Split] = None) -> str:
+           split: Optional[Split] = None, keys: Keys = Keys()) -> str:
     service = models.main
     info, mem = engine.info, engine.memory_used()
     chat = fmt.description
@@ -239,11 +242,12 @@ def banner(lib: Library, engine: Engine, fmt: ChatFormat, args: argparse.Namespa
          "abandon  a prefill whose client left goes on for its retry while no one waits"),
         structure_line(),
         *work_flags.banner_lines(args, lib.build_info(), service.options.prefix_cache is not None),
+        *team_flags.banner_lines(args, keys),
         *(chores.banner_lines(models.chores, split)
           if models.chores is not None and split is not None else []),
         f"listen   {url}",
     ]
-    if args.host not in LOOPBACK and not args.api_key:
+    if args.host not in LOOPBACK and not keys.required:
         lines.append(f"WARNING  listening on {args.host} without --api-key: anyone who can reach "
                      "this port can use the model")
     return "\n".join(lines)
@@ -318,6 +322,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         warm = warm_requests(args.warm)
     except WarmError as e:
         return fail(str(e))
+    unwarmed = team_flags.warm_owner(args, warm)
+    if unwarmed is not None:
+        return fail(unwarmed)
     try:
         split = chores.plan(lib, args)   # None without --chores-model
         context = (split.main.context if split is not None else
@@ -392,7 +399,8 @@ def serve(lib: Library, engine: Engine, args: argparse.Namespace, warm: list,
                                                        cfg.budget, args.vision),
                                  tokenizer=tokens.tokenizer, bos=tokens.bos,
                                  image_grid=read_grid(args.model) if args.vision else None,
-                                 **work_flags.options(args, lib.build_info()))
+                                 **work_flags.options(args, lib.build_info()),
+                                 **team_flags.options(args))
         with chores.opened(lib, args, split, default_model_id, cfg, options,
                            lambda chores_engine, path: open_prefix_cache(
                                args, lib, chores_engine, path)) as extra:
@@ -411,9 +419,13 @@ def run_server(lib: Library, engine: Engine, fmt: ChatFormat, models: Models,
                split: Optional[Split]) -> int:
     service = models.main
     try:
-        server = Server((args.host, args.port), models, api_key=args.api_key or None, log=log,
+        keys = team_flags.keys(args)
+    except KeyFileError as e:
+        return fail(f"--api-keys: {e}")
+    try:
+        server = Server((args.host, args.port), models, keys=keys, log=log,
                         max_connections=args.max_connections, request_timeout=args.request_timeout,
-                        heartbeat=args.heartbeat)
+                        heartbeat=args.heartbeat, metrics_open=args.metrics_open)
     except OSError as e:
         return fail(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}")
     stopping, hurry = threading.Event(), threading.Event()
@@ -436,9 +448,10 @@ def run_server(lib: Library, engine: Engine, fmt: ChatFormat, models: Models,
     # Before the banner: a supervisor may signal as soon as it reads the listen line.
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    team_flags.reread_on_hangup(keys, stderr_log)
     host = f"[{args.host}]" if ":" in args.host else args.host
     print(banner(lib, engine, fmt, args, f"http://{host}:{server.port}/v1", models, context,
-                 tokens, split), flush=True)
+                 tokens, split, keys), flush=True)
     if fmt.refusal is not None:
         print("note     /v1/chat/completions is unavailable; /v1/completions works", flush=True)
     if warmer is not None:

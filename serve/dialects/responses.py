@@ -33,7 +33,7 @@ from serve.dialects.openai_request import parse_hints, parse_reasoning_effort, u
 from serve.dialects.shared import (Block, Blocks, Conversation, Parts, Translation, chat_request,
                       string_field, tool_call)
 from serve.dialects.input_items import stored_items
-from serve.service.response_store import ResponseStore, Stored
+from serve.service.response_store import OwnedResponses, Stored
 from serve.service.replies import ChatReply, ReplyStart
 from serve.dialects.sse import sse_named
 
@@ -48,7 +48,7 @@ FIELDS = frozenset(("model", "input", "instructions", "tools", "tool_choice",
                     "parallel_tool_calls", "text", "reasoning", "max_output_tokens",
                     "temperature", "top_p", "metadata", "store", "include",
                     "previous_response_id", "prompt_cache_key", "client_metadata", "stream",
-                    "user", "background", "conversation", "prompt"))
+                    "user", "background", "conversation", "prompt", "cache_salt"))
 UNSUPPORTED = {"background": "background responses are not supported",
                "conversation": "conversations are not supported; continue with previous_response_id",
                "prompt": "stored prompt templates are not supported"}
@@ -69,7 +69,7 @@ class _Request:
     previous: Optional[Stored]          # the response it continues (previous_response_id)
 
 
-def _parse(body: dict, store: ResponseStore) -> _Request:
+def _parse(body: dict, store: OwnedResponses) -> _Request:
     for name, reason in UNSUPPORTED.items():
         if body.get(name) not in (None, False):
             raise invalid(name, reason)
@@ -101,19 +101,19 @@ def _parse(body: dict, store: ResponseStore) -> _Request:
             "parallel_tool_calls": body.get("parallel_tool_calls"),
             "response_format": _text_format(body.get("text")), "stream": body.get("stream"),
             "max_tokens": body.get("max_output_tokens"),
-            **{key: body.get(key) for key in ("temperature", "top_p")}}
+            **{key: body.get(key) for key in ("temperature", "top_p", "cache_salt")}}
     translation = chat_request(chat, {**TOP_FIELDS, **conversation.fields, **tool_fields}, left_out)
     translation.request.thinking, translation.request.thinking_effort = thinking, effort
     translation.request.hints = parse_hints(body, priority=False)
     return _Request(translation, conversation.messages[start:], namespaced, stored)
 
 
-def parse_request(body: dict, store: ResponseStore) -> Translation:
+def parse_request(body: dict, store: OwnedResponses) -> Translation:
     """A Responses body -> the internal chat request (for --warm, which has no exchange)."""
     return _parse(body, store).translation
 
 
-def _input(conversation: Conversation, value: Json, store: ResponseStore,
+def _input(conversation: Conversation, value: Json, store: OwnedResponses,
            qualified: dict[tuple[str, str], str]) -> None:
     if isinstance(value, str):
         conversation.add({"role": "user", "content": value}, "input")
@@ -147,7 +147,7 @@ def _input(conversation: Conversation, value: Json, store: ResponseStore,
         elif kind == "reasoning":
             # Reasoning opens a turn; text the server cannot vouch for is left out.
             current = assistant(where, bool(turn))
-            text = seal.unseal(item.get("encrypted_content")) or store.reasoning(item.get("id"))
+            text = seal.unseal(item.get("encrypted_content"), store.owner) or store.reasoning(item.get("id"))
             if text:
                 current["reasoning_content"] = text
         else:
@@ -311,7 +311,7 @@ def _usage(prompt: int, cached: int, output: int, reasoning: int) -> dict:
 class Exchange:
     """One Responses request: its stream events as the deltas arrive, or the Response at the end."""
 
-    def __init__(self, body: dict, store: ResponseStore, model: str):
+    def __init__(self, body: dict, store: OwnedResponses, model: str):
         parsed = _parse(body, store)
         self.translation = parsed.translation
         self.request = parsed.translation.request
@@ -446,7 +446,7 @@ class Exchange:
             item = {"id": item_id, "type": "reasoning", "summary": [],
                     "content": [self._part(block)] if done else []}
             if done and self._seal:
-                item["encrypted_content"] = seal.seal(block.text)
+                item["encrypted_content"] = seal.seal(block.text, self._store.owner)
             return item
         if block.kind == "text":
             return {"id": item_id, "type": "message", "role": "assistant", "status": status,

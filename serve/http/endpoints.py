@@ -18,7 +18,7 @@ from serve.dialects import anthropic, openai, responses
 from serve.dialects.input_items import listing
 from serve.service.facade import Service
 from serve.service.replies import ChatReply, CompletionReply
-from serve.service.response_store import Stored
+from serve.service.response_store import OwnedResponses, Stored
 from serve.http.page import CONTENT_TYPE as PAGE_TYPE, chat_page
 
 
@@ -67,7 +67,8 @@ def complete(handler: Answering, method: str, rest: str) -> None:
 
 
 def messages(handler: Answering, method: str, rest: str) -> None:
-    exchange = anthropic.Exchange(handler.read_json(), handler.server.service.options.model_id)
+    exchange = anthropic.Exchange(handler.read_json(), handler.server.service.options.model_id,
+                                  handler.current.principal.namespace)
     if exchange.billing is not None:
         handler.server.log_once("billing", f"/v1/messages: {exchange.billing} is Claude Code's "
                                 "billing header, which changes on every request: it is left out "
@@ -77,7 +78,8 @@ def messages(handler: Answering, method: str, rest: str) -> None:
 
 def create_response(handler: Answering, method: str, rest: str) -> None:
     service = handler.server.service
-    exchange = responses.Exchange(handler.read_json(), service.responses, service.options.model_id)
+    exchange = responses.Exchange(handler.read_json(), _responses(handler),
+                                  service.options.model_id)
     # The id the reply is stored under, for a router to remember this host by: the
     # response's next turn and its retrieval find it only here (docs/serving-a-team.md).
     handler.generate(exchange, _chat_on,
@@ -85,7 +87,8 @@ def create_response(handler: Answering, method: str, rest: str) -> None:
 
 
 def count_tokens(handler: Answering, method: str, rest: str) -> None:
-    translation = anthropic.parse_request(handler.read_json(), counting=True)
+    translation = anthropic.parse_request(handler.read_json(), counting=True,
+                                          owner=handler.current.principal.namespace)
     translation.request.request_id = handler.request_id
     service = handler.server.models.pick(handler.current.named_model, translation.request)
     try:
@@ -96,7 +99,7 @@ def count_tokens(handler: Answering, method: str, rest: str) -> None:
 
 
 def stored_response(handler: Answering, method: str, response_id: str) -> None:
-    store = handler.server.service.responses
+    store = _responses(handler)
     stored = _stored(handler, response_id)
     if method == "DELETE" and not store.delete(response_id):
         raise _not_stored(response_id)
@@ -118,8 +121,13 @@ def cancel(handler: Answering, method: str, response_id: str) -> None:
                         "background: true can be cancelled, and this server runs none")
 
 
+def _responses(handler: Answering) -> OwnedResponses:
+    """The stored responses of the request's sender: another's ids are not found."""
+    return handler.server.service.responses.of(handler.current.principal.namespace)
+
+
 def _stored(handler: Answering, response_id: str) -> Stored:
-    stored = handler.server.service.responses.get(response_id)
+    stored = _responses(handler).get(response_id)
     if stored is None:
         raise _not_stored(response_id)
     return stored
