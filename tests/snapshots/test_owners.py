@@ -1,0 +1,151 @@
+"""What the server remembers answers only the key that made it, through real sockets on the
+real engine: prefix snapshots in every dialect (the issue's probe: a secret system prompt
+another key guesses right), cache_salt within one key, stored responses, reply memory and
+reasoning signatures."""
+from __future__ import annotations
+
+import pytest
+
+from scripted import call, real_service, serving
+from serve.http.auth import Keys
+from serve.http.keyring import KeyRing
+from serve.snapshots.cache import PrefixCache
+from serve.snapshots.reply_memory import ReplyMemory
+from team import DIALECTS, ask, bearer, cached, keys_file, secret
+
+
+@pytest.fixture(scope="module")
+def team(lib_path, k3_container, tmp_path_factory):
+    """One host, a prefix cache and reply memory, and the keys of alice and bob."""
+    tmp = tmp_path_factory.mktemp("owners")
+    keys = keys_file(tmp / "keys", "alice", "bob")
+    cache = PrefixCache(256 << 20, parent_dir=str(tmp / "prefix"))
+    try:
+        with real_service(lib_path, k3_container, prefix_cache=cache, reply_memory=ReplyMemory(),
+                          keep_reasoning=True) as service, \
+                serving(service, keys=Keys(ring=KeyRing(str(tmp / "keys")))) as srv:
+            yield srv, keys
+    finally:
+        cache.close()
+
+
+@pytest.mark.parametrize("dialect", DIALECTS, ids=lambda d: d.name)
+def test_another_keys_right_guess_restores_nothing(team, dialect):
+    srv, keys = team
+    pre = secret(dialect.name)
+    first = ask(srv.port, dialect, keys["alice"], pre)
+    assert first.status == 200, first.body
+    # bob sends exactly what alice sent: the right guess, every token of it.
+    assert cached(srv.port, dialect, keys["bob"], pre) == 0
+    # alice's retry restores what her first request left.
+    assert cached(srv.port, dialect, keys["alice"], pre) > 0
+    # bob's own retry is his to reuse, as alice's is hers.
+    assert cached(srv.port, dialect, keys["bob"], pre) > 0
+
+
+@pytest.mark.parametrize("dialect", DIALECTS, ids=lambda d: d.name)
+def test_two_salts_under_one_key_are_apart(team, dialect):
+    srv, keys = team
+    pre = secret(dialect.name, "salted")
+    alice = keys["alice"]
+    assert cached(srv.port, dialect, alice, pre, cache_salt="one") == 0
+    assert cached(srv.port, dialect, alice, pre, cache_salt="two") == 0
+    assert cached(srv.port, dialect, alice, pre) == 0                 # unsalted: apart too
+    assert cached(srv.port, dialect, alice, pre, cache_salt="one") > 0
+    assert cached(srv.port, dialect, keys["bob"], pre, cache_salt="one") == 0   # not bob's
+
+
+@pytest.mark.parametrize("salt", ["", 7, ["x"]])
+def test_a_salt_that_is_not_a_non_empty_string_is_a_400(team, salt):
+    srv, keys = team
+    for dialect in DIALECTS:
+        resp = ask(srv.port, dialect, keys["alice"], "hi", cache_salt=salt)
+        assert resp.status == 400, (dialect.name, resp.body)
+        assert "cache_salt" in resp.body.decode()
+
+
+def _same_length_missing(response_id: str) -> str:
+    """An id of the same shape and length that was never made."""
+    return response_id[:-4] + ("zzzz" if not response_id.endswith("zzzz") else "yyyy")
+
+
+def test_another_keys_stored_response_is_answered_as_one_that_does_not_exist(team):
+    srv, keys = team
+    made = call(srv.port, "POST", "/v1/responses", {"input": "hello", "max_output_tokens": 2},
+                headers=bearer(keys["alice"]), timeout=120)
+    assert made.status == 200, made.body
+    rid = made.json()["id"]
+    missing = _same_length_missing(rid)
+    for path, method in (("/v1/responses/{}", "GET"), ("/v1/responses/{}/input_items", "GET"),
+                         ("/v1/responses/{}", "DELETE"), ("/v1/responses/{}/cancel", "POST")):
+        theirs = call(srv.port, method, path.format(rid), headers=bearer(keys["bob"]))
+        nobodys = call(srv.port, method, path.format(missing), headers=bearer(keys["bob"]))
+        assert theirs.status == nobodys.status == 404, (path, theirs.body)
+        assert theirs.body == nobodys.body.replace(missing.encode(), rid.encode())
+        assert set(theirs.headers) == set(nobodys.headers)
+    # As previous_response_id too: the same 400 as for an id never made.
+    follow = {"input": "and then?", "max_output_tokens": 2}
+    theirs = call(srv.port, "POST", "/v1/responses", {**follow, "previous_response_id": rid},
+                  headers=bearer(keys["bob"]))
+    nobodys = call(srv.port, "POST", "/v1/responses", {**follow, "previous_response_id": missing},
+                   headers=bearer(keys["bob"]))
+    assert theirs.status == nobodys.status == 400
+    assert theirs.body == nobodys.body.replace(missing.encode(), rid.encode())
+    # bob's DELETE above took nothing of alice's.
+    mine = call(srv.port, "GET", f"/v1/responses/{rid}", headers=bearer(keys["alice"]))
+    assert mine.status == 200 and mine.json()["id"] == rid
+    chained = call(srv.port, "POST", "/v1/responses", {**follow, "previous_response_id": rid},
+                   headers=bearer(keys["alice"]), timeout=120)
+    assert chained.status == 200, chained.body
+
+
+def _turn_two(port: int, key: str, first: dict) -> dict:
+    """The next turn after `first`, its reply sent back without its reasoning."""
+    reply = {k: v for k, v in first["choices"][0]["message"].items() if k != "reasoning_content"}
+    body = {"messages": [{"role": "user", "content": "What do the tides owe the moon?"}, reply,
+                         {"role": "user", "content": "Why?"}],
+            "temperature": 0, "seed": 5, "max_tokens": 2}
+    resp = call(port, "POST", "/v1/chat/completions", body, headers=bearer(key), timeout=120)
+    assert resp.status == 200, resp.body
+    return resp.json()
+
+
+def test_remembered_reasoning_is_given_back_to_its_owner_only(team):
+    srv, keys = team
+    body = {"messages": [{"role": "user", "content": "What do the tides owe the moon?"}],
+            "temperature": 0, "seed": 5, "max_tokens": 24}
+    first = call(srv.port, "POST", "/v1/chat/completions", body, headers=bearer(keys["alice"]),
+                 timeout=120).json()
+    assert first["choices"][0]["message"].get("reasoning_content")
+    # --keep-reasoning puts alice's remembered reasoning back into her next prompt ...
+    hers = _turn_two(srv.port, keys["alice"], first)
+    # ... and bob, sending her reply back word for word, gets none of it: a shorter prompt,
+    # and none of her snapshots.
+    his = _turn_two(srv.port, keys["bob"], first)
+    assert hers["usage"]["prompt_tokens"] > his["usage"]["prompt_tokens"]
+    assert hers["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    assert his["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+
+
+def test_a_thinking_signature_verifies_for_its_owner_only(team):
+    srv, keys = team
+    question = [{"role": "user", "content": "What do the tides owe the moon?"}]
+    made = call(srv.port, "POST", "/v1/messages",
+                {"model": "m", "max_tokens": 24, "temperature": 0, "messages": question,
+                 "thinking": {"type": "enabled", "budget_tokens": 1024}},
+                headers={"x-api-key": keys["alice"]}, timeout=120).json()
+    thinking = [b for b in made["content"] if b["type"] == "thinking"]
+    assert thinking and thinking[0]["thinking"] and thinking[0]["signature"]
+    history = [*question, {"role": "assistant", "content": made["content"]},
+               {"role": "user", "content": "Why?"}]
+
+    def count(key: str) -> int:
+        resp = call(srv.port, "POST", "/v1/messages/count_tokens",
+                    {"model": "m", "messages": history,
+                     "thinking": {"type": "enabled", "budget_tokens": 1024}},
+                    headers={"x-api-key": key})
+        assert resp.status == 200, resp.body
+        return resp.json()["input_tokens"]
+    # alice's signature lets her thinking back into the prompt; under bob's key it does not
+    # verify, and the thinking is left out.
+    assert count(keys["alice"]) > count(keys["bob"])
