@@ -4,14 +4,18 @@ another key guesses right), cache_salt within one key, stored responses, reply m
 reasoning signatures."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from scripted import call, real_service, serving
+from served import cli_server, run_cli
 from serve.http.auth import Keys
 from serve.http.keyring import KeyRing
 from serve.snapshots.cache import PrefixCache
 from serve.snapshots.reply_memory import ReplyMemory
 from team import DIALECTS, ask, bearer, cached, keys_file, secret
+from test_prefix_persist import warm_lines
 
 
 @pytest.fixture(scope="module")
@@ -149,3 +153,38 @@ def test_a_thinking_signature_verifies_for_its_owner_only(team):
     # alice's signature lets her thinking back into the prompt; under bob's key it does not
     # verify, and the thinking is left out.
     assert count(keys["alice"]) > count(keys["bob"])
+
+
+# ---- sharing, opt-in -----------------------------------------------------------------------
+
+def test_a_shared_namespace_holds_the_warmed_preamble_for_every_key(lib_path, k3_container,
+                                                                     tmp_path):
+    keys = keys_file(tmp_path / "keys", "alice", "bob")
+    team_preamble = secret("team", "the tools everyone declares")
+    saved = tmp_path / "warm.json"
+    saved.write_text(json.dumps({"messages": [{"role": "system", "content": team_preamble},
+                                              {"role": "user", "content": "Ready?"}],
+                                 "reasoning_effort": "none"}))
+    chat = DIALECTS[0]
+    with cli_server(str(k3_container), "--lib", str(lib_path), "--usage", str(tmp_path / "u"),
+                    "--prefix-cache-dir", str(tmp_path / "cache"), "--warm", str(saved),
+                    "--api-keys", str(tmp_path / "keys"), "--shared-namespace", "team"
+                    ) as (proc, port, banner):
+        assert any("namespace 'team' shared by all" in line for line in banner)
+        assert "1 of 1 warmed" in warm_lines(proc)[-1]
+        # Both restore the team's preamble (the first request of each: nothing of theirs yet).
+        for who in ("alice", "bob"):
+            assert cached(port, chat, keys[who], team_preamble, question="Go.") > 0
+        # What either sends beyond it stays theirs.
+        mine = secret("chat", "alice's own")
+        assert cached(port, chat, keys["alice"], mine) == 0
+        assert cached(port, chat, keys["bob"], mine) == 0
+
+
+def test_warming_for_named_keys_needs_a_shared_namespace(lib_path, k3_container, tmp_path):
+    keys_file(tmp_path / "keys", "alice")
+    saved = tmp_path / "warm.json"
+    saved.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}))
+    refused = run_cli(str(k3_container), "--warm", str(saved), "--api-keys", str(tmp_path / "keys"),
+                      lib_path=lib_path)
+    assert refused.returncode == 1 and "--shared-namespace" in refused.stderr
