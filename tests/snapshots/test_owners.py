@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from scripted import call, real_service, serving
+from scripted import ScriptedEngine, call, real_service, scripted_service, serving, xtml_answer
 from served import cli_server, run_cli
 from serve.http.auth import Keys
 from serve.http.keyring import KeyRing
@@ -103,32 +103,28 @@ def test_another_keys_stored_response_is_answered_as_one_that_does_not_exist(tea
     assert chained.status == 200, chained.body
 
 
-def _turn_two(port: int, key: str, first: dict) -> dict:
-    """The next turn after `first`, its reply sent back without its reasoning."""
-    reply = {k: v for k, v in first["choices"][0]["message"].items() if k != "reasoning_content"}
-    body = {"messages": [{"role": "user", "content": "What do the tides owe the moon?"}, reply,
-                         {"role": "user", "content": "Why?"}],
-            "temperature": 0, "seed": 5, "max_tokens": 2}
-    resp = call(port, "POST", "/v1/chat/completions", body, headers=bearer(key), timeout=120)
-    assert resp.status == 200, resp.body
-    return resp.json()
-
-
-def test_remembered_reasoning_is_given_back_to_its_owner_only(team):
-    srv, keys = team
-    body = {"messages": [{"role": "user", "content": "What do the tides owe the moon?"}],
-            "temperature": 0, "seed": 5, "max_tokens": 24}
-    first = call(srv.port, "POST", "/v1/chat/completions", body, headers=bearer(keys["alice"]),
-                 timeout=120).json()
-    assert first["choices"][0]["message"].get("reasoning_content")
-    # --keep-reasoning puts alice's remembered reasoning back into her next prompt ...
-    hers = _turn_two(srv.port, keys["alice"], first)
-    # ... and bob, sending her reply back word for word, gets none of it: a shorter prompt,
-    # and none of her snapshots.
-    his = _turn_two(srv.port, keys["bob"], first)
-    assert hers["usage"]["prompt_tokens"] > his["usage"]["prompt_tokens"]
-    assert hers["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
-    assert his["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+def test_remembered_reasoning_is_given_back_to_its_owner_only(tmp_path):
+    # A scripted reply: what the reply's reasoning is, word for word, is the point here.
+    keys = keys_file(tmp_path / "keys", "alice", "bob")
+    engine = ScriptedEngine([xtml_answer("Spring tides.", thinking=["The moon ", "pulls."]),
+                             xtml_answer("ok"), xtml_answer("ok")])
+    service = scripted_service(engine, reply_memory=ReplyMemory(), keep_reasoning=True)
+    question = {"role": "user", "content": "What do the tides owe the moon?"}
+    with serving(service, keys=Keys(ring=KeyRing(str(tmp_path / "keys")))) as srv:
+        first = call(srv.port, "POST", "/v1/chat/completions", {"messages": [question]},
+                     headers=bearer(keys["alice"])).json()["choices"][0]["message"]
+        assert first["reasoning_content"] == "The moon pulls."
+        # The reply as most clients send it back: without its reasoning.
+        turn_two = {"messages": [question, {"role": "assistant", "content": first["content"]},
+                                 {"role": "user", "content": "Why?"}]}
+        for who in ("alice", "bob"):
+            resp = call(srv.port, "POST", "/v1/chat/completions", turn_two,
+                        headers=bearer(keys[who]))
+            assert resp.status == 200, resp.body
+    hers, his = (engine.detokenize(prompt) for prompt in engine.prompts[1:])
+    # --keep-reasoning puts alice's remembered reasoning back into her prompt; bob, sending
+    # her reply back word for word, gets none of it.
+    assert b"The moon pulls." in hers and b"The moon pulls." not in his
 
 
 def test_a_thinking_signature_verifies_for_its_owner_only(team):
