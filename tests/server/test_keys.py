@@ -193,3 +193,12 @@ def test_a_team_server_reads_its_keys_again_on_sighup_and_never_writes_a_key(
     for key in (*keys.values(), *carol.values()):
         for form in key_forms(key):
             assert [where for where, data in everything if form in data] == []
+
+
+def test_a_keys_file_that_cannot_be_read_stops_the_start(lib_path, k3_container, tmp_path):
+    missing = run_cli(str(k3_container), "--api-keys", str(tmp_path / "none"), lib_path=lib_path)
+    assert missing.returncode == 1 and "--api-keys" in missing.stderr
+    (tmp_path / "keys").write_text("alice sk-serve-a-key-pasted-where-its-hash-belongs\n")
+    pasted = run_cli(str(k3_container), "--api-keys", str(tmp_path / "keys"), lib_path=lib_path)
+    assert pasted.returncode == 1 and "line 1" in pasted.stderr
+    assert "sk-serve-a-key" not in pasted.stderr + pasted.stdout
