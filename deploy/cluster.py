@@ -141,8 +141,9 @@ def write_router_files(directory: Path, hosts: list[Host], policy: str = "affini
 
 
 def ask_model(url: str, timeout: float = 10.0) -> dict:
-    """The one model a serve host lists (asked with $SERVE_HOST_API_KEY when the hosts have a key)."""
-    key = os.environ.get("SERVE_HOST_API_KEY")
+    """The one model a serve host lists, asked with $SERVE_ASK_KEY (a person's key, for hosts
+    on --api-keys: the router then passes each client's own) or else $SERVE_HOST_API_KEY."""
+    key = os.environ.get("SERVE_ASK_KEY") or os.environ.get("SERVE_HOST_API_KEY")
     asked = urllib.request.Request(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"} if key else {})
     with urllib.request.urlopen(asked, timeout=timeout) as reply:
         return json.load(reply)["data"][0]

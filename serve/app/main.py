@@ -30,14 +30,15 @@ from serve.snapshots.cache import (DEFAULT_MAX_ENTRIES, default_directory, Prefi
 from serve.snapshots.reply_memory import ReplyMemory
 from serve.dialects.sse import DEFAULT_HEARTBEAT
 from serve.service.facade import Service, ServiceOptions
-from serve.service.detach import DEFAULT_KEEP_SECONDS
 from serve.service.image_positions import read_grid
 from serve.service.models import Models
 from serve.snapshots.policy import SnapshotPolicy
 from serve.app.warm import WarmError, Warmer, warm_requests
 from serve.app import team as shared_tier
 from serve.service.response_store import ResponseStore
-from serve.app import work_flags
+from serve.app import job_flags, team_flags, work_flags
+from serve.http.auth import Keys
+from serve.http.keyring import KeyFileError
 from serve.tokenizer.choice import Choice, choose as choose_tokenizer
 from serve.version import version
 
@@ -154,16 +155,6 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--shared-cache-size", type=parse_size, default=None, metavar="SIZE",
                    help="disk for the shared snapshots, e.g. 200G (default: a quarter of the "
                         "free space there, at most 64G)")
-    p.add_argument("--no-finish-abandoned", action="store_true",
-                   help="a prefill whose client left stops at its next chunk, instead of going "
-                        "on to the end of the prompt for the client's retry while no one waits")
-    p.add_argument("--no-attach", action="store_true",
-                   help="a request never attaches to an identical request's job, and a job "
-                        "whose client left ends at its next token (its prefill still goes on "
-                        "for the prefix cache, unless --no-finish-abandoned)")
-    p.add_argument("--keep-detached", type=float, default=DEFAULT_KEEP_SECONDS, metavar="SECONDS",
-                   help="how long a job whose client left goes on, while no one waits, for the "
-                        f"client to come back (default: {DEFAULT_KEEP_SECONDS:g})")
     p.add_argument("--warm", action="append", metavar="REQUEST.json",
                    help="prefill and checkpoint this saved request in idle time, from "
                         "start-up; requests are served meanwhile (repeatable)")
@@ -188,6 +179,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                    help="seconds a stream may stay silent (waiting, prefilling) before it sends "
                         f"a sign of life its client counts (default {DEFAULT_HEARTBEAT:g})")
     work_flags.add_flags(p, positive, seconds)
+    job_flags.add_flags(p, seconds)
+    team_flags.add_flags(p, positive)
     chores.add_arguments(p, parse_size, non_negative)
     return p.parse_args(argv)
 
@@ -217,7 +210,7 @@ def describe_cache(cache: Optional[PrefixCache]) -> str:
 
 def banner(lib: Library, engine: Engine, fmt: ChatFormat, args: argparse.Namespace, url: str,
            models: Models, context: ContextChoice, tokens: Choice,
-           split: Optional[Split] = None) -> str:
+           split: Optional[Split] = None, keys: Keys = Keys()) -> str:
     service = models.main
     info, mem = engine.info, engine.memory_used()
     chat = fmt.description
@@ -242,19 +235,15 @@ def banner(lib: Library, engine: Engine, fmt: ChatFormat, args: argparse.Namespa
           if service.options.prefix_cache is not None else []),
         *([f"shared   {shared_tier.describe(cache.shared)}"]
           if (cache := service.options.prefix_cache) is not None and cache.shared is not None else []),
-        ("abandon  a prefill whose client left stops at its next chunk (--no-finish-abandoned)"
-         if args.no_finish_abandoned else
-         "abandon  a prefill whose client left goes on for its retry while no one waits"),
-        ("jobs     a request's job ends when its client leaves (--no-attach)" if args.no_attach else
-         f"jobs     a job whose client left goes on for {args.keep_detached:g} s while no one "
-         "waits; the same request sent again attaches to it"),
+        *job_flags.banner_lines(args),
         structure_line(),
         *work_flags.banner_lines(args, lib.build_info(), service.options.prefix_cache is not None),
+        *team_flags.banner_lines(args, keys),
         *(chores.banner_lines(models.chores, split)
           if models.chores is not None and split is not None else []),
         f"listen   {url}",
     ]
-    if args.host not in LOOPBACK and not args.api_key:
+    if args.host not in LOOPBACK and not keys.required:
         lines.append(f"WARNING  listening on {args.host} without --api-key: anyone who can reach "
                      "this port can use the model")
     return "\n".join(lines)
@@ -329,6 +318,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         warm = warm_requests(args.warm)
     except WarmError as e:
         return fail(str(e))
+    unwarmed = team_flags.warm_owner(args, warm)
+    if unwarmed is not None:
+        return fail(unwarmed)
     try:
         split = chores.plan(lib, args)   # None without --chores-model
         context = (split.main.context if split is not None else
@@ -394,8 +386,7 @@ def serve(lib: Library, engine: Engine, args: argparse.Namespace, warm: list,
                                  prefix_cache=cache,
                                  snapshot_policy=SnapshotPolicy(args.prefix_cache_min,
                                                                 args.prefix_cache_spacing, log),
-                                 finish_abandoned=not args.no_finish_abandoned,
-                                 attach=not args.no_attach, keep_detached=args.keep_detached,
+                                 **job_flags.options(args),
                                  log=log,
                                  reply_memory=ReplyMemory(shared=team.replies if team else None),
                                  responses=ResponseStore(shared=team.responses if team else None),
@@ -404,7 +395,8 @@ def serve(lib: Library, engine: Engine, args: argparse.Namespace, warm: list,
                                                        cfg.budget, args.vision),
                                  tokenizer=tokens.tokenizer, bos=tokens.bos,
                                  image_grid=read_grid(args.model) if args.vision else None,
-                                 **work_flags.options(args, lib.build_info()))
+                                 **work_flags.options(args, lib.build_info()),
+                                 **team_flags.options(args))
         with chores.opened(lib, args, split, default_model_id, cfg, options,
                            lambda chores_engine, path: open_prefix_cache(
                                args, lib, chores_engine, path)) as extra:
@@ -423,9 +415,13 @@ def run_server(lib: Library, engine: Engine, fmt: ChatFormat, models: Models,
                split: Optional[Split]) -> int:
     service = models.main
     try:
-        server = Server((args.host, args.port), models, api_key=args.api_key or None, log=log,
+        keys = team_flags.keys(args)
+    except KeyFileError as e:
+        return fail(f"--api-keys: {e}")
+    try:
+        server = Server((args.host, args.port), models, keys=keys, log=log,
                         max_connections=args.max_connections, request_timeout=args.request_timeout,
-                        heartbeat=args.heartbeat)
+                        heartbeat=args.heartbeat, metrics_open=args.metrics_open)
     except OSError as e:
         return fail(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}")
     stopping, hurry = threading.Event(), threading.Event()
@@ -448,9 +444,10 @@ def run_server(lib: Library, engine: Engine, fmt: ChatFormat, models: Models,
     # Before the banner: a supervisor may signal as soon as it reads the listen line.
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    team_flags.reread_on_hangup(keys, stderr_log)
     host = f"[{args.host}]" if ":" in args.host else args.host
     print(banner(lib, engine, fmt, args, f"http://{host}:{server.port}/v1", models, context,
-                 tokens, split), flush=True)
+                 tokens, split, keys), flush=True)
     if fmt.refusal is not None:
         print("note     /v1/chat/completions is unavailable; /v1/completions works", flush=True)
     if warmer is not None:

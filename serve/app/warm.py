@@ -49,7 +49,7 @@ def parse_body(body: dict) -> ChatRequest:
     kind = dialect_of(body)
     if kind == "responses":
         # A fresh store: a saved body's previous_response_id cannot refer to this process.
-        return responses.parse_request(body, ResponseStore()).request
+        return responses.parse_request(body, ResponseStore().of("")).request
     if kind == "anthropic":
         return anthropic.parse_request(body).request
     return parse_chat_request(body)

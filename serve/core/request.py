@@ -60,6 +60,8 @@ class ChatRequest:
     request_id: str = ""              # the HTTP request's id, for log lines
     hints: Hints = field(default_factory=Hints)   # what the body says about its class
     work: str = INTERACTIVE           # its class, decided at the edge (serve/core/work.py)
+    owner: str = ""                   # its sender's namespace, decided at the edge (http/auth.py)
+    cache_salt: Optional[str] = None  # vLLM's: reuse only the cache of requests with this salt
 
 
 @dataclass
@@ -72,6 +74,8 @@ class CompletionRequest:
     request_id: str = ""
     hints: Hints = field(default_factory=Hints)
     work: str = INTERACTIVE
+    owner: str = ""
+    cache_salt: Optional[str] = None
     echo: bool = False                # the reply's text begins with the prompt's
 
 

@@ -70,8 +70,9 @@ def error_body(error: ApiError) -> dict:
 # ---- requests ---------------------------------------------------------------
 
 
-def parse_request(body: dict, *, counting: bool = False) -> Translation:
-    """A Messages request (or a count_tokens one, which has no max_tokens) -> the chat request."""
+def parse_request(body: dict, *, counting: bool = False, owner: str = "") -> Translation:
+    """A Messages request (or a count_tokens one, which has no max_tokens) -> the chat request;
+    `owner`'s signatures are the thinking it trusts (serve/dialects/seal.py)."""
     if not isinstance(body.get("model"), str):
         raise invalid("model", "model is required and must be a string")
     if not counting and body.get("max_tokens") is None:
@@ -82,7 +83,7 @@ def parse_request(body: dict, *, counting: bool = False) -> Translation:
         system = _text_blocks(body["system"], "system", skip=is_billing_block)
         if system is not None:
             conversation.add({"role": "system", "content": system}, "system")
-    _messages(conversation, body.get("messages"))
+    _messages(conversation, body.get("messages"), owner)
     left_out: list[str] = []
     tools, tool_fields = _tools(body.get("tools"), left_out)
     thinking, effort = _thinking(body.get("thinking"), body.get("output_config"))
@@ -91,7 +92,8 @@ def parse_request(body: dict, *, counting: bool = False) -> Translation:
             "parallel_tool_calls": _parallel(body.get("tool_choice")),
             "response_format": _output_format(body.get("output_config")),
             "stop": body.get("stop_sequences"), "stream": body.get("stream"),
-            **{key: body.get(key) for key in ("temperature", "top_p", "top_k", "max_tokens")}}
+            **{key: body.get(key) for key in ("temperature", "top_p", "top_k", "max_tokens",
+                                              "cache_salt")}}
     translation = chat_request(chat, {**TOP_FIELDS, **conversation.fields, **tool_fields}, left_out)
     translation.request.thinking, translation.request.thinking_effort = thinking, effort
     translation.request.hints = parse_hints(body, priority=False)
@@ -150,7 +152,7 @@ def _text_blocks(value: Json, where: str, skip: Callable[[dict], bool] = lambda 
     return parts.content()  # type: ignore[return-value]  # text alone is a string
 
 
-def _messages(conversation: Conversation, messages: Json) -> None:
+def _messages(conversation: Conversation, messages: Json, owner: str) -> None:
     if not isinstance(messages, list) or not messages:
         raise invalid("messages", "messages must be a non-empty list")
     for i, message in enumerate(messages):
@@ -161,7 +163,7 @@ def _messages(conversation: Conversation, messages: Json) -> None:
         if role == "user":
             _user(conversation, content, where)
         elif role == "assistant":
-            conversation.add(_assistant(content, where), where)
+            conversation.add(_assistant(content, where, owner), where)
         elif role == "system":   # mid-conversation system text, a system turn where it stands
             conversation.add({"role": "system",
                               "content": _text_blocks(content, f"{where}.content")}, where)
@@ -222,7 +224,7 @@ def _tool_result(block: dict, at: str) -> Parts:
     return result
 
 
-def _assistant(content: Json, where: str) -> dict:
+def _assistant(content: Json, where: str, owner: str) -> dict:
     if isinstance(content, str):
         return {"role": "assistant", "content": content}
     texts: list[str] = []
@@ -235,7 +237,7 @@ def _assistant(content: Json, where: str) -> dict:
         elif kind == "thinking":
             text = string_field(block, "thinking", at)
             # Not ours: left out; empty (a stream opened it before the reply chose text): nothing.
-            if text and seal.verify(text, block.get("signature")):
+            if text and seal.verify(text, block.get("signature"), owner):
                 reasoning.append(text)
         elif kind == "tool_use":
             arguments = block.get("input")
@@ -368,8 +370,9 @@ class Exchange:
     """One Messages request: its stream events as the deltas arrive, or its body at the end."""
     framing = SSE
 
-    def __init__(self, body: dict, model: str):
-        self.translation = parse_request(body)
+    def __init__(self, body: dict, model: str, owner: str = ""):
+        self.translation = parse_request(body, owner=owner)
+        self.owner = owner   # whose signatures its thinking blocks carry
         self.request = self.translation.request
         self.left_out = self.translation.left_out
         self.ignored = unread(body)
@@ -440,12 +443,11 @@ class Exchange:
             return STOP_REASONS[reply.finish_reason]
         return "stop_sequence" if reply.stop_sequence else "end_turn"
 
-    @staticmethod
-    def _content_block(block: Block, final: bool) -> dict:
+    def _content_block(self, block: Block, final: bool) -> dict:
         """A block whole (final) or as content_block_start opens it (empty)."""
         if block.kind == "reasoning":
             return {"type": "thinking", "thinking": block.text if final else "",
-                    "signature": seal.sign(block.text) if final else ""}
+                    "signature": seal.sign(block.text, self.owner) if final else ""}
         if block.kind == "text":
             return {"type": "text", "text": block.text if final else ""}
         return {"type": "tool_use", "id": _tool_id(block.call_id), "name": block.name,
@@ -463,5 +465,6 @@ class Exchange:
         events = []
         if block.kind == "reasoning":   # the signature closes a thinking block
             events.append({"type": "content_block_delta", "index": block.index,
-                           "delta": {"type": "signature_delta", "signature": seal.sign(block.text)}})
+                           "delta": {"type": "signature_delta",
+                                     "signature": seal.sign(block.text, self.owner)}})
         return events + [{"type": "content_block_stop", "index": block.index}]

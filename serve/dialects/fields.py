@@ -78,7 +78,7 @@ CHAT = Fields(
               "response_format", "temperature", "top_p", "top_k", "seed", "max_tokens",
               "max_completion_tokens", "stop", "stream", "stream_options", "logprobs",
               "top_logprobs", "reasoning_effort", "logit_bias", "frequency_penalty",
-              "presence_penalty", "priority"),
+              "presence_penalty", "priority", "cache_salt"),
     refused={
         "n": Refusal("only n=1 is supported: one reply per request", (1,)),
         "audio": Refusal("audio output is not supported: this server replies in text"),
@@ -109,7 +109,7 @@ CHAT = Fields(
 COMPLETIONS = Fields(
     honoured=("prompt", "model", "temperature", "top_p", "top_k", "seed", "max_tokens", "stop",
               "stream", "stream_options", "logprobs", "echo", "logit_bias",
-              "frequency_penalty", "presence_penalty", "priority"),
+              "frequency_penalty", "presence_penalty", "priority", "cache_salt"),
     refused={
         "n": CHAT.refused["n"],
         "best_of": Refusal("only best_of=1 is supported", (1,)),
@@ -124,7 +124,7 @@ COMPLETIONS = Fields(
 MESSAGES = Fields(
     honoured=("model", "messages", "system", "max_tokens", "stop_sequences", "stream",
               "temperature", "top_p", "top_k", "tools", "tool_choice", "thinking",
-              "output_config"),
+              "output_config", "cache_salt"),
     refused={
         "mcp_servers": Refusal("MCP servers are not supported here: this server connects to "
                                "none (run them in the client, as Claude Code does)", ([],)),
@@ -148,12 +148,14 @@ COUNT_TOKENS = Fields(
     refused=MESSAGES.refused,
     ignored={**{name: _REPLY_ONLY for name in ("max_tokens", "stop_sequences", "stream",
                                                "temperature", "top_p", "top_k")},
+             "cache_salt": "bounds which snapshots a prompt may reuse; a count reuses none",
              **MESSAGES.ignored})
 
 RESPONSES = Fields(
     honoured=("model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls",
               "text", "reasoning", "max_output_tokens", "temperature", "top_p", "store",
-              "include", "top_logprobs", "previous_response_id", "stream", "background"),
+              "include", "top_logprobs", "previous_response_id", "stream", "background",
+              "cache_salt"),
     refused={
         "conversation": Refusal("conversations are not supported; continue with "
                                 "previous_response_id"),

@@ -333,6 +333,14 @@ def parse_hints(body: dict, priority: bool = True) -> Hints:
     return Hints(model if isinstance(model, str) else "", value)
 
 
+def parse_cache_salt(value: Json) -> Optional[str]:
+    """vLLM's `cache_salt`: requests reuse each other's prefix snapshots only when they carry
+    the same salt (and come from the same key: serve/snapshots/scope.py)."""
+    if value is not None and (not isinstance(value, str) or not value):
+        raise invalid("cache_salt", "cache_salt must be a non-empty string")
+    return value
+
+
 def parse_chat_request(body: dict) -> ChatRequest:
     fields.CHAT.refuse(body)
     messages = _parse_messages(body.get("messages"))
@@ -347,7 +355,8 @@ def parse_chat_request(body: dict) -> ChatRequest:
                                                           "parallel_tool_calls"),
                        response_format=_parse_response_format(body.get("response_format")),
                        thinking=thinking, thinking_effort=effort,
-                       logprobs=_parse_chat_logprobs(body), hints=parse_hints(body))
+                       logprobs=_parse_chat_logprobs(body), hints=parse_hints(body),
+                       cache_salt=parse_cache_salt(body.get("cache_salt")))
 
 
 def _check_echo(body: dict) -> None:
@@ -375,4 +384,5 @@ def parse_completion_request(body: dict) -> CompletionRequest:
     return CompletionRequest(prompt=prompt, sampling=sampling, stream=stream,
                              include_usage=include_usage,
                              logprobs=_parse_completion_logprobs(body), hints=parse_hints(body),
-                             echo=body.get("echo") is True)
+                             echo=body.get("echo") is True,
+                             cache_salt=parse_cache_salt(body.get("cache_salt")))

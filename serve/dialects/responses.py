@@ -13,7 +13,7 @@ from serve.core.errors import ApiError, invalid
 from serve.dialects.openai_request import unknown_fields
 from serve.dialects.shared import Block, Blocks
 from serve.dialects.input_items import stored_items
-from serve.service.response_store import ResponseStore
+from serve.service.response_store import OwnedResponses
 from serve.service.replies import ChatReply, ReplyStart
 from serve.dialects.framing import SSE
 from serve.dialects.sse import sse_named
@@ -37,7 +37,7 @@ class Exchange:
     """One Responses request: its stream events as the deltas arrive, or the Response at the end."""
     framing = SSE
 
-    def __init__(self, body: dict, store: ResponseStore, model: str):
+    def __init__(self, body: dict, store: OwnedResponses, model: str):
         parsed = parse(body, store)
         self.translation = parsed.translation
         self.request = parsed.translation.request
@@ -224,7 +224,7 @@ class Exchange:
             item = {"id": item_id, "type": "reasoning", "summary": [],
                     "content": [self._part(block)] if done else []}
             if done and self._seal:
-                item["encrypted_content"] = seal.seal(block.text)
+                item["encrypted_content"] = seal.seal(block.text, self._store.owner)
             return item
         if block.kind == "text":
             return {"id": item_id, "type": "message", "role": "assistant", "status": status,

@@ -30,7 +30,7 @@ from serve.core.errors import ApiError, invalid
 from serve.dialects.openai_request import parse_hints, parse_reasoning_effort
 from serve.dialects.shared import (Conversation, Parts, Translation, chat_request, string_field,
                                    tool_call)
-from serve.service.response_store import ResponseStore, Stored
+from serve.service.response_store import OwnedResponses, Stored
 
 INCLUDE_REASONING = "reasoning.encrypted_content"
 INCLUDE_LOGPROBS = "message.output_text.logprobs"
@@ -58,7 +58,7 @@ class ParsedRequest:
     previous: Optional[Stored]          # the response it continues (previous_response_id)
 
 
-def parse(body: dict, store: ResponseStore) -> ParsedRequest:
+def parse(body: dict, store: OwnedResponses) -> ParsedRequest:
     fields.RESPONSES.refuse(body)
     if body.get("background") is not None and not isinstance(body["background"], bool):
         raise invalid("background", "background must be a boolean")
@@ -95,19 +95,19 @@ def parse(body: dict, store: ResponseStore) -> ParsedRequest:
             "parallel_tool_calls": body.get("parallel_tool_calls"),
             "response_format": _text_format(body.get("text")), "stream": body.get("stream"),
             "max_tokens": body.get("max_output_tokens"),
-            **{key: body.get(key) for key in ("temperature", "top_p")}}
+            **{key: body.get(key) for key in ("temperature", "top_p", "cache_salt")}}
     translation = chat_request(chat, {**TOP_FIELDS, **conversation.fields, **tool_fields}, left_out)
     translation.request.thinking, translation.request.thinking_effort = thinking, effort
     translation.request.hints = parse_hints(body, priority=False)
     return ParsedRequest(translation, conversation.messages[start:], namespaced, stored)
 
 
-def parse_request(body: dict, store: ResponseStore) -> Translation:
+def parse_request(body: dict, store: OwnedResponses) -> Translation:
     """A Responses body -> the internal chat request (for --warm, which has no exchange)."""
     return parse(body, store).translation
 
 
-def _input(conversation: Conversation, value: Json, store: ResponseStore,
+def _input(conversation: Conversation, value: Json, store: OwnedResponses,
            qualified: dict[tuple[str, str], str]) -> None:
     if isinstance(value, str):
         conversation.add({"role": "user", "content": value}, "input")
@@ -141,7 +141,7 @@ def _input(conversation: Conversation, value: Json, store: ResponseStore,
         elif kind == "reasoning":
             # Reasoning opens a turn; text the server cannot vouch for is left out.
             current = assistant(where, bool(turn))
-            text = seal.unseal(item.get("encrypted_content")) or store.reasoning(item.get("id"))
+            text = seal.unseal(item.get("encrypted_content"), store.owner) or store.reasoning(item.get("id"))
             if text:
                 current["reasoning_content"] = text
         else:

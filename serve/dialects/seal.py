@@ -9,6 +9,10 @@ not verify, and its reasoning is never put in a prompt. A team's hosts
 (--shared-cache) share one key, kept in the shared directory: a conversation
 that moves to another host keeps its reasoning, as it keeps its snapshots. The blob is
 authenticated, not secret: the client has already seen the text it holds.
+
+Each owner (ChatRequest.owner: its key's person, serve/http/auth.py) signs under a
+key of its own, derived from that one: a value another person's key was given
+does not verify, so one person cannot plant reasoning a colleague's reply holds.
 """
 from __future__ import annotations
 
@@ -53,9 +57,18 @@ def use_shared_key(path: str) -> None:
     _KEY = key
 
 
-def _mac(purpose: str, text: str) -> bytes:
+def _owner_key(owner: str) -> bytes:
+    """The key an owner signs under ("": the process's, or the team's, itself)."""
+    if not owner:
+        return _KEY
+    return hmac.new(_KEY, b"owner\0" + owner.encode("utf-8", "surrogatepass"),
+                    hashlib.sha256).digest()
+
+
+def _mac(purpose: str, text: str, owner: str) -> bytes:
     # The purpose keeps a signature from being replayed as a blob, or the other way round.
-    return hmac.new(_KEY, purpose.encode() + b"\0" + text.encode(), hashlib.sha256).digest()
+    return hmac.new(_owner_key(owner), purpose.encode() + b"\0" + text.encode(),
+                    hashlib.sha256).digest()
 
 
 def _b64(data: bytes) -> str:
@@ -66,23 +79,25 @@ def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
-def sign(text: str) -> str:
-    """The signature of a thinking block's text (which travels beside it)."""
-    return _b64(_mac("signature", text))
+def sign(text: str, owner: str = "") -> str:
+    """The signature of a thinking block's text (which travels beside it), for `owner`."""
+    return _b64(_mac("signature", text, owner))
 
 
-def verify(text: str, signature: object) -> bool:
+def verify(text: str, signature: object, owner: str = "") -> bool:
     # As bytes: compare_digest refuses a str with anything but ASCII in it.
-    return isinstance(signature, str) and hmac.compare_digest(signature.encode(), sign(text).encode())
+    return isinstance(signature, str) and hmac.compare_digest(signature.encode(),
+                                                              sign(text, owner).encode())
 
 
-def seal(text: str) -> str:
+def seal(text: str, owner: str = "") -> str:
     """A blob that carries the text itself, for clients that keep nothing else."""
-    return _BLOB_PREFIX + _b64(text.encode()) + "." + _b64(_mac("blob", text))
+    return _BLOB_PREFIX + _b64(text.encode()) + "." + _b64(_mac("blob", text, owner))
 
 
-def unseal(blob: object) -> Optional[str]:
-    """The text sealed in `blob`, or None when the blob is not one this process made."""
+def unseal(blob: object, owner: str = "") -> Optional[str]:
+    """The text sealed in `blob` for `owner`, or None when the blob is not one this process
+    (or its team) made for that owner."""
     if not isinstance(blob, str) or not blob.startswith(_BLOB_PREFIX):
         return None
     body, _, mac = blob[len(_BLOB_PREFIX):].partition(".")
@@ -91,4 +106,4 @@ def unseal(blob: object) -> Optional[str]:
         given = _unb64(mac)
     except (binascii.Error, ValueError):
         return None
-    return text if hmac.compare_digest(given, _mac("blob", text)) else None
+    return text if hmac.compare_digest(given, _mac("blob", text, owner)) else None

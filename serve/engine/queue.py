@@ -1,4 +1,4 @@
-"""The line for the engine: the person first, then first come, first served; bounded, closable.
+"""The line for the engine: the person first, people in turn; bounded, closable.
 
 The engine runs one thing at a time, and this is the only way to it. A plain
 lock hands it to whichever waiting thread the scheduler wakes first, so under
@@ -7,6 +7,17 @@ the engine goes to the oldest interactive one, and only when none waits to the
 oldest background one (a chore: serve/core/classes.py). The line has a fixed
 length: beyond it a request is refused at once (503 with Retry-After) instead
 of waiting for hours behind a slow model.
+
+Within a class the engine goes in turn between people (a ticket's `owner`, the
+sender's namespace: serve/http/auth.py): the oldest waiting request of the
+person served least recently goes first, so one person's three parallel
+requests cannot put a colleague behind all three. Each time the engine goes to
+someone else in its class, that person is then served more recently than this
+one; so a request that is its person's oldest waits for at most one request of
+each other person in its class (P - 1 with P people waiting), and none waits
+without bound. With one person (no keys, or one key) the order is arrival.
+Beyond `max_per_owner` requests waiting, a person is refused at once (429 with
+Retry-After) while everyone else keeps their places.
 
 A chore holding the engine asks, before each engine call, whether a person
 waits (Turn.preempt_due); if so it saves its state and steps aside
@@ -76,6 +87,12 @@ def overloaded(message: str) -> ApiError:
                     headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
 
 
+def too_many_waiting(waiting: int) -> ApiError:
+    return ApiError(429, f"{waiting} of your requests are already waiting for the engine; "
+                         "try again when one is answered", code="rate_limit_exceeded",
+                    kind="rate_limit_error", headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+
+
 def shutting_down() -> ApiError:
     return ApiError(503, "the server is shutting down", code="server_shutting_down",
                     kind="server_error")
@@ -103,6 +120,7 @@ class _Ticket:
     seq: int              # arrival order
     since: float = 0.0    # when it began waiting (this time)
     chores_at: float = 0.0   # the queue's chore clock then
+    owner: str = ""       # whose request it is: people are served in turn (_order)
 
 
 @dataclass
@@ -181,11 +199,15 @@ class Turn:
 
 class EngineQueue:
     def __init__(self, max_waiting: int, *, classes: bool = True,
-                 starve_after: float = STARVE_AFTER_SECONDS):
-        """`classes`: False serves every request in arrival order (and preempts none)."""
+                 starve_after: float = STARVE_AFTER_SECONDS,
+                 max_per_owner: Optional[int] = None):
+        """`classes`: False serves every request in arrival order (and preempts none);
+        `max_per_owner`: the requests one person may have waiting (None: no bound but the
+        line's)."""
         if max_waiting < 0:
             raise ValueError("max_waiting must be >= 0")
         self.max_waiting = max_waiting
+        self.max_per_owner = max_per_owner
         self.classes = classes
         self.starve_after = starve_after
         self._cond = threading.Condition()
@@ -198,7 +220,10 @@ class EngineQueue:
         self._errand_running = False   # an errand has the free engine to itself
         self._owed = False    # the holder is a starved chore owed one step
         self._seq = itertools.count()
+        self._served: dict[str, int] = {}   # owner -> when it last took the engine (a count)
+        self._serves = itertools.count()
         self.counts = {work: ClassCounts() for work in CLASSES}
+        self.owner_counts: dict[tuple[str, str], ClassCounts] = {}   # by (owner, class)
         self.preemptions = 0  # chores that stepped aside for a person
 
     def __len__(self) -> int:
@@ -230,16 +255,28 @@ class EngineQueue:
 
     def snapshot_counts(self) -> dict[str, ClassCounts]:
         """ClassCounts per class, the running hold included."""
+        return self._copied(self.counts, lambda t: t.work)
+
+    def snapshot_owner_counts(self) -> dict[tuple[str, str], ClassCounts]:
+        """ClassCounts per (owner, class), the running hold included."""
+        return self._copied(self.owner_counts, lambda t: (t.owner, t.work))
+
+    def _copied(self, counts: dict, key: Callable[[_Ticket], object]) -> dict:
         with self._cond:
-            out = {work: ClassCounts(c.waits, c.wait_seconds, c.engine_seconds)
-                   for work, c in self.counts.items()}
-            if self._holder is not None:
-                out[self._holder.work].engine_seconds += time.monotonic() - self._held_since
+            out = {k: ClassCounts(c.waits, c.wait_seconds, c.engine_seconds)
+                   for k, c in counts.items()}
+            if self._holder is not None and key(self._holder) in out:
+                out[key(self._holder)].engine_seconds += time.monotonic() - self._held_since
             return out
+
+    def _counted(self, ticket: _Ticket) -> tuple[ClassCounts, ClassCounts]:
+        """The counts a ticket adds to: its class's, and its owner's in that class."""
+        mine = self.owner_counts.setdefault((ticket.owner, ticket.work), ClassCounts())
+        return self.counts[ticket.work], mine
 
     @contextmanager
     def turn(self, waiter: Waiter, work: str = INTERACTIVE,
-             meanwhile: Optional[Callable[[], None]] = None) -> Iterator[Turn]:
+             meanwhile: Optional[Callable[[], None]] = None, owner: str = "") -> Iterator[Turn]:
         """Waits for the engine in line (the person first) and holds it for the block.
 
         While waiting, `waiter.queued(ahead)` hears the number of requests in
@@ -248,7 +285,8 @@ class EngineQueue:
         the request is in line: work it can do without the engine (finding its snapshot),
         done while those ahead use it. The request keeps its place, and should it come first
         meanwhile the engine waits for it: a few seconds idle, where a request that came later
-        taking its turn could hold the engine for hours on K3.
+        taking its turn could hold the engine for hours on K3. `owner`: whose request it
+        is, for the turns people take, and the 429 of one who has too many waiting.
         """
         with self._cond:
             if self._closed:
@@ -256,7 +294,11 @@ class EngineQueue:
             if (self._holder or self._line) and len(self._line) >= self.max_waiting:
                 raise overloaded(f"{len(self._line)} requests are already waiting for the engine; "
                                  "try again later")
-            held = Turn(self, _Ticket(work, next(self._seq)))
+            mine = sum(1 for t in self._line if t.owner == owner)
+            if (self._holder or self._line) and self.max_per_owner is not None \
+                    and mine >= self.max_per_owner:
+                raise too_many_waiting(mine)
+            held = Turn(self, _Ticket(work, next(self._seq), owner=owner))
             self._enter(held.ticket)
         self._wait_for(held, waiter, meanwhile)
         try:
@@ -278,7 +320,8 @@ class EngineQueue:
     def _release(self, ticket: _Ticket) -> None:
         """The holder lets go. Under _cond."""
         if self._holder is ticket:
-            self.counts[ticket.work].engine_seconds += time.monotonic() - self._held_since
+            for counts in self._counted(ticket):
+                counts.engine_seconds += time.monotonic() - self._held_since
             self._holder, self._owed = None, False
             self._cond.notify_all()
 
@@ -329,10 +372,12 @@ class EngineQueue:
         if not self.classes:
             return sorted(self._line, key=lambda t: t.seq)
 
-        def rank(t: _Ticket) -> tuple[int, int]:
+        def rank(t: _Ticket) -> tuple[int, int, int]:
+            # Within a class: the person served least recently (never: -1), then arrival.
+            turn = self._served.get(t.owner, -1)
             if t.work == INTERACTIVE:
-                return 1, t.seq
-            return (0 if now - t.since >= self.starve_after else 2), t.seq
+                return 1, turn, t.seq
+            return (0 if now - t.since >= self.starve_after else 2), turn, t.seq
         return sorted(self._line, key=rank)
 
     def _take(self, ticket: _Ticket) -> Optional[int]:
@@ -345,9 +390,10 @@ class EngineQueue:
         if not (self._holder or self._idle or self._errand_running) and order[0] is ticket:
             self._line.remove(ticket)
             self._holder, self._held_since = ticket, now
-            counts = self.counts[ticket.work]
-            counts.waits += 1
-            counts.wait_seconds += now - ticket.since
+            self._served[ticket.owner] = next(self._serves)
+            for counts in self._counted(ticket):
+                counts.waits += 1
+                counts.wait_seconds += now - ticket.since
             # A starved chore taking the engine from waiting people is owed one step.
             self._owed = (self.classes and ticket.work == BACKGROUND
                           and any(t.work == INTERACTIVE for t in self._line))

@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional, Protocol
 
 from serve.core.errors import ApiError
 from serve.core.hangup import Hangup
+from serve.http.auth import ANYONE, Principal
 from serve.dialects.exchange import R, Exchange
 from serve.service.facade import Service
 from serve.service.models import Models
@@ -40,6 +41,12 @@ class Ongoing:
     counted: bool = False        # in /metrics already
     named_model: Optional[str] = None   # the body's `model`, which picks the model that answers
     answered_by: str = ""        # with several models: the one that answered, for the log line
+    principal: Principal = ANYONE   # who sent it (serve/http/auth.py), once its key is checked
+
+    @property
+    def who(self) -> str:
+        """The log line's word on its sender: the name, never the key."""
+        return f" person={self.principal.name}" if self.principal.name else ""
 
 
 class ServerFace(Protocol):

@@ -23,7 +23,7 @@ from serve.http.background import Keeper
 from serve.service.jobs import Job
 from serve.service.facade import Service
 from serve.service.replies import ChatReply, CompletionReply
-from serve.service.response_store import Stored
+from serve.service.response_store import OwnedResponses, Stored
 from serve.http.page import CONTENT_TYPE as PAGE_TYPE, chat_page
 
 
@@ -73,7 +73,8 @@ def complete(handler: Answering, method: str, rest: str) -> None:
 
 def messages(handler: Answering, method: str, rest: str) -> None:
     body = handler.read_json()
-    exchange = anthropic.Exchange(body, handler.server.service.options.model_id)
+    exchange = anthropic.Exchange(body, handler.server.service.options.model_id,
+                                  handler.current.principal.namespace)
     if exchange.billing is not None:
         handler.server.log_once("billing", f"/v1/messages: {exchange.billing} is Claude Code's "
                                 "billing header, which changes on every request: it is left out "
@@ -84,7 +85,7 @@ def messages(handler: Answering, method: str, rest: str) -> None:
 def create_response(handler: Answering, method: str, rest: str) -> None:
     service = handler.server.service
     body = handler.read_json()
-    exchange = responses.Exchange(body, service.responses, service.options.model_id)
+    exchange = responses.Exchange(body, _responses(handler), service.options.model_id)
     if exchange.background:
         return _background(handler, exchange)
     # The id the reply is stored under, for a router to remember this host by: the
@@ -95,7 +96,8 @@ def create_response(handler: Answering, method: str, rest: str) -> None:
 
 def count_tokens(handler: Answering, method: str, rest: str) -> None:
     body = handler.read_json()
-    translation = anthropic.parse_request(body, counting=True)
+    translation = anthropic.parse_request(body, counting=True,
+                                          owner=handler.current.principal.namespace)
     handler.server.note_unread(handler.current.path, anthropic.unread(body, counting=True))
     translation.request.request_id = handler.request_id
     service = handler.server.models.pick(handler.current.named_model, translation.request)
@@ -117,7 +119,7 @@ def stored_response(handler: Answering, method: str, response_id: str) -> None:
         _stored(handler, response_id)
         raise ApiError(400, "only a background response's events can be streamed again",
                        param="stream")
-    store = handler.server.service.responses
+    store = _responses(handler)
     stored = _stored(handler, response_id)
     if method == "DELETE" and not store.delete(response_id):
         raise _not_stored(response_id)
@@ -200,8 +202,13 @@ def _job(handler: Answering, job_id: str) -> Job:
     return job
 
 
+def _responses(handler: Answering) -> OwnedResponses:
+    """The stored responses of the request's sender: another's ids are not found."""
+    return handler.server.service.responses.of(handler.current.principal.namespace)
+
+
 def _stored(handler: Answering, response_id: str) -> Stored:
-    stored = handler.server.service.responses.get(response_id)
+    stored = _responses(handler).get(response_id)
     if stored is None:
         raise _not_stored(response_id)
     return stored

@@ -76,7 +76,9 @@ def start_job(handler: Answering, exchange: Exchange[R],
         server.log_line(f"{current.path}: tools left out (the server cannot run them): "
                         f"{', '.join(exchange.left_out)}")
     server.note_unread(current.path, exchange.ignored)
+    # What it leaves behind is its sender's (never named by the key: serve/http/auth.py).
     exchange.request.request_id = handler.request_id
+    exchange.request.owner = current.principal.namespace
     # The class is decided here, at the edge, from the neutral request and the header.
     decision = server.service.classifier.classify(exchange.request,
                                                   handler.headers.get(CLASS_HEADER))

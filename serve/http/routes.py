@@ -38,10 +38,11 @@ class Route:
 
 
 MESSAGES = "/v1/messages"
+METRICS = "/metrics"   # needs a key when keys are set, unless the server opens it (--metrics-open)
 ROUTES = (
     Route("/health", ("GET",), endpoints.health, open=True),
     Route("/", ("GET",), endpoints.page, open=True),
-    Route("/metrics", ("GET",), endpoints.metrics_text),
+    Route(METRICS, ("GET",), endpoints.metrics_text),
     Route("/v1/models", ("GET",), endpoints.models),
     Route("/v1/models/", ("GET",), endpoints.model, prefix=True, label="/v1/models/{model}"),
     Route("/v1/chat/completions", ("POST",), endpoints.chat),
@@ -83,6 +84,12 @@ def nearest_route(path: str) -> Route:
     for one that is not a path at all)."""
     fitting = [r for r in ROUTES if path.startswith(r.path)]
     return max(fitting, key=lambda r: len(r.path)) if fitting else ROOT
+
+
+def needs_key(route: Optional[Route], metrics_open: bool) -> bool:
+    """Is a key needed to be answered (when keys are set)? Not for an open route, nor for
+    /metrics opened by --metrics-open; always for a path no route answers."""
+    return route is None or not (route.open or route.path == METRICS and metrics_open)
 
 
 def endpoint_label(path: str) -> str:

@@ -24,13 +24,13 @@ from serve.engine.queue import ClientGone
 from serve.http import heap, request_line
 from serve.http.answering import Ongoing
 from serve.http.background import Keepers
-from serve.http.auth import authorized, credential_digest, unauthorized
+from serve.http.auth import ANYONE, Keys, credential_digest, unauthorized
 from serve.http.job_start import start_job
 from serve.http.connections import DEFAULT_MAX_CONNECTIONS, ConnectionServer
 from serve.http.json_body import parse_body
 from serve.http.request_body import DeadlineReader, declared_length, has_body, read_exactly
 from serve.http.request_line import ASTERISK, MAX_LINE, ROUTED_METHODS, SERVER_METHODS, origin_form
-from serve.http.routes import allowed, endpoint_label, find_route, nearest_route
+from serve.http.routes import allowed, endpoint_label, find_route, nearest_route, needs_key
 from serve.http.sinks import Answer, ExchangeSink
 from serve.dialects.sse import DEFAULT_HEARTBEAT, EventWriter
 from serve.service.facade import Service
@@ -45,7 +45,8 @@ class Server(ConnectionServer):
     """The service's HTTP server: its handler, key and timeouts."""
 
     def __init__(self, address: tuple[str, int], service: Service | Models, *,
-                 api_key: Optional[str] = None,
+                 api_key: Optional[str] = None, keys: Optional[Keys] = None,
+                 metrics_open: bool = False,
                  log: Optional[Callable[[str], None]] = None, socket_timeout: float = 30.0,
                  max_connections: int = DEFAULT_MAX_CONNECTIONS,
                  request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
@@ -55,7 +56,8 @@ class Server(ConnectionServer):
         self.models = service if isinstance(service, Models) else Models([service])
         self.service = self.models.main
         self.background = Keepers()   # background responses (serve/http/background.py)
-        self.api_key = api_key
+        self.keys = keys or Keys(api_key)   # who may ask, and who asks (serve/http/auth.py)
+        self.metrics_open = metrics_open     # /metrics answers without a key (--metrics-open)
         self.heartbeat = heartbeat  # seconds a stream may stay silent (serve/dialects/sse.py)
         self.socket_timeout = socket_timeout  # bounds each send to a client that stopped reading
         self.request_timeout = request_timeout
@@ -110,19 +112,18 @@ class Handler(BaseHTTPRequestHandler):
        routes answer and the target one of RFC 9112's forms, made a path
        (serve/http/request_line.py); `OPTIONS *` is answered here.
     4. `_route` finds the route (serve/http/routes.py), checks the API key and the
-       method, and calls its endpoint (serve/http/endpoints.py), which reads the body
-       (`read_json`) and answers with `send` or `send_json`, or runs a generation
-       through `generate`, whose sink (serve/http/sinks.py) calls back `open_stream`
-       and `public_error`.
+       method (the key's person: `current.principal`, serve/http/auth.py), and calls its
+       endpoint (serve/http/endpoints.py), which reads the body (`read_json`) and answers
+       with `send` or `send_json`, or runs a generation through `generate`, whose sink
+       (serve/http/sinks.py) calls back `open_stream` and `public_error`.
     5. Whatever is raised becomes an error response in the shape of the route's API
        (`current.shape`), or ends a stream already open; then, always, one log line,
        one count in /metrics, and the heap trimmed after a large body.
 
-    Attributes it sets besides BaseHTTPRequestHandler's own (command, path,
-    headers, request_version, close_connection, ...): `timeout`, `rfile` (reads
-    that keep the deadline), `deadline`, `current`, `_refused` (the standard
-    library's refusal while it parses) and `_hangup` (serve/core/hangup.py: has the
-    client closed its end?).
+    Attributes it sets besides BaseHTTPRequestHandler's own (command, path, headers,
+    request_version, close_connection, ...): `timeout`, `rfile` (reads that keep the deadline),
+    `deadline`, `current`, `_refused` (the standard library's refusal while it parses) and
+    `_hangup` (serve/core/hangup.py: has the client closed its end?).
     """
     protocol_version = "HTTP/1.1"
     server_version = "serve"
@@ -239,9 +240,11 @@ class Handler(BaseHTTPRequestHandler):
             return self.send(200, "text/plain", b"", {"Allow": ", ".join(SERVER_METHODS)})
         route = find_route(path)
         # The key before the 404, so that endpoints cannot be enumerated.
-        if (route is None or not route.open) and not authorized(self.headers, self.server.api_key):
+        principal = self.server.keys.principal(self.headers)
+        if principal is None and needs_key(route, self.server.metrics_open):
             self.close_connection = True  # the body, if any, is left unread
             raise unauthorized()
+        self.current.principal = principal or ANYONE
         if route is None:
             raise ApiError(404, f"no such endpoint: {path}", code="not_found")
         if method == "HEAD" and "GET" in route.methods:
@@ -289,8 +292,9 @@ class Handler(BaseHTTPRequestHandler):
 
     @property
     def owner(self) -> str:
-        """Who sent the request, as a digest of its credentials (serve/http/auth.py)."""
-        return credential_digest(self.headers)
+        """Who may reach what the request starts (a job, a background response): its person,
+        and the credentials it sent (told apart even where no keys are set)."""
+        return f"{self.current.principal.namespace}\n{credential_digest(self.headers)}"
 
     @property
     def hangup(self) -> Hangup:
@@ -389,4 +393,4 @@ class Handler(BaseHTTPRequestHandler):
             self.server.log(f"{self.address_string()} {what} {self.current.status} "
                             f"tokens={self.current.tokens} {ms:.0f}ms id={self.request_id}"
                             + (f" ({self.current.timing})" if self.current.timing else "")
-                            + self.current.answered_by)
+                            + self.current.answered_by + self.current.who)

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional, Sequence
 
-from serve.core.reply import Delta
+from serve.core.reply import Delta, Usage
 from serve.core.ids import now
 
 from serve.formats import grammar
@@ -43,6 +43,7 @@ from serve.service.prefill import DEFAULT_CHUNK, Prefill, PrefillCancelled, star
 from serve.snapshots import tiers
 from serve.snapshots.cache import PrefixCache
 from serve.snapshots.lookup import Lookup
+from serve.snapshots.scope import Scope
 from serve.snapshots.shared_dir import SharedDir
 from serve.service.prompt import ChatCheck, check_fits, Prompt, PromptBuilder
 from serve.service.replies import ChatReply, CompletionReply, ReplySink
@@ -87,6 +88,8 @@ class ServiceOptions:
     bos: Optional[Sequence[int]] = None     # add_bos's ids (choice.py); None: asked of the engine
     image_grid: Optional[Grid] = None       # the engine's rule for images' positions
                                             # (image_positions.read_grid); None: the engine counts
+    shared_namespace: str = ""              # every request finds its snapshots too (--warm's)
+    max_waiting_per_person: Optional[int] = None   # more waiting get a 429; None: no bound
 
 
 class Service:
@@ -100,13 +103,15 @@ class Service:
         # For the Responses API's previous_response_id.
         self.responses = options.responses if options.responses is not None else ResponseStore()
         self.queue = EngineQueue(options.max_queue, classes=options.work_classes,
-                                 starve_after=options.chore_max_wait)
+                                 starve_after=options.chore_max_wait,
+                                 max_per_owner=options.max_waiting_per_person)
         self.classifier = Classifier(options.background_models, options.background_match,
                                      bound=options.background_max_tokens)
         self._stopping = threading.Event()
         self.policy = options.snapshot_policy or SnapshotPolicy(log=options.log)
         self.metrics = Metrics(engine.stats(), self.activity, options.prefix_cache, self.policy,
-                               lambda: engine.evaluated, shared=self._shared_dirs())
+                               lambda: engine.evaluated, shared=self._shared_dirs(),
+                               turns=self.queue.snapshot_owner_counts)
         # Serve's figure of images' positions: probed on the engine while it is still idle.
         self.positions = ImagePositions(options.image_grid if options.vision else None, options.log)
         self.positions.probe(engine)
@@ -122,7 +127,8 @@ class Service:
                                      snapshots=options.prefix_cache is not None,
                                      default_thinking=options.thinking,
                                      context_beyond=options.context_beyond,
-                                     positions=self.positions)
+                                     positions=self.positions,
+                                     shared_namespace=options.shared_namespace)
         self.generation = Generation(engine, self.metrics, max_tokens=options.max_tokens,
                                      prefix_cache=options.prefix_cache, policy=self.policy,
                                      prefill_chunk=options.prefill_chunk,
@@ -179,7 +185,7 @@ class Service:
             run = self._run(sink)
             unfollowed = self._unfollowed(run, req.request_id)
             run.accepted(check.thinking)
-            with self._turn(run, req.work, early) as lookup:
+            with self._turn(run, req.work, early, req.owner) as lookup:
                 prompt = self.prompts.with_images(early)
                 reader = ChatReader(self.chat_format.new_parser(check.thinking), req.sampling.stop,
                                     self.chat_format.stop_tokens,
@@ -188,11 +194,11 @@ class Service:
                     prompt, req.sampling, run, reader, stop_tokens=self.chat_format.stop_tokens,
                     logprobs=req.logprobs, constraint=constraint, label=req.request_id,
                     stop=unfollowed.prefill_stop, stop_decoding=unfollowed.decode_stop,
-                    pause=self._pause(run, req.work, req.request_id),
+                    pause=self._pause(run, req.work, req.request_id, prompt.scope),
                     max_tokens=self._max_tokens(req.work), lookup=lookup)
                 message = reader.message()
                 outcome.usage.waste["reasoning"] = check.reasoning
-                self._account(outcome.usage.waste, req.work, run)
+                self._account(outcome.usage, req, run)
                 if not outcome.client_gone:
                     self.settler.after_reply(prompt, outcome, message)
         return ChatReply(message, outcome.finish_reason, outcome.usage, outcome.client_gone,
@@ -208,27 +214,28 @@ class Service:
             if prompt.expanded_length is not None:
                 return prompt.expanded_length
             run = self.new_run(client_gone)   # its events are never taken: the count is the answer
-            with self._turn(run):
+            with self._turn(run, owner=req.owner):
                 expanded = self.prompts.with_images(prompt)
                 self.engine.image_clear()
                 return len(expanded.ids)
 
     def complete(self, req: CompletionRequest, sink: ReplySink | Run) -> CompletionReply:
         check_fits(self.engine, len(req.prompt), "prompt", self.options.context_beyond)
-        prompt = Prompt(self.prompts.text(req.prompt))
+        prompt = Prompt(self.prompts.text(req.prompt), scope=self.prompts.scope(req))
         self.generation.check_decoding(req.logprobs, req.sampling)
         self.prompts.pieces(list(req.sampling.logit_bias), "logit_bias", indexed=False)
         run = self._run(sink)
         unfollowed = self._unfollowed(run, req.request_id)
-        with self._turn(run, req.work, prompt) as lookup:
+        with self._turn(run, req.work, prompt, req.owner) as lookup:
             reader = TextReader(req.sampling.stop, self.engine.specials.values())
             outcome = self.generation.run(prompt, req.sampling, run, reader,
                                           logprobs=req.logprobs, label=req.request_id,
                                           stop=unfollowed.prefill_stop,
                                           stop_decoding=unfollowed.decode_stop,
-                                          pause=self._pause(run, req.work, req.request_id),
+                                          pause=self._pause(run, req.work, req.request_id,
+                                                            prompt.scope),
                                           max_tokens=self._max_tokens(req.work), lookup=lookup)
-            self._account(outcome.usage.waste, req.work, run)
+            self._account(outcome.usage, req, run)
         return CompletionReply(reader.text, outcome.finish_reason, outcome.usage, outcome.client_gone,
                                None if outcome.logprobs is None else completion_logprobs(outcome.logprobs))
 
@@ -248,7 +255,8 @@ class Service:
         if cache is None or self._stopping.is_set():
             return None
         tokens, limit = prompt.restorable
-        return tiers.find(cache, self.policy, tokens, limit, stop=run.gone, fetching=run.fetching)
+        return tiers.find(cache, self.policy, tokens, limit, stop=run.gone, fetching=run.fetching,
+                          scope=prompt.scope)
 
     def new_run(self, client_gone: Callable[[], bool] = lambda: False) -> Run:
         """A Run whose events readers follow (Run.read): a job's (serve/service/jobs.py), which
@@ -260,8 +268,8 @@ class Service:
         return sink if isinstance(sink, Run) else Run(self._stopping, sink.gone, sink)
 
     @contextmanager
-    def _turn(self, run: Run, work: str = INTERACTIVE,
-              prompt: Optional[Prompt] = None) -> Iterator[Optional[Lookup]]:
+    def _turn(self, run: Run, work: str = INTERACTIVE, prompt: Optional[Prompt] = None,
+              owner: str = "") -> Iterator[Optional[Lookup]]:
         """Wait in line for the engine and hold it, empty; a run cut by shutdown ends in its 503.
         Yields the prompt's snapshot, found while the request waits in line, its place kept
         (serve/snapshots/lookup.py): None without a prompt or a prefix cache."""
@@ -272,7 +280,7 @@ class Service:
             if prompt is not None:
                 found = self._look_up(prompt, run)
 
-        with self.queue.turn(run, work, meanwhile=look_up) as run.turn:
+        with self.queue.turn(run, work, meanwhile=look_up, owner=owner) as run.turn:
             self.settler.drop()
             start_empty(self.engine)
             try:
@@ -284,26 +292,25 @@ class Service:
 
     # -- classes of work (docs/chores.md) -------------------------------------------
 
-    def _pause(self, run: Run, work: str, label: str) -> Optional[Preemption]:
+    def _pause(self, run: Run, work: str, label: str, scope: Scope) -> Optional[Preemption]:
         """A chore's way to step aside for a person (it needs the prefix cache to save to)."""
         cache = self.options.prefix_cache
         if work != BACKGROUND or not self.options.work_classes or cache is None:
             return None
         assert run.turn is not None   # asked inside the turn
         return Preemption(self.engine, run.turn, run, cache, self.policy,
-                          self.options.prefill_chunk, self.options.log, label)
+                          self.options.prefill_chunk, scope, self.options.log, label)
 
     def _max_tokens(self, work: str) -> Optional[int]:
         """The default max_tokens of a request of this class (None: the server's)."""
         return self.options.background_max_tokens if work == BACKGROUND else None
 
-    @staticmethod
-    def _account(waste: dict, work: str, run: Run) -> None:
-        """The reply's class, and how long it waited while chores held the engine (the chat
-        page shows it: serve/static/chat.html)."""
+    def _account(self, usage: Usage, req: ChatRequest | CompletionRequest, run: Run) -> None:
+        """The reply's class, how long it waited while chores held the engine (the chat page
+        shows it: serve/static/chat.html), and its tokens, for its sender."""
         assert run.turn is not None   # asked inside the turn
-        waste["work"] = work
-        waste["behind_chores_ms"] = round(run.turn.behind_chores * 1000.0, 3)
+        usage.waste.update(work=req.work, behind_chores_ms=round(run.turn.behind_chores * 1000, 3))
+        self.metrics.person_reply(req.owner, usage)
 
     def _unfollowed(self, run: Run, label: str) -> Unfollowed:
         """What the run's work may do once nobody follows it (serve/service/detach.py)."""
@@ -344,7 +351,7 @@ class Service:
                 try:
                     run = Prefill(self.engine, ids, cache=cache, policy=self.policy,
                                   chunk=self.options.prefill_chunk, progress=progress,
-                                  stop=lambda: yield_now() or stopping())
+                                  stop=lambda: yield_now() or stopping(), scope=prompt.scope)
                     cached = run.restore(held)
                     before = cached if before is None else before
                     run.run(held, prompt.snapshot_at)

@@ -226,7 +226,7 @@ class Generation:
 
         def run_prefill(tokens: list[int], upto: int) -> None:
             prefill = Prefill(self.engine, tokens, cache=cache, policy=self.policy, chunk=chunk,
-                              progress=progress, stop=stop, pause=pause)
+                              progress=progress, stop=stop, pause=pause, scope=prompt.scope)
             clock.cached_tokens = prefill.restore(upto, lookup)
             run.prefilling(len(prompt.ids), clock.cached_tokens)
             if cache is not None:

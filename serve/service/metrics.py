@@ -14,6 +14,9 @@ import threading
 from typing import Callable, NamedTuple, Optional, Sequence
 
 from serve.core.activity import Activity
+from serve.core.owner import person_name
+from serve.core.reply import Usage
+from serve.engine.queue import ClassCounts
 from serve.engine.types import Stats
 from serve.snapshots.cache import PrefixCache
 from serve.snapshots.shared_dir import Counters, SharedDir
@@ -108,6 +111,35 @@ def _class_families(now: Activity) -> list[Family]:
     ]
 
 
+PERSON_TOKENS = (("prefilled", "Prompt positions evaluated"),
+                 ("restored", "Prompt positions restored from a prefix snapshot"),
+                 ("generated", "Tokens generated"))
+
+
+def _people_families(tokens: dict[str, dict[str, int]],
+                     turns: dict[tuple[str, str], ClassCounts]) -> list[Family]:
+    """Per named person (--api-keys; the label is the name, never the key): tokens, and the
+    engine's time and waits by class."""
+    named = sorted((person_name(owner), work, c) for (owner, work), c in turns.items()
+                   if person_name(owner))
+
+    def by_turn(name: str, what: str, value: Callable[[ClassCounts], float]) -> Family:
+        return _family(name, "counter", what, [("", [("person", person), ("class", work)], value(c))
+                                               for person, work, c in named])
+    return [
+        *(_family(f"serve_person_{kind}_tokens_total", "counter", f"{what}, by person",
+                  [("", [("person", person)], counts[kind])
+                   for person, counts in sorted(tokens.items())])
+          for kind, what in PERSON_TOKENS),
+        by_turn("serve_person_engine_seconds_total", "Time the person's requests held the "
+                "engine, by class", lambda c: c.engine_seconds),
+        by_turn("serve_person_wait_seconds_total", "Time the person's requests waited before "
+                "they were handed the engine, by class", lambda c: c.wait_seconds),
+        by_turn("serve_person_waits_total", "Times a request of the person's was handed the "
+                "engine, by class", lambda c: c.waits),
+    ]
+
+
 class Metrics:
     """Every metric of one server. Thread-safe: request threads update it while it is scraped."""
 
@@ -115,8 +147,12 @@ class Metrics:
                  prefix_cache: Optional[PrefixCache] = None,
                  policy: Optional[SnapshotPolicy] = None,
                  evaluated: Callable[[], int] = lambda: 0,
-                 shared: Optional[dict[str, SharedDir]] = None):
+                 shared: Optional[dict[str, SharedDir]] = None,
+                 turns: Callable[[], dict[tuple[str, str], ClassCounts]] = dict):
+        """`turns`: the queue's counts by (owner, class)."""
         self._activity = activity
+        self._turns = turns
+        self._people: dict[str, dict[str, int]] = {}   # person -> PERSON_TOKENS kind -> count
         self._shared = shared or {}                # the shared tier's directories, by what they hold
         self._cache = prefix_cache                 # None when it is off
         self._policy = policy
@@ -149,6 +185,17 @@ class Metrics:
                 self._ttft.observe(ttft)
             if rate is not None:
                 self._rate.observe(rate)
+
+    def person_reply(self, owner: str, usage: Usage) -> None:
+        """One generation's tokens, for its sender when a named person."""
+        person = person_name(owner)
+        if not person:
+            return
+        with self._lock:
+            counts = self._people.setdefault(person, {kind: 0 for kind, _ in PERSON_TOKENS})
+            counts["prefilled"] += usage.prompt_tokens - usage.cached_tokens
+            counts["restored"] += usage.cached_tokens
+            counts["generated"] += usage.completion_tokens
 
     def prefix_lookup(self, hit: bool) -> None:
         with self._lock:
@@ -198,6 +245,9 @@ class Metrics:
                     [("", [], int(now.idle))]),
         ]
         parts += _class_families(now)
+        with self._lock:
+            people = {person: dict(counts) for person, counts in self._people.items()}
+        parts += _people_families(people, self._turns())
         parts.append(_family("serve_engine_evaluated_tokens_total", "counter",
                              "Positions the engine evaluated: prompts prefilled, tokens generated, "
                              "idle-time work (positions restored from snapshots are not)",

@@ -22,15 +22,16 @@ from serve.service.prefill import Prefill, start_empty, store
 from serve.engine.queue import Turn, Waiter
 from serve.snapshots.cache import PrefixCache
 from serve.snapshots.policy import SnapshotPolicy
+from serve.snapshots.scope import Scope
 
 
 class Preemption:
     """A chore's way to step aside for a person (prefill.py's and decode.py's Pause)."""
 
     def __init__(self, engine: EngineApi, turn: Turn, waiter: Waiter, cache: PrefixCache,
-                 policy: SnapshotPolicy, chunk: int,
+                 policy: SnapshotPolicy, chunk: int, scope: Scope,
                  log: Optional[Callable[[str], None]] = None, label: str = ""):
-        self.engine, self.turn, self.waiter = engine, turn, waiter
+        self.engine, self.turn, self.waiter, self.scope = engine, turn, waiter, scope
         self.cache, self.policy, self.chunk = cache, policy, chunk
         self.log, self.label = log, label
 
@@ -42,7 +43,8 @@ class Preemption:
         """The engine holds tokens[:held] (and tokens[held] is evaluated next). Save that,
         let the person have the engine, wait for it again, and restore it. False when the
         state could not be saved: the chore goes on, and asks again at its next call."""
-        if held and store(self.engine, self.cache, self.policy, tokens[:held], "preempted") is None:
+        if held and store(self.engine, self.cache, self.policy, tokens[:held], "preempted",
+                          namespace=self.scope.own) is None:
             return False
         if self.log is not None:
             self.log(f"{self.label} chore preempted at position {held}: a person waits")
@@ -51,7 +53,7 @@ class Preemption:
         if not held:
             return True
         resume = Prefill(self.engine, tokens, cache=self.cache, policy=self.policy,
-                         chunk=self.chunk, insure=False)
+                         chunk=self.chunk, insure=False, scope=self.scope)
         resume.restore(held)
         resume.run(held)   # nothing, unless the snapshot was evicted meanwhile
         if self.log is not None:

@@ -23,6 +23,7 @@ from serve.engine.api import EngineApi
 from serve.snapshots.cache import PrefixCache, Snapshot
 from serve.snapshots.lookup import Lookup
 from serve.snapshots.policy import SnapshotPolicy
+from serve.snapshots.scope import NO_SCOPE, Scope
 from serve.snapshots import tiers
 
 # A prefill is handed to the engine in steps of the engine's own batch: a longer
@@ -70,15 +71,17 @@ def start_empty(engine: EngineApi) -> None:
 
 
 def store(engine: EngineApi, cache: PrefixCache, policy: SnapshotPolicy, tokens: Sequence[int],
-          kind: str, supersedes: Optional[Snapshot] = None) -> Optional[Snapshot]:
-    """Snapshot the engine's state, which holds exactly `tokens`, timing the save for the
+          kind: str, supersedes: Optional[Snapshot] = None, namespace: str = ""
+          ) -> Optional[Snapshot]:
+    """Snapshot the engine's state, which holds exactly `tokens`, in `namespace` (whose it
+    is: serve/snapshots/scope.py), timing the save for the
     policy, and publish it for the team off the engine's thread when that pays. None when
     it could not be saved: a snapshot only spares later requests work, and this one goes
     on without it. `supersedes`: a progress snapshot this one holds all of (its shared copy
     goes once this one is published)."""
     started = time.monotonic()
     try:
-        snap = cache.store(tokens, engine.save_state)
+        snap = cache.store(tokens, engine.save_state, namespace)
     except (WasteError, OSError):
         snap = None
     if snap is not None and snap.written:
@@ -96,13 +99,13 @@ class Prefill:
                  policy: SnapshotPolicy, chunk: int = DEFAULT_CHUNK,
                  progress: Optional[Callable[[int, int], None]] = None,
                  stop: Optional[Callable[[], bool]] = None, insure: bool = True,
-                 pause: Optional[Pause] = None):
+                 pause: Optional[Pause] = None, scope: Scope = NO_SCOPE):
         """`insure`: consider a progress snapshot at each chunk boundary (off for work that
         snapshots where it stops anyway, and evaluates a token at a time); `pause`: a
-        chore's, asked before each chunk."""
+        chore's, asked before each chunk; `scope`: whose snapshots it restores and stores."""
         self.engine, self.tokens, self.cache, self.policy = engine, tokens, cache, policy
         self.chunk, self.progress, self.stop, self.insure = chunk, progress, stop, insure
-        self.pause = pause
+        self.pause, self.scope = pause, scope
         self.pos = 0        # positions the engine holds
         self.cached = 0     # of those, restored from a snapshot
         self.saved = 0      # the longest snapshot of tokens[:pos]
@@ -118,7 +121,7 @@ class Prefill:
         if self.cache is None:
             return 0
         if early is None:
-            early = tiers.find(self.cache, self.policy, self.tokens, limit)
+            early = tiers.find(self.cache, self.policy, self.tokens, limit, scope=self.scope)
         lookup = tiers.claim(self.cache, self.policy, early)
         snap = lookup.found
         if snap is None:
@@ -180,7 +183,7 @@ class Prefill:
             return
         assert self.cache is not None   # _snapshots says there is one
         snap = store(self.engine, self.cache, self.policy, self.tokens[:self.pos], kind,
-                     supersedes=self._rolling)
+                     supersedes=self._rolling, namespace=self.scope.own)
         if snap is None:
             return
         if self._rolling is not None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Optional, Sequence
 
 from serve.core.errors import ApiError, invalid
-from serve.core.request import ChatRequest
+from serve.core.request import ChatRequest, CompletionRequest
 from serve.formats.base import ChatFormat, ChatFormatError, PromptError, Rendering
 from serve.snapshots.checkpoints import preamble_ends
 from serve.engine.types import UnencodableText, WasteError
@@ -28,6 +28,7 @@ from serve.tokenizer.api import Runner, Tokenizer, at_once, tokenize_segments
 from serve.service.image_positions import ImagePositions
 from serve.service.images import image_parts, StagedImages
 from serve.snapshots.reply_memory import ReplyMemory
+from serve.snapshots.scope import NO_SCOPE, Scope, scope_of
 from serve.core.segment import Segment
 
 
@@ -46,6 +47,7 @@ class Prompt:
     generation: Sequence[int] = ()        # the generation prompt's ids, which open the reply's message
     conversation: Sequence[Segment] = ()  # the rendered segments before the generation prompt
     thinking: bool = False                # the reply opens in the think channel
+    scope: Scope = NO_SCOPE               # whose snapshots and replies it stores and finds
 
     @property
     def restorable(self) -> tuple[list[int], int]:
@@ -143,7 +145,8 @@ class PromptBuilder:
                  tokenizer: Tokenizer, bos: Sequence[int], vision: bool,
                  reply_memory: Optional[ReplyMemory], keep_reasoning: bool,
                  snapshots: bool, default_thinking: bool, tokenizing: Runner = at_once,
-                 context_beyond: str = "", positions: Optional[ImagePositions] = None):
+                 context_beyond: str = "", positions: Optional[ImagePositions] = None,
+                 shared_namespace: str = ""):
         self.engine = engine
         self.tokenizer = tokenizer       # called through `tokenizing`, before the engine is held
         self.tokenizing = tokenizing     # runs a prompt's whole tokenizing (the engine's: as an errand)
@@ -157,6 +160,11 @@ class PromptBuilder:
         self.default_thinking = default_thinking   # when a request does not say
         self.context_beyond = context_beyond       # a too-long prompt's word on a larger context
         self.positions = positions or ImagePositions(None)   # serve's figure of images' positions
+        self.shared_namespace = shared_namespace   # what every request finds too (--shared-namespace)
+
+    def scope(self, req: ChatRequest | CompletionRequest) -> Scope:
+        """Whose the request's snapshots and replies are (serve/snapshots/scope.py)."""
+        return scope_of(req.owner, req.cache_salt, self.shared_namespace)
 
     # -- before the engine ------------------------------------------------------------
 
@@ -216,7 +224,8 @@ class PromptBuilder:
                                 self.positions.max_pixels)
                  for path, (param, _) in zip(paths, check.images)]
         prompts = [self.chat_format.image_prompt(*size) for size in sizes]
-        messages, conversation, replies = self._recall(req, check.thinking, prompts)
+        scope = self.scope(req)
+        messages, conversation, replies = self._recall(req, check.thinking, prompts, scope.own)
         check_fits(self.engine, conversation.chars(), "messages", self.context_beyond)
         cuts = self._preamble_cuts(req, messages, conversation)
         opening = self.chat_format.generation_prompt(check.thinking)
@@ -235,13 +244,14 @@ class PromptBuilder:
             if fit:
                 check_room(len(ids), self.engine.info.ctx_max, "messages", self.context_beyond)
             return Prompt(ids, snapshot_at, generation=generation,
-                          conversation=conversation.segments, thinking=check.thinking)
+                          conversation=conversation.segments, thinking=check.thinking,
+                          scope=scope)
         prompt = Prompt(ids, snapshot_at, text_ids=ids,
                         image_start=ids.index(self._media_pad()), image_paths=paths,
                         image_params=[param for param, _ in check.images], image_sizes=sizes,
                         image_figures=[self.positions.figure(*size) for size in sizes],
                         generation=generation, conversation=conversation.segments,
-                        thinking=check.thinking)
+                        thinking=check.thinking, scope=scope)
         # Each image's placeholder is one position here and its figure once expanded; an
         # image serve does not figure counts one position until the engine counts it.
         expanded = prompt.expanded_length
@@ -327,10 +337,10 @@ class PromptBuilder:
         except RecursionError:  # e.g. tool-call arguments nested deeper than json.loads goes
             raise invalid("messages", "a message is nested too deeply to render") from None
 
-    def _recall(self, req: ChatRequest, thinking: bool, prompts: list[str]
+    def _recall(self, req: ChatRequest, thinking: bool, prompts: list[str], namespace: str
                 ) -> tuple[list, Rendering, list[tuple[list[Segment], Sequence[int]]]]:
         """The messages, their rendering, and for each assistant message that renders as a
-        remembered reply, (its rendering, the reply's ids). With --keep-reasoning, reasoning
+        reply remembered in `namespace`, (its rendering, the reply's ids). With --keep-reasoning, reasoning
         remembered for a reply the client returned without it is put back (and the
         conversation rendered again with it)."""
         messages = list(req.messages)
@@ -344,10 +354,11 @@ class PromptBuilder:
             if not isinstance(message, dict) or message.get("role") != "assistant":
                 continue
             rendered = conversation.message(i)
-            entry = memory.recall(rendered) if rendered else None
+            entry = memory.recall(rendered, namespace) if rendered else None
             if entry is None and rendered and self.keep_reasoning:
                 entry = memory.recall_without_reasoning(
-                    rendered, lambda: self._render(req, messages[:i], thinking, prompts).segments)
+                    rendered, lambda: self._render(req, messages[:i], thinking, prompts).segments,
+                    namespace)
                 if entry is not None:
                     message = {k: v for k, v in message.items() if k != "reasoning"}
                     message["reasoning_content"] = entry.reasoning

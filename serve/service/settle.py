@@ -26,6 +26,7 @@ from serve.snapshots.cache import PrefixCache
 from serve.service.prompt import Prompt
 from serve.snapshots.reply_memory import ReplyMemory
 from serve.snapshots.policy import SnapshotPolicy
+from serve.snapshots.scope import Scope
 from serve.core.segment import Segment
 
 # Settling evaluates one token at a time: a request arriving meanwhile waits for
@@ -40,6 +41,7 @@ class SettleJob:
     rendered: list[Segment]   # the reply as the next turn's history renders it
     ids: list[int]            # the generation prompt's ids, then every generated id
     saved: int                # of `ids`, how many the snapshot made after generation holds
+    scope: Scope              # whose the state is (the prompt's)
 
 
 class Settler:
@@ -74,13 +76,14 @@ class Settler:
             dropped = self.render_reply({k: v for k, v in message.items() if k != "reasoning_content"},
                                         prompt.thinking) if reasoning else rendered
             self.memory.remember(rendered, ids, reasoning,
-                                 (prompt.conversation, dropped) if dropped != rendered else None)
+                                 (prompt.conversation, dropped) if dropped != rendered else None,
+                                 prompt.scope.own)
         # A full context leaves no room for a next turn; snapshots never reach past images.
         if self.cache is None or outcome.context_full or prompt.image_paths:
             return
         saved = self._snapshot(prompt, outcome, ids)
         if self.memory is not None and rendered:
-            self._pending = SettleJob(prompt.history, rendered, ids, saved)
+            self._pending = SettleJob(prompt.history, rendered, ids, saved, prompt.scope)
             with self._count:
                 self._running += 1
             threading.Thread(target=self._settle_deferred, name="settle", daemon=True).start()
@@ -96,7 +99,8 @@ class Settler:
             self.policy.count("reply", False)
             return 0
         assert self.cache is not None   # settle() asks only with a cache
-        return held if store(self.engine, self.cache, self.policy, tokens, "reply") else 0
+        return held if store(self.engine, self.cache, self.policy, tokens, "reply",
+                             namespace=prompt.scope.own) else 0
 
     def drop(self) -> None:
         """A request took the engine: a job not yet started would build a stale state."""
@@ -127,7 +131,7 @@ class Settler:
                 start_empty(self.engine)
                 run = Prefill(self.engine, tokens, cache=self.cache, policy=self.policy,
                               chunk=SETTLE_CHUNK, stop=lambda: yield_now() or self._closed,
-                              insure=False)
+                              insure=False, scope=job.scope)
                 run.restore(len(tokens))
                 run.run(len(tokens))
                 run.snapshot("reply")

@@ -45,7 +45,7 @@ from serve.snapshots.entry_format import (Entry, PrefixCacheError, encode_meta, 
                                           listdir, private_dir, scan_root, write_private)
 from serve.snapshots.lookup import Lookup, open_entry, unchanged, usable
 from serve.snapshots.snapshot import Snapshot
-from serve.snapshots.keys import BLOCK, anchors, key_of, probe, raw_ids, seed
+from serve.snapshots.keys import BLOCK, anchors, key_of, probe, raw_ids, scoped, seed
 
 if TYPE_CHECKING:
     from serve.snapshots.shared import SharedTier
@@ -118,7 +118,8 @@ class PrefixCache:
             return {"entries": len(self._entries), "bytes": self._bytes, "hits": self.hits,
                     "misses": self.misses, "restored_tokens": self.restored_tokens}
 
-    def find(self, tokens: Sequence[int], limit: Optional[int] = None) -> Lookup:
+    def find(self, tokens: Sequence[int], limit: Optional[int] = None,
+             namespace: str = "") -> Lookup:
         """The longest snapshot whose tokens are a proper prefix of `tokens`, verified, and
         nothing counted: what a request looks up while it waits for the engine, rechecked
         and counted once it holds it (tiers.claim; serve/snapshots/lookup.py).
@@ -126,14 +127,15 @@ class PrefixCache:
         `limit` caps the usable prefix length (e.g. the first image position:
         identical placeholder ids do not mean identical image embeddings).
         A proper prefix, because generation needs at least one new token.
-        A damaged or vanished entry met on the way is dropped.
+        A damaged or vanished entry met on the way is dropped. Only `namespace`'s entries
+        are found (serve/snapshots/scope.py): its keys are hashed from its own seed.
         """
         longest = usable(tokens, limit)
         raw = raw_ids(tokens[:max(longest, 0)])
         with self._lock:
             additions = self._additions
-        chain = anchors(self._seed, raw, longest // BLOCK) if longest >= 0 else []
-        lookup = Lookup(tokens, limit, longest, raw, chain, additions)
+        chain = anchors(scoped(self._seed, namespace), raw, longest // BLOCK) if longest >= 0 else []
+        lookup = Lookup(tokens, limit, longest, raw, chain, additions, namespace)
         return self._verify_longest(lookup, beyond=-1) or lookup
 
     def recheck(self, lookup: Lookup) -> Lookup:
@@ -156,7 +158,8 @@ class PrefixCache:
             indexed = self._entries.get(lookup.entry.key) is not None
         if indexed and unchanged(lookup):
             return lookup
-        return self.find(lookup.tokens, lookup.limit)   # evicted or changed: again, from scratch
+        # Evicted or changed: again, from scratch.
+        return self.find(lookup.tokens, lookup.limit, lookup.namespace)
 
     def counted(self, lookup: Lookup) -> Lookup:
         """A rechecked lookup, to restore now: counted once, a hit or a miss."""
@@ -180,15 +183,16 @@ class PrefixCache:
         with self._lock:
             self.restored_tokens += n_tokens
 
-    def store(self, tokens: Sequence[int], save: Callable[[str], None]) -> Optional[Snapshot]:
-        """Snapshot the engine's current state, which holds exactly `tokens`.
+    def store(self, tokens: Sequence[int], save: Callable[[str], None],
+              namespace: str = "") -> Optional[Snapshot]:
+        """Snapshot the engine's current state, which holds exactly `tokens`, in `namespace`.
 
         `save(path)` writes the state (Engine.save_state); what it raises is
         raised here, with nothing left on disk.  A snapshot larger than the
         whole cache is not kept.  Returns the new entry, or None.
         """
         tokens = tuple(tokens)
-        anchor, key = key_of(self._seed, tokens)
+        anchor, key = key_of(scoped(self._seed, namespace), tokens)
         with self._lock:
             known = self._entries.get(key)
             if known is None:
@@ -196,18 +200,19 @@ class PrefixCache:
                     return None   # shutting down: the work directory is going away
                 self._writes += 1
         if known is not None:
-            snap = Snapshot(key.hex(), tokens, os.path.join(known.dir, "state"), known.size)
+            snap = Snapshot(key.hex(), tokens, os.path.join(known.dir, "state"), known.size,
+                            namespace=namespace)
             self._touch(known)
             return snap
         try:
-            return self._write(key, anchor, tokens, save)
+            return self._write(key, anchor, tokens, save, namespace)
         finally:
             with self._lock:
                 self._writes -= 1
                 self._quiet.notify_all()
 
-    def _write(self, key: bytes, anchor: bytes, tokens: tuple, save: Callable[[str], None]
-               ) -> Optional[Snapshot]:
+    def _write(self, key: bytes, anchor: bytes, tokens: tuple, save: Callable[[str], None],
+               namespace: str) -> Optional[Snapshot]:
         scratch = tempfile.mkdtemp(dir=self._work)
         try:
             state = os.path.join(scratch, "state")
@@ -233,7 +238,8 @@ class PrefixCache:
                 entry = self._entries.get(key)
             if entry is None:
                 return None
-            return Snapshot(key.hex(), tokens, os.path.join(entry.dir, "state"), entry.size, True)
+            return Snapshot(key.hex(), tokens, os.path.join(entry.dir, "state"), entry.size, True,
+                            namespace)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)  # gone already when it was published
 
@@ -272,7 +278,7 @@ class PrefixCache:
             if entry is None:
                 continue
             started = time.monotonic()
-            opened = open_entry(entry, lookup.raw, self.identity)
+            opened = open_entry(entry, lookup.raw, self.identity, lookup.namespace)
             if opened is None:
                 self._forget(entry)
                 continue

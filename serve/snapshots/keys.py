@@ -82,3 +82,9 @@ def probe(chain: Sequence[bytes], raw: bytes, longest: int, known_anchors: Conta
             continue
         for end in range(min(start + BLOCK - 1, longest), max(start, beyond + 1) - 1, -1):
             yield end, entry_key(chain[q], raw[start * ID_BYTES:end * ID_BYTES])
+
+
+def scoped(chain_seed: bytes, namespace: str) -> bytes:
+    """chain[0] of a namespace's keys (serve/snapshots/scope.py): "" keeps the model's seed."""
+    return digest(chain_seed, b"S" + namespace.encode("utf-8", "surrogatepass")) if namespace \
+        else chain_seed

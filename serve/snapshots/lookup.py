@@ -55,6 +55,7 @@ class Lookup:
     raw: bytes                  # tokens[:longest], as the keys hash them
     chain: Sequence[bytes]      # the anchors of raw's whole blocks, hashed once
     additions: int              # the cache's count of entries added, when it was probed
+    namespace: str = ""         # whose entries it probed (serve/snapshots/scope.py)
     found: Optional[Snapshot] = None
     entry: Optional[Entry] = None
     files: Optional[Files] = None
@@ -70,7 +71,8 @@ def usable(tokens: Sequence[int], limit: Optional[int]) -> int:
     return len(tokens) - 1 if limit is None else min(limit, len(tokens) - 1)
 
 
-def open_entry(entry: Entry, raw: bytes, identity: str) -> Optional[tuple[Snapshot, Files]]:
+def open_entry(entry: Entry, raw: bytes, identity: str, namespace: str = ""
+               ) -> Optional[tuple[Snapshot, Files]]:
     """The entry as a Snapshot, if its files are whole and hold exactly these tokens, and
     the identity of the files checked; None when it is damaged or gone."""
     try:
@@ -84,7 +86,7 @@ def open_entry(entry: Entry, raw: bytes, identity: str) -> Optional[tuple[Snapsh
             return None
     except (OSError, ValueError):
         return None
-    return Snapshot(entry.key.hex(), tokens, state, entry.size), files
+    return Snapshot(entry.key.hex(), tokens, state, entry.size, namespace=namespace), files
 
 
 def unchanged(lookup: Lookup) -> bool:

@@ -32,7 +32,7 @@ JOIN_POLL = 0.1      # seconds between two looks at hurry() while drain() waits 
 class Tier(Protocol):
     """What the publisher needs of the shared tier (shared.py's SharedTier)."""
 
-    def published(self, tokens: Sequence[int]) -> int: ...
+    def published(self, tokens: Sequence[int], namespace: str = "") -> int: ...
 
     def publish(self, snap: Snapshot, state: Optional[BinaryIO] = None,
                 stop: Optional[Callable[[], bool]] = None) -> bool: ...
@@ -55,16 +55,18 @@ class Job:
 
 def publish_now(tier: Tier, job: Job, stop: Optional[Callable[[], bool]] = None) -> bool:
     """Publish a snapshot when sparing another host its prefill pays; True when published."""
+    snap = job.snap
     try:
-        if not job.worth(job.snap.n_tokens - tier.published(job.snap.tokens)):
+        if not job.worth(snap.n_tokens - tier.published(snap.tokens, snap.namespace)):
             done = False
         else:
             started = time.monotonic()
-            done = tier.publish(job.snap, job.state, stop)
+            done = tier.publish(snap, job.state, stop)
             if done:
                 job.timed(time.monotonic() - started)
         # A superseded progress snapshot goes once one holding all of it is there.
-        if job.supersedes is not None and tier.published(job.snap.tokens) == job.snap.n_tokens:
+        if job.supersedes is not None \
+                and tier.published(snap.tokens, snap.namespace) == snap.n_tokens:
             tier.unpublish(job.supersedes)
         return done
     finally:

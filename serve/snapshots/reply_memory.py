@@ -8,6 +8,9 @@ the reply began. Remembering the ids lets the history use them instead.
 Entries are keyed by a digest of the reply rendered as an assistant history
 message (the segments the chat format writes for it), not by any wire field:
 every dialect that renders the same internal message finds the same entry.
+Each reply belongs to its namespace (serve/snapshots/scope.py: its sender's key
+and cache_salt), which the digest begins with: another owner sending the same
+text back finds nothing, neither its ids nor its reasoning.
 The memory belongs to one process and is bounded in bytes, least recently
 used first out. With a shared tier (--shared-cache) each reply is also
 published there, a file per rendering (serve/snapshots/shared_dir.py), and a
@@ -43,9 +46,13 @@ class Remembered:
         return self.ids.itemsize * len(self.ids) + len(self.reasoning.encode("utf-8", "replace"))
 
 
-def digest(rendered: Sequence[Segment]) -> bytes:
-    """A digest of rendered segments in which text and markup can never be confused."""
+def digest(rendered: Sequence[Segment], namespace: str = "") -> bytes:
+    """A digest of rendered segments, in `namespace`, in which text and markup can never be
+    confused."""
     h = hashlib.sha256()
+    if namespace:
+        name = namespace.encode("utf-8", "surrogatepass")
+        h.update(b"N" + len(name).to_bytes(8, "little") + name)
     for segment in rendered:
         data = segment.text.encode("utf-8", "surrogatepass")
         h.update(b"M" if segment.markup else b"T")
@@ -74,8 +81,8 @@ class ReplyMemory:
 
     def remember(self, rendered: Sequence[Segment], ids: Sequence[int], reasoning: str = "",
                  without_reasoning: Optional[tuple[Sequence[Segment], Sequence[Segment]]] = None,
-                 ) -> None:
-        """Keep `ids` for a reply that renders as `rendered`.
+                 namespace: str = "") -> None:
+        """Keep `ids` for a reply that renders as `rendered`, in `namespace`.
 
         `without_reasoning`: for a reply with reasoning, (the conversation
         before it, the reply rendered without its reasoning), which is what a
@@ -86,11 +93,11 @@ class ReplyMemory:
         dropped = None
         if without_reasoning is not None:
             context, stripped = without_reasoning
-            dropped = (digest(stripped), digest(context))
+            dropped = (digest(stripped, namespace), digest(context, namespace))
         entry = Remembered(array("i", ids), reasoning, dropped)
         if entry.size > self.capacity_bytes:
             return
-        key = digest(rendered)
+        key = digest(rendered, namespace)
         self._keep(key, entry)
         if self.shared is not None:
             body = raw_ids(entry.ids) + reasoning.encode("utf-8", "surrogatepass")
@@ -120,10 +127,10 @@ class ReplyMemory:
                 if not contexts:
                     del self._without_reasoning[stripped]
 
-    def recall(self, rendered: Sequence[Segment]) -> Optional[Remembered]:
-        """The reply that renders exactly as `rendered`, if remembered (here, or published
-        by a host of the team)."""
-        key = digest(rendered)
+    def recall(self, rendered: Sequence[Segment], namespace: str = "") -> Optional[Remembered]:
+        """The reply that renders exactly as `rendered`, if remembered in `namespace` (here,
+        or published by a host of the team)."""
+        key = digest(rendered, namespace)
         with self._lock:
             entry = self._by_rendering.get(key)
             if entry is not None:
@@ -152,14 +159,16 @@ class ReplyMemory:
         return entry
 
     def recall_without_reasoning(self, rendered: Sequence[Segment],
-                                  context: Callable[[], Sequence[Segment]]) -> Optional[Remembered]:
+                                  context: Callable[[], Sequence[Segment]], namespace: str = ""
+                                  ) -> Optional[Remembered]:
         """The reply with reasoning that renders as `rendered` once the reasoning is dropped,
-        in the conversation `context()` renders (called only when some reply could match)."""
+        in the conversation `context()` renders (called only when some reply could match),
+        remembered in `namespace`."""
         with self._lock:
-            contexts = self._without_reasoning.get(digest(rendered))
+            contexts = self._without_reasoning.get(digest(rendered, namespace))
         if not contexts:
             return None
-        before = digest(context())
+        before = digest(context(), namespace)
         with self._lock:
             key = contexts.get(before)
             entry = self._by_rendering.get(key) if key is not None else None

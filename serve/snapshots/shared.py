@@ -24,7 +24,7 @@ import threading
 from typing import BinaryIO, Callable, Iterator, Optional, Sequence
 
 from serve.snapshots.publishing import Publisher
-from serve.snapshots.keys import ID_BYTES, candidates, ids_of, key_of, raw_ids, seed
+from serve.snapshots.keys import ID_BYTES, candidates, ids_of, key_of, raw_ids, scoped, seed
 from serve.snapshots.snapshot import LocalTier, Snapshot
 from serve.snapshots.shared_dir import CHUNK, Rejected, SharedDir, Stopped
 
@@ -62,25 +62,30 @@ class SharedTier:
                 continue
         return anchors, keys
 
-    def _found(self, tokens: Sequence[int], longest: int) -> Iterator[tuple[int, str]]:
-        """(positions, file) of the published prefixes of tokens[:longest], longest first."""
+    def _found(self, tokens: Sequence[int], longest: int, namespace: str
+               ) -> Iterator[tuple[int, str]]:
+        """(positions, file) of `namespace`'s published prefixes of tokens[:longest], longest
+        first."""
         if longest < 0:
             return
         anchors, keys = self._index()
-        for end, key in candidates(self._seed, raw_ids(tokens[:longest]), longest, anchors):
+        chain_seed = scoped(self._seed, namespace)
+        for end, key in candidates(chain_seed, raw_ids(tokens[:longest]), longest, anchors):
             if key in keys:
                 yield end, keys[key]
 
-    def longest(self, tokens: Sequence[int], limit: int, beyond: int = 0) -> Optional[tuple[int, str]]:
-        """(positions, file) of the longest published prefix of tokens[:limit] holding more
-        than `beyond` positions, or None."""
-        for end, name in self._found(tokens, limit):
+    def longest(self, tokens: Sequence[int], limit: int, beyond: int = 0,
+                namespace: str = "") -> Optional[tuple[int, str]]:
+        """(positions, file) of the longest prefix of tokens[:limit] `namespace` published
+        holding more than `beyond` positions, or None."""
+        for end, name in self._found(tokens, limit, namespace):
             return (end, name) if end > beyond else None
         return None
 
-    def published(self, tokens: Sequence[int]) -> int:
-        """The positions the longest published prefix of `tokens` (itself included) holds."""
-        found = self.longest(tokens, len(tokens))
+    def published(self, tokens: Sequence[int], namespace: str = "") -> int:
+        """The positions the longest prefix of `tokens` (itself included) `namespace`
+        published holds."""
+        found = self.longest(tokens, len(tokens), namespace=namespace)
         return found[0] if found else 0
 
     def publish(self, snap: Snapshot, state: Optional[BinaryIO] = None,
@@ -88,7 +93,7 @@ class SharedTier:
         """Publish a local snapshot (its state file is read, not moved; `state`: that file,
         opened already). False: not published (the local entry vanished, the write failed:
         counted, or `stop()` said to give up between two chunks: nothing left behind)."""
-        anchor, key = key_of(self._seed, snap.tokens)
+        anchor, key = key_of(scoped(self._seed, snap.namespace), snap.tokens)
         if state is None:
             try:
                 state = open(snap.path, "rb")   # open: the local tier may evict it meanwhile
@@ -104,11 +109,12 @@ class SharedTier:
     def unpublish(self, snap: Snapshot) -> None:
         """Remove a published snapshot a later one holds all of (a progress snapshot
         superseded)."""
-        anchor, key = key_of(self._seed, snap.tokens)
+        anchor, key = key_of(scoped(self._seed, snap.namespace), snap.tokens)
         self.files.remove(f"{anchor.hex()}-{key.hex()}{SUFFIX}")
 
     def fetch(self, name: str, tokens: Sequence[int], n: int, local: LocalTier,
-              stop: Optional[Callable[[], bool]] = None) -> Optional[Snapshot]:
+              stop: Optional[Callable[[], bool]] = None, namespace: str = ""
+              ) -> Optional[Snapshot]:
         """Copy the published snapshot `name` of tokens[:n] into the local tier, checked on
         the way; the local snapshot, or None (gone, damaged, foreign: counted; or `stop()`
         said to give up, between two chunks: nothing is left behind).
@@ -119,7 +125,7 @@ class SharedTier:
         if not self._alone(name, stop):
             return None
         try:
-            return self._copy(name, tokens, n, local, stop)
+            return self._copy(name, tokens, n, local, stop, namespace)
         finally:
             with self._count:
                 done = self._copying.pop(name)
@@ -139,7 +145,7 @@ class SharedTier:
                     return False
 
     def _copy(self, name: str, tokens: Sequence[int], n: int, local: LocalTier,
-              stop: Optional[Callable[[], bool]]) -> Optional[Snapshot]:
+              stop: Optional[Callable[[], bool]], namespace: str) -> Optional[Snapshot]:
         def save(path: str) -> None:   # called only when the local tier lacks it
             reader = self.files.open(name)
             if reader is None:
@@ -156,7 +162,7 @@ class SharedTier:
                 reader.close()
 
         try:
-            snap = local.store(tokens[:n], save)
+            snap = local.store(tokens[:n], save, namespace)
         except Rejected as e:
             self.files.reject(name, e)
             return None

@@ -16,6 +16,7 @@ class Snapshot:
     path: str       # the engine state file
     size: int       # bytes on disk, state and meta
     written: bool = False   # store() saved the state (rather than finding it kept already)
+    namespace: str = ""     # whose it is (serve/snapshots/scope.py): its keys in either tier
 
     @property
     def n_tokens(self) -> int:
@@ -25,6 +26,8 @@ class Snapshot:
 class LocalTier(Protocol):
     """What the shared tier needs of the local one it copies into (cache.py's PrefixCache)."""
 
-    def store(self, tokens: Sequence[int], save: Callable[[str], None]) -> Optional[Snapshot]:
-        """Keep the state `save(path)` writes, which holds exactly `tokens`; None when not kept."""
+    def store(self, tokens: Sequence[int], save: Callable[[str], None],
+              namespace: str = "") -> Optional[Snapshot]:
+        """Keep the state `save(path)` writes, which holds exactly `tokens`, in `namespace`;
+        None when not kept."""
         ...

@@ -18,21 +18,31 @@ from typing import Callable, Optional, Sequence
 from serve.snapshots.cache import PrefixCache, Snapshot
 from serve.snapshots.lookup import Files, Lookup
 from serve.snapshots.policy import SnapshotPolicy
+from serve.snapshots.scope import NO_SCOPE, Scope
 
 FETCH_TRIES = 3   # shared snapshots tried, longest first, before prefilling from the local one
 
 
 def find(cache: PrefixCache, policy: SnapshotPolicy, tokens: Sequence[int],
          limit: Optional[int] = None, stop: Optional[Callable[[], bool]] = None,
-         fetching: Optional[Callable[[int], None]] = None) -> Lookup:
+         fetching: Optional[Callable[[int], None]] = None, scope: Scope = NO_SCOPE) -> Lookup:
     """The longest snapshot of a proper prefix of tokens[:limit], verified, from either
-    tier (a shared one copied into the local tier when that pays); `stop()`, asked between
-    two chunks of a copy, gives it up; `fetching(positions)` is told before a copy starts.
-    Nothing is counted until claim()."""
-    lookup = cache.find(tokens, limit)
+    tier (a shared one copied into the local tier when that pays), of the namespaces
+    `scope` searches (its own first: the longest wins, the first of equals); `stop()`,
+    asked between two chunks of a copy, gives it up; `fetching(positions)` is told before
+    a copy starts. Nothing is counted until claim()."""
+    found = [_find(cache, policy, tokens, limit, stop, fetching, namespace)
+             for namespace in scope.searched]
+    return max(found, key=lambda lookup: lookup.found.n_tokens if lookup.found else 0)
+
+
+def _find(cache: PrefixCache, policy: SnapshotPolicy, tokens: Sequence[int],
+          limit: Optional[int], stop: Optional[Callable[[], bool]],
+          fetching: Optional[Callable[[int], None]], namespace: str) -> Lookup:
+    lookup = cache.find(tokens, limit, namespace)
     if lookup.longest < 0:
         return lookup
-    fetched = fetch(cache, policy, tokens, lookup.longest, lookup.found, stop, fetching)
+    fetched = fetch(cache, policy, tokens, lookup.longest, lookup.found, stop, fetching, namespace)
     return lookup if fetched is None else _local(cache, lookup, fetched)
 
 
@@ -43,7 +53,8 @@ def claim(cache: PrefixCache, policy: SnapshotPolicy, lookup: Lookup) -> Lookup:
     current = cache.recheck(lookup)
     held = current.found.n_tokens if current.found is not None else 0
     if lookup.found is not None and held < lookup.found.n_tokens:
-        fetched = fetch(cache, policy, lookup.tokens, current.longest, current.found)
+        fetched = fetch(cache, policy, lookup.tokens, current.longest, current.found,
+                        namespace=lookup.namespace)
         if fetched is not None:
             current = _local(cache, current, fetched)
     return cache.counted(current)
@@ -59,7 +70,7 @@ def _local(cache: PrefixCache, lookup: Lookup, fetched: Snapshot) -> Lookup:
             return lookup.verified(entry, fetched, Files.of(entry.dir), 0.0)
     except OSError:
         pass   # evicted at once
-    return cache.find(lookup.tokens, lookup.limit)
+    return cache.find(lookup.tokens, lookup.limit, lookup.namespace)
 
 
 def publish_later(cache: PrefixCache, policy: SnapshotPolicy, snap: Snapshot,
@@ -74,9 +85,10 @@ def publish_later(cache: PrefixCache, policy: SnapshotPolicy, snap: Snapshot,
 
 def fetch(cache: PrefixCache, policy: SnapshotPolicy, tokens: Sequence[int], limit: int,
           have: Optional[Snapshot], stop: Optional[Callable[[], bool]] = None,
-          fetching: Optional[Callable[[int], None]] = None) -> Optional[Snapshot]:
-    """A snapshot of tokens[:limit] longer than `have` (the local tier's), copied from the
-    shared tier into the local one when that pays; None otherwise."""
+          fetching: Optional[Callable[[int], None]] = None, namespace: str = ""
+          ) -> Optional[Snapshot]:
+    """A snapshot of tokens[:limit] longer than `have` (the local tier's), copied from
+    `namespace`'s in the shared tier into the local one when that pays; None otherwise."""
     shared = cache.shared
     if shared is None:
         return None
@@ -84,14 +96,15 @@ def fetch(cache: PrefixCache, policy: SnapshotPolicy, tokens: Sequence[int], lim
     tried: set[str] = set()
     # A file that fails its check is skipped for the next longest (a damaged one is gone).
     for _ in range(FETCH_TRIES):
-        found = shared.longest(tokens, min(limit, len(tokens) - 1), beyond=held)
+        found = shared.longest(tokens, min(limit, len(tokens) - 1), beyond=held,
+                               namespace=namespace)
         if found is None or found[1] in tried or not policy.worth_fetching(found[0] - held):
             return None
         tried.add(found[1])
         if fetching is not None:
             fetching(found[0])
         started = time.monotonic()
-        snap = shared.fetch(found[1], tokens, found[0], cache, stop)
+        snap = shared.fetch(found[1], tokens, found[0], cache, stop, namespace)
         if snap is not None:
             policy.fetched(time.monotonic() - started)
             return snap

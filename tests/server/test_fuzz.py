@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from fuzz_bodies import CHAT, ENDPOINTS, MESSAGES, RESPONSES, bodies, encode, exchange
 from scripted import call, wait_idle
 from served import serve, settle
+from team import keys_file
 
 pytestmark = [pytest.mark.soak,
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")]
@@ -73,6 +74,37 @@ def test_every_body_gets_a_whole_answer_and_never_a_5xx(fuzzed, path, soak):
     wait_idle(srv.port)
     settle(lambda: srv.status("Threads"), threads, 1, "threads")
     settle(lambda: srv.status("VmRSS"), rss, RSS_SLACK_KB, "RSS (kB)")
+
+
+@pytest.fixture(scope="module")
+def fuzzed_with_keys(lib_path, k3_container, tmp_path_factory):
+    """A server with a key per person (--api-keys), and alice's key."""
+    tmp = tmp_path_factory.mktemp("fuzz-keys")
+    keys = keys_file(tmp / "keys", "alice", "bob")
+    with serve(k3_container, lib_path, tmp, "--quiet", "--ctx", "2048", "--max-tokens", "8",
+               "--api-keys", str(tmp / "keys")) as srv:
+        yield srv, keys["alice"]
+        assert "Traceback" not in srv.log(), srv.log()
+
+
+@pytest.mark.parametrize("path", ENDPOINTS)
+def test_with_keys_every_body_gets_a_whole_answer_and_never_a_5xx(fuzzed_with_keys, path, soak):
+    srv, key = fuzzed_with_keys
+    senders = st.sampled_from([(f"Authorization: Bearer {key}",), (f"x-api-key: {key}",),
+                               (f"Authorization: bearer {key}",), ("Authorization: Bearer no",),
+                               ("x-api-key: " + key[:-1],), ()])
+
+    @settings(max_examples=(LONG if soak else SHORT) // 4, deadline=None, database=None,
+              derandomize=not soak, phases=[Phase.generate, Phase.shrink],
+              suppress_health_check=list(HealthCheck))
+    @given(body=bodies(path), headers=senders)
+    def answered(body: dict, headers: tuple[str, ...]) -> None:
+        outcome = exchange(srv.port, path, encode(body), headers=headers)
+        assert outcome.problem is None, (outcome.problem, outcome.raw[-2000:])
+        authorized = bool(headers) and key in headers[0]
+        assert (outcome.status == 401) != authorized, (headers, outcome.raw[-500:])
+
+    answered()
 
 
 def test_a_burst_of_large_bodies_gives_its_memory_back(lib_path, k3_container, tmp_path):

@@ -21,7 +21,6 @@ import pytest
 
 from scripted import call, real_service, serving, wait_idle
 from cache_calls import publish
-from serve.core.classes import INTERACTIVE
 from serve.service.facade import Service
 from serve.formats.xtml import render as xtml
 from serve.snapshots import cache as cache_module, lookup, shared_dir, tiers
@@ -116,9 +115,8 @@ class Trace:
         turn = Service._turn
 
         @contextlib.contextmanager
-        def traced_turn(service: Service, run: Any, work: str = INTERACTIVE,
-                        prompt: Any = None) -> Iterator[Any]:
-            with turn(service, run, work, prompt) as held:   # held once it yields
+        def traced_turn(service: Service, *args: Any, **kwargs: Any) -> Iterator[Any]:
+            with turn(service, *args, **kwargs) as held:   # held once it yields
                 self._holding.on = True
                 try:
                     yield held
