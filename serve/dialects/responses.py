@@ -29,7 +29,7 @@ from serve.core.client_json import Json
 from serve.core.reply import Delta
 from serve.dialects import seal
 from serve.core.errors import ApiError, invalid
-from serve.dialects.openai_request import parse_hints, parse_reasoning_effort, unknown_fields
+from serve.dialects.openai_request import parse_budget, parse_hints, parse_reasoning_effort, unknown_fields
 from serve.dialects.shared import (Block, Blocks, Conversation, Parts, Translation, chat_request,
                       string_field, tool_call)
 from serve.dialects.input_items import stored_items
@@ -40,7 +40,8 @@ from serve.dialects.sse import sse_named
 INCLUDE_REASONING = "reasoning.encrypted_content"
 TOP_FIELDS = {"messages": "input", "max_tokens": "max_output_tokens",
               "response_format": "text.format", "response_format.json_schema": "text.format",
-              "reasoning_effort": "reasoning.effort"}
+              "reasoning_effort": "reasoning.effort",
+              "thinking_token_budget": "reasoning.max_tokens"}
 ECHOED = ("instructions", "max_output_tokens", "parallel_tool_calls", "previous_response_id",
           "reasoning", "text", "tool_choice", "tools", "user", "metadata")
 # The fields a Responses body is read for (others are named once in the log).
@@ -104,6 +105,7 @@ def _parse(body: dict, store: ResponseStore) -> _Request:
             **{key: body.get(key) for key in ("temperature", "top_p")}}
     translation = chat_request(chat, {**TOP_FIELDS, **conversation.fields, **tool_fields}, left_out)
     translation.request.thinking, translation.request.thinking_effort = thinking, effort
+    translation.request.thinking_token_budget = parse_budget((reasoning or {}).get("max_tokens"), "reasoning.max_tokens")
     translation.request.hints = parse_hints(body, priority=False)
     return _Request(translation, conversation.messages[start:], namespaced, stored)
 
@@ -405,7 +407,7 @@ class Exchange:
             "incomplete" if self._incomplete else "completed",
             [self._item(block, True) for block in self._blocks.blocks],
             _usage(usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens,
-                   self._blocks.reasoning_pieces))
+                   usage.reasoning_tokens))
         response["waste"] = usage.waste
         if self._incomplete:
             response["incomplete_details"] = {"reason": "max_output_tokens"}
