@@ -15,8 +15,11 @@ from serve.service import metrics
 from serve.core.errors import ApiError
 from serve.http.answering import Answering
 from serve.dialects import anthropic, openai, responses
+from serve.dialects.exchange import Exchange
 from serve.dialects.input_items import listing
+from serve.core.request import ChatRequest
 from serve.service.facade import Service
+from serve.service.quote import quote_chat
 from serve.service.replies import ChatReply, CompletionReply
 from serve.service.response_store import Stored
 from serve.http.page import CONTENT_TYPE as PAGE_TYPE, chat_page
@@ -90,9 +93,42 @@ def count_tokens(handler: Answering, method: str, rest: str) -> None:
     service = handler.server.models.pick(handler.current.named_model, translation.request)
     try:
         count = service.count_chat(translation.request, handler.hangup)
+        found = quote_chat(service, translation.request)
     except ApiError as e:
         raise translation.error(e) from None
-    handler.send_json(200, {"input_tokens": count})
+    # Anthropic's clients read input_tokens and ignore what they do not know
+    handler.send_json(200, {"input_tokens": count, "waste": {**found.body(), "positions": count}})
+
+
+QUOTED = ("chat", "messages", "responses")   # the dialects /v1/quote reads
+
+
+def _quoted(dialect: str, body: dict, service: Service) -> Exchange[ChatReply]:
+    main = service.options.model_id
+    if dialect == "messages":
+        return anthropic.Exchange(body, main)
+    if dialect == "responses":
+        return responses.Exchange(body, service.responses, main)
+    return openai.ChatExchange(body, main)
+
+
+def quote(handler: Answering, method: str, rest: str) -> None:
+    """What a request body would cost before its first token, without the engine
+    (serve/service/quote.py); `?dialect=` names the body's API (chat by default)."""
+    dialect = dict(parse_qsl(handler.path.partition("?")[2])).get("dialect", "chat")
+    if dialect not in QUOTED:
+        raise ApiError(400, f"dialect must be one of {', '.join(QUOTED)}, not {dialect!r}",
+                       param="dialect", code="invalid_value")
+    exchange = _quoted(dialect, handler.read_json(), handler.server.service)
+    request = exchange.request
+    assert isinstance(request, ChatRequest)   # each of these dialects parses into a chat
+    request.request_id = handler.request_id
+    service = handler.server.models.pick(handler.current.named_model, request)
+    try:
+        found = quote_chat(service, request)
+    except ApiError as e:
+        raise exchange.error(e) from None
+    handler.send_json(200, {"object": "quote", **found.body()})
 
 
 def stored_response(handler: Answering, method: str, response_id: str) -> None:

@@ -48,6 +48,7 @@ ROUTES = (
     Route("/v1/completions", ("POST",), endpoints.complete),
     Route(MESSAGES, ("POST",), endpoints.messages, errors=anthropic.error_body),
     Route(MESSAGES + "/count_tokens", ("POST",), endpoints.count_tokens, errors=anthropic.error_body),
+    Route("/v1/quote", ("POST",), endpoints.quote),
     Route("/v1/responses", ("POST",), endpoints.create_response),
     Route(f"/v1/responses/{ID}", ("GET", "DELETE"), endpoints.stored_response),
     Route(f"/v1/responses/{ID}/input_items", ("GET",), endpoints.input_items),
