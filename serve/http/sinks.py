@@ -28,6 +28,7 @@ from serve.service.replies import ReplyStart
 from serve.service.run import (Accepted, Emitted, Event, Fetching, Prefilling, Progress, Queued, Run,
                                Started)
 from serve.dialects.sse import EventWriter, sse_comment
+from serve.http.progress import prefill_comment
 
 
 class Connection(Protocol):
@@ -92,7 +93,7 @@ class ExchangeSink(Generic[R]):
                                   cached_tokens=event.cached_tokens)
             self._events(lambda: b"")   # the opening, now that it can say the prompt's size
         elif isinstance(event, Progress):
-            self._comment(f"prefill {event.done}/{event.total}")
+            self._comment(prefill_comment(event, self._start.cached_tokens))
         elif isinstance(event, Emitted):
             if self._first_at is None:
                 self._first_at = event.at
