@@ -8,6 +8,7 @@ is how these tests know the count is right without trusting the server's own.
 """
 from __future__ import annotations
 
+import json
 import threading
 
 import anthropic
@@ -304,3 +305,31 @@ def test_a_spent_budget_hands_the_next_piece_the_whole_closing_markup():
                                              "reasoning_content": "abc"}
     assert (body["waste"]["reasoning_tokens"], body["waste"]["reasoning_ended"]) == (3, BUDGET)
     assert body["usage"]["completion_tokens"] == 3 + len(closing) + len(xtml_answer("Hi"))
+
+
+def test_a_budget_under_a_grammar_closes_where_the_grammar_lets_the_answer_follow(clients):
+    """Serve's decoder, constrained: the forced close goes through the grammar's matcher too."""
+    oa, _ = clients
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    reply = oa.chat.completions.create(
+        model="m", messages=ASK, temperature=0, max_tokens=ROOM,
+        response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
+        extra_body={"thinking_token_budget": 8})
+    waste = reply.model_extra["waste"]
+    assert waste["constrained"] and waste["reasoning_ended"] == BUDGET
+    assert waste["reasoning_tokens"] == 8
+    assert reply.choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(reply.choices[0].message.content)["a"], int)
+
+
+def test_a_budget_whose_close_cannot_fit_leaves_max_tokens_to_end_the_reply():
+    engine = ScriptedEngine(replies=[list("abcdefgh")])
+    service = scripted_service(engine, thinking=True)
+    with serving(service) as srv:
+        body = call(srv.port, "POST", "/v1/chat/completions",
+                    {"messages": ASK, "thinking_token_budget": 3, "max_tokens": 6}).json()
+    assert len(engine.tokenize_segments(xtml.reasoning_end())) + 3 >= 6   # no room to close
+    assert [p.max_tokens for p in engine.params] == [6]   # one piece, to max_tokens
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["choices"][0]["message"]["reasoning_content"] == "abcdef"
+    assert (body["waste"]["reasoning_tokens"], body["waste"]["reasoning_ended"]) == (6, None)
