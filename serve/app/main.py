@@ -127,6 +127,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=positive, default=4096,
                    help="reply cap when a request sets none (default 4096)")
     p.add_argument("--no-thinking", action="store_true", help="answer without the think channel by default")
+    p.add_argument("--reasoning-budget", type=int, default=-1, metavar="N", help="think-channel "
+                   "tokens when a request sets no budget (-1, the default: no limit; 0: off)")
     p.add_argument("--allow-local-images", type=directory, metavar="DIR",
                    help="let clients name image files under DIR (symlinks resolved)")
     p.add_argument("--plan", action="store_true", help="print the memory plan and exit")
@@ -229,7 +231,8 @@ def banner(lib: Library, engine: Engine, fmt: ChatFormat, args: argparse.Namespa
         *([f"images   {service.positions.describe()}"] if args.vision else []),
         ("thinking unavailable (this chat format has no reasoning channel)"
          if not fmt.supports_reasoning else
-         f"thinking {'off' if args.no_thinking else 'on'} by default (reasoning_effort overrides)"),
+         f"thinking {'off' if args.no_thinking else 'on'} by default (reasoning_effort overrides)"
+         + (f", at most {args.reasoning_budget} tokens" if args.reasoning_budget >= 0 else "")),
         f"prefix   {describe_cache(service.options.prefix_cache)}",
         *([f"snapshot {service.policy.describe()}"]
           if service.options.prefix_cache is not None else []),
@@ -382,6 +385,7 @@ def serve(lib: Library, engine: Engine, args: argparse.Namespace, warm: list,
         tokens = choose_tokenizer(engine, args.model, enabled=not args.engine_tokenizer)
         options = ServiceOptions(model_id=main_id,
                                  max_tokens=args.max_tokens, thinking=not args.no_thinking,
+                                 reasoning_budget=args.reasoning_budget,
                                  vision=args.vision, allow_local_images=args.allow_local_images,
                                  prefix_cache=cache,
                                  snapshot_policy=SnapshotPolicy(args.prefix_cache_min,

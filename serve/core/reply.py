@@ -114,6 +114,7 @@ class Usage:
     completion_tokens: int
     waste: dict  # the engine numbers OpenAI's schema has no place for
     cached_tokens: int = 0  # prompt positions restored from a prefix snapshot
+    reasoning_tokens: int = 0   # of the completion, those the model generated in its think channel
 
 
 def assistant_message(content: str, reasoning: str, tool_calls: list[ToolCall]) -> dict[str, Any]:

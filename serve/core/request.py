@@ -55,6 +55,7 @@ class ChatRequest:
     response_format: Optional[dict] = None
     thinking: Optional[bool] = None   # None: the server's default
     thinking_effort: Optional[str] = None   # K3's level (REASONING_EFFORTS), when thinking
+    thinking_token_budget: Optional[int] = None   # think-channel tokens; None: the server's; 0: off
     parallel_tool_calls: bool = True  # False: at most one call per reply
     logprobs: Optional[int] = None    # None: off; else how many top_logprobs per token
     request_id: str = ""              # the HTTP request's id, for log lines

@@ -14,7 +14,7 @@ Thinking onto K3's effort levels (`parse_reasoning_effort` is the rule):
 | no `thinking`                             | the server's default            |
 | `{"type": "disabled"}`                    | thinking off                    |
 | `{"type": "adaptive"}`                    | thinking on, no effort given    |
-| `{"type": "enabled", "budget_tokens": N}` | N < 8192: low; N < 24576: high; otherwise max |
+| `{"type": "enabled", "budget_tokens": N}` | N < 8192: low; N < 24576: high; otherwise max; and N think-channel tokens at most (0: thinking off) |
 | `output_config.effort`                    | as `reasoning_effort` (`REASONING_EFFORTS`: medium is high, xhigh max), over a budget |
 
 `tool_choice.disable_parallel_tool_use: true` is `parallel_tool_calls: false`: one call at most.
@@ -39,7 +39,6 @@ from serve.dialects.framing import SSE
 from serve.dialects.sse import sse_named
 
 BUDGET_EFFORTS = ((8192, "low"), (24576, "high"))   # budget_tokens below the bound -> effort
-MIN_BUDGET = 1024   # Anthropic's own lower bound for budget_tokens
 BILLING_HEADER = "x-anthropic-billing-header:"   # Claude Code's system[0], see is_billing_block
 STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -47,6 +46,7 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "
                500: "api_error", 503: "overloaded_error"}
 # Where an internal field comes from, beyond the messages (mapped as they are built).
 TOP_FIELDS = {"messages": "messages", "stop": "stop_sequences", "reasoning_effort": "thinking",
+              "thinking_token_budget": "thinking.budget_tokens",
               "parallel_tool_calls": "tool_choice.disable_parallel_tool_use",
               "response_format": "output_config.format",
               "response_format.json_schema": "output_config.format"}
@@ -86,7 +86,7 @@ def parse_request(body: dict, *, counting: bool = False, owner: str = "") -> Tra
     _messages(conversation, body.get("messages"), owner)
     left_out: list[str] = []
     tools, tool_fields = _tools(body.get("tools"), left_out)
-    thinking, effort = _thinking(body.get("thinking"), body.get("output_config"))
+    thinking, effort, budget = _thinking(body.get("thinking"), body.get("output_config"))
     chat = {"messages": conversation.messages, "tools": tools,
             "tool_choice": _tool_choice(body.get("tool_choice")),
             "parallel_tool_calls": _parallel(body.get("tool_choice")),
@@ -96,6 +96,7 @@ def parse_request(body: dict, *, counting: bool = False, owner: str = "") -> Tra
                                               "cache_salt")}}
     translation = chat_request(chat, {**TOP_FIELDS, **conversation.fields, **tool_fields}, left_out)
     translation.request.thinking, translation.request.thinking_effort = thinking, effort
+    translation.request.thinking_token_budget = budget
     translation.request.hints = parse_hints(body, priority=False)
     return translation
 
@@ -306,19 +307,21 @@ def _parallel(choice: Json) -> bool:
     return not disable
 
 
-def _thinking(thinking: Json, output_config: Json) -> tuple[Optional[bool], Optional[str]]:
-    """(thinking, effort) by the table in the module's docstring."""
+def _thinking(thinking: Json, output_config: Json
+              ) -> tuple[Optional[bool], Optional[str], Optional[int]]:
+    """(thinking, effort, budget) by the table in the module's docstring. Anthropic refuses
+    a budget under 1,024; serve honours any (a small one is what a slow model needs)."""
     on: Optional[bool] = None
     effort: Optional[str] = None
+    budget: Optional[int] = None
     if thinking is not None:
         kind = thinking.get("type") if isinstance(thinking, dict) else None
         if kind == "disabled":
-            return False, None
+            return False, None, None
         if kind == "enabled":
             budget = thinking.get("budget_tokens")
-            if not isinstance(budget, int) or isinstance(budget, bool) or budget < MIN_BUDGET:
-                raise invalid("thinking.budget_tokens",
-                              f"budget_tokens must be an integer >= {MIN_BUDGET}")
+            if not isinstance(budget, int) or isinstance(budget, bool) or budget < 0:
+                raise invalid("thinking.budget_tokens", "budget_tokens must be an integer >= 0")
             effort = next((level for bound, level in BUDGET_EFFORTS if budget < bound), "max")
         elif kind != "adaptive":
             raise invalid("thinking.type", "thinking.type must be enabled, disabled or adaptive")
@@ -329,7 +332,7 @@ def _thinking(thinking: Json, output_config: Json) -> tuple[Optional[bool], Opti
                                                  "output_config.effort")
     if given is not None:
         on, effort = given, given_effort
-    return on, effort
+    return on, effort, budget
 
 
 def _output_format(output_config: Json) -> Optional[dict]:

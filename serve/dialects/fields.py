@@ -78,7 +78,7 @@ CHAT = Fields(
               "response_format", "temperature", "top_p", "top_k", "seed", "max_tokens",
               "max_completion_tokens", "stop", "stream", "stream_options", "logprobs",
               "top_logprobs", "reasoning_effort", "logit_bias", "frequency_penalty",
-              "presence_penalty", "priority", "cache_salt"),
+              "presence_penalty", "priority", "cache_salt", "thinking_token_budget"),
     refused={
         "n": Refusal("only n=1 is supported: one reply per request", (1,)),
         "audio": Refusal("audio output is not supported: this server replies in text"),

@@ -152,6 +152,17 @@ def parse_reasoning_effort(value: Json, param: str = "reasoning_effort"
     return level is not None, level
 
 
+def parse_budget(value: Json, param: str = "thinking_token_budget") -> Optional[int]:
+    """A reasoning budget in think-channel tokens (vLLM's `thinking_token_budget`): a
+    non-negative integer, 0 for thinking off, -1 for none even when the server has one;
+    None when absent. `param` names the field in the dialect the value came from."""
+    if value is None:
+        return None
+    if not _is_int(value) or value < -1:
+        raise invalid(param, f"{param} must be an integer >= 0 (or -1: no budget)")
+    return value
+
+
 def parse_parallel(value: Json, param: str) -> bool:
     """parallel_tool_calls (or its dialect's name): absent or null is true."""
     if value is None:
@@ -355,6 +366,7 @@ def parse_chat_request(body: dict) -> ChatRequest:
                                                           "parallel_tool_calls"),
                        response_format=_parse_response_format(body.get("response_format")),
                        thinking=thinking, thinking_effort=effort,
+                       thinking_token_budget=parse_budget(body.get("thinking_token_budget")),
                        logprobs=_parse_chat_logprobs(body), hints=parse_hints(body),
                        cache_salt=parse_cache_salt(body.get("cache_salt")))
 

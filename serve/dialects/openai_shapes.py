@@ -10,7 +10,8 @@ def usage_body(usage: Usage) -> dict:
     return {"prompt_tokens": usage.prompt_tokens,
             "completion_tokens": usage.completion_tokens,
             "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}}
+            "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+            "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens}}
 
 
 def chat_completion(rid: str, created: int, model: str, message: dict,

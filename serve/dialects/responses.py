@@ -183,7 +183,7 @@ class Exchange:
             "incomplete" if self._incomplete else "completed",
             [self._item(block, True) for block in self._blocks.blocks],
             _usage(usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens,
-                   self._blocks.reasoning_pieces))
+                   usage.reasoning_tokens))
         response["waste"] = usage.waste
         if self._incomplete:
             response["incomplete_details"] = {"reason": "max_output_tokens"}

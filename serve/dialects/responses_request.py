@@ -27,7 +27,7 @@ from typing import Any, Optional
 from serve.core.client_json import Json
 from serve.dialects import fields, seal
 from serve.core.errors import ApiError, invalid
-from serve.dialects.openai_request import parse_hints, parse_reasoning_effort
+from serve.dialects.openai_request import parse_budget, parse_hints, parse_reasoning_effort
 from serve.dialects.shared import (Conversation, Parts, Translation, chat_request, string_field,
                                    tool_call)
 from serve.service.response_store import OwnedResponses, Stored
@@ -36,7 +36,8 @@ INCLUDE_REASONING = "reasoning.encrypted_content"
 INCLUDE_LOGPROBS = "message.output_text.logprobs"
 TOP_FIELDS = {"messages": "input", "max_tokens": "max_output_tokens", "logprobs": "include",
               "response_format": "text.format", "response_format.json_schema": "text.format",
-              "reasoning_effort": "reasoning.effort"}
+              "reasoning_effort": "reasoning.effort",
+              "thinking_token_budget": "reasoning.max_tokens"}
 ECHOED = ("instructions", "max_output_tokens", "parallel_tool_calls", "previous_response_id",
           "reasoning", "text", "tool_choice", "tools", "user", "metadata")
 # The fields a Responses body is read for (others are named once in the log).
@@ -98,6 +99,8 @@ def parse(body: dict, store: OwnedResponses) -> ParsedRequest:
             **{key: body.get(key) for key in ("temperature", "top_p", "cache_salt")}}
     translation = chat_request(chat, {**TOP_FIELDS, **conversation.fields, **tool_fields}, left_out)
     translation.request.thinking, translation.request.thinking_effort = thinking, effort
+    translation.request.thinking_token_budget = parse_budget((reasoning or {}).get("max_tokens"),
+                                                             "reasoning.max_tokens")
     translation.request.hints = parse_hints(body, priority=False)
     return ParsedRequest(translation, conversation.messages[start:], namespaced, stored)
 

@@ -113,10 +113,14 @@ class Decoder:
                  listener: Optional[LogprobListener] = None,
                  piece: Optional[Callable[[int], bytes]] = None,
                  pause: Optional[Callable[[Sequence[int]], None]] = None,
-                 adjust: Optional[Adjustment] = None):
+                 adjust: Optional[Adjustment] = None,
+                 forced: Optional[Callable[[], Sequence[int]]] = None):
         """`pause`: called before each evaluation with the tokens generated so far (the
         engine holds all but the last of them after the prompt): a chore steps aside there,
-        and this loop's sampler and grammar go on as they were (serve/service/preempt.py)."""
+        and this loop's sampler and grammar go on as they were (serve/service/preempt.py).
+        `forced`: asked after each token's report for ids to append without sampling (a
+        think channel closed: serve/service/reasoning_budget.py); each is reported as a
+        token and evaluated with the one before it."""
         self.engine = engine
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
         self._make_grammar = grammar   # vocabulary size -> a fresh matcher
@@ -127,6 +131,7 @@ class Decoder:
         self.report = Report(constrained=grammar is not None)
         self.pause = pause
         self.adjust = adjust if adjust is not None and adjust.active else None
+        self.forced = forced
 
     def generate(self, prompt: Sequence[int], params: GenParams,
                  on_token: Callable[[TokenInfo, bytes], Optional[bool]]) -> GenResult:
@@ -140,36 +145,55 @@ class Decoder:
             logits = np.frombuffer(self.engine.eval(prompt), dtype=np.float32)
             if self._make_grammar is not None:   # the vocabulary's size is the logits'
                 self.grammar = self._make_grammar(logits.shape[0])
-            for index in range(params.max_tokens):
-                if self.adjust is not None:
+            while len(generated) < params.max_tokens:
+                if self.adjust is not None:   # logit_bias and the penalties
                     logits = self.adjust.apply(logits, generated)
                 token, allowed = self._choose(logits, rng)
                 entry = self._logprobs(logits, allowed, token) if self.top_logprobs is not None else None
-                if self.grammar is not None and not self.grammar.consume_token(token):
-                    raise RuntimeError(f"grammar refused its own token: {self.grammar.get_error()}")
-                if self.listener is not None:
-                    self.listener.token(token, entry)
-                now = time.monotonic()
-                info = TokenInfo(index, token, entry["logprob"] if entry else 0.0, 0, 0, 0,
-                                 (now - started) * 1000.0, 0.0)
-                started = now
+                self._consume(token, entry)
                 generated.append(token)
+                info, started = self._info(len(generated) - 1, token, entry, started)
                 if on_token(info, self._piece(token)):
-                    self.engine.reset()  # as after a cancelled waste_generate
-                    return GenResult(n_tokens=len(generated), cancelled=True, context_full=False,
-                                     detail=None)
-                if token in stops or index + 1 == params.max_tokens:
+                    return self._cancelled(generated)
+                if token in stops or len(generated) == params.max_tokens:
                     break
+                step = [token]
+                for extra in (self.forced() if self.forced is not None else ()):
+                    self._consume(extra, None)
+                    generated.append(extra)
+                    step.append(extra)
+                    info, started = self._info(len(generated) - 1, extra, None, started)
+                    if on_token(info, self._piece(extra)):
+                        return self._cancelled(generated)
                 if self.pause is not None:
-                    self.pause(generated)
+                    self.pause(generated[:len(generated) - len(step) + 1])
                     started = time.monotonic()   # a pause's wait is not this token's time
-                logits = np.frombuffer(self.engine.eval([token]), dtype=np.float32)
+                logits = np.frombuffer(self.engine.eval(step), dtype=np.float32)
         except LostTurn:
             raise   # the engine is another request's now
         except BaseException:
             self.engine.reset()
             raise
         return GenResult(n_tokens=len(generated), cancelled=False, context_full=False, detail=None)
+
+    def _consume(self, token: int, entry: Optional[dict]) -> None:
+        """The grammar and the listener hear of a token, sampled or forced."""
+        if self.grammar is not None and not self.grammar.consume_token(token):
+            raise RuntimeError(f"grammar refused the token {token}: {self.grammar.get_error()}")
+        if self.listener is not None:
+            self.listener.token(token, entry)
+
+    @staticmethod
+    def _info(index: int, token: int, entry: Optional[dict], started: float
+              ) -> tuple[TokenInfo, float]:
+        """The token's report as the engine's callback would have it, and the time now."""
+        now = time.monotonic()
+        return TokenInfo(index, token, entry["logprob"] if entry else 0.0, 0, 0, 0,
+                         (now - started) * 1000.0, 0.0), now
+
+    def _cancelled(self, generated: list[int]) -> GenResult:
+        self.engine.reset()  # as after a cancelled waste_generate
+        return GenResult(n_tokens=len(generated), cancelled=True, context_full=False, detail=None)
 
     # -- sampling ---------------------------------------------------------------------------
 

@@ -79,6 +79,11 @@ class ReplyParser(Protocol):
     def ended(self) -> bool:
         """The reply closed its message (what follows is only the stop token)."""
 
+    @property
+    def thinking(self) -> bool:
+        """The think channel is open and no markup is half read: the format's
+        `reasoning_end` may follow here (a reasoning budget counts these tokens)."""
+
     def feed_token(self, token_id: int, piece: bytes) -> list[Delta]:
         """One generated token and its bytes -> the deltas it completes."""
 
@@ -120,6 +125,10 @@ class ChatFormat(Protocol):
 
     def generation_prompt(self, thinking: bool) -> list[Segment]:
         """The markup that opens the model's turn."""
+
+    def reasoning_end(self) -> list[Segment]:
+        """The markup that closes the think channel and opens the answer, as the format
+        writes it when reasoning ends ([] without a think channel)."""
 
     def image_prompt(self, width: int, height: int) -> str:
         """The prompt text for one image of that size (asked only when `supports_images`)."""

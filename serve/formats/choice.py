@@ -48,6 +48,9 @@ class NoChatFormat:
     def generation_prompt(self, thinking: bool) -> list[Segment]:
         raise ChatFormatError(self.refusal)
 
+    def reasoning_end(self) -> list[Segment]:
+        raise ChatFormatError(self.refusal)
+
     def image_prompt(self, width: int, height: int) -> str:
         raise ChatFormatError(self.refusal)
 

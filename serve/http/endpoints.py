@@ -16,12 +16,15 @@ from serve.service import metrics
 from serve.core.errors import ApiError
 from serve.http.answering import Answering
 from serve.dialects import anthropic, openai, responses
+from serve.dialects.exchange import Exchange
 from serve.dialects.input_items import listing
 from serve.dialects.framing import SSE
 from serve.dialects.sse import sse_comment, sse_named
 from serve.http.background import Keeper
 from serve.service.jobs import Job
+from serve.core.request import ChatRequest
 from serve.service.facade import Service
+from serve.service.quote import quote_chat
 from serve.service.replies import ChatReply, CompletionReply
 from serve.service.response_store import OwnedResponses, Stored
 from serve.http.page import CONTENT_TYPE as PAGE_TYPE, chat_page
@@ -103,9 +106,45 @@ def count_tokens(handler: Answering, method: str, rest: str) -> None:
     service = handler.server.models.pick(handler.current.named_model, translation.request)
     try:
         count = service.count_chat(translation.request, handler.hangup)
+        found = quote_chat(service, translation.request)
     except ApiError as e:
         raise translation.error(e) from None
-    handler.send_json(200, {"input_tokens": count})
+    # Anthropic's clients read input_tokens and ignore what they do not know
+    handler.send_json(200, {"input_tokens": count, "waste": {**found.body(), "positions": count}})
+
+
+QUOTED = ("chat", "messages", "responses")   # the dialects /v1/quote reads
+
+
+def _quoted(handler: Answering, dialect: str, body: dict) -> Exchange[ChatReply]:
+    main, owner = handler.server.service.options.model_id, handler.current.principal.namespace
+    if dialect == "messages":
+        exchange: Exchange[ChatReply] = anthropic.Exchange(body, main, owner)
+    elif dialect == "responses":
+        exchange = responses.Exchange(body, _responses(handler), main)
+    else:
+        exchange = openai.ChatExchange(body, main)
+    exchange.request.owner = owner   # what is restorable is only what its owner left
+    return exchange
+
+
+def quote(handler: Answering, method: str, rest: str) -> None:
+    """What a request body would cost before its first token, without the engine
+    (serve/service/quote.py); `?dialect=` names the body's API (chat by default)."""
+    dialect = dict(parse_qsl(handler.path.partition("?")[2])).get("dialect", "chat")
+    if dialect not in QUOTED:
+        raise ApiError(400, f"dialect must be one of {', '.join(QUOTED)}, not {dialect!r}",
+                       param="dialect", code="invalid_value")
+    exchange = _quoted(handler, dialect, handler.read_json())
+    request = exchange.request
+    assert isinstance(request, ChatRequest)   # each of these dialects parses into a chat
+    request.request_id = handler.request_id
+    service = handler.server.models.pick(handler.current.named_model, request)
+    try:
+        found = quote_chat(service, request)
+    except ApiError as e:
+        raise exchange.error(e) from None
+    handler.send_json(200, {"object": "quote", **found.body()})
 
 
 def stored_response(handler: Answering, method: str, response_id: str) -> None:
@@ -193,6 +232,16 @@ def stop_job(handler: Answering, method: str, job_id: str) -> None:
     job = _job(handler, job_id)
     job.stop()
     handler.send_json(200, {**job.describe(), "stop_requested": True})
+
+
+def answer_job(handler: Answering, method: str, job_id: str) -> None:
+    """POST /v1/jobs/{id}/answer: "answer now". The job's think channel closes at its next
+    token (serve/service/reasoning_budget.py) and the model answers, in the same stream;
+    `answering` is false when there is no reasoning left to close."""
+    job = _job(handler, job_id)
+    budget = job.run.reasoning
+    handler.send_json(200, {**job.describe(),
+                            "answering": budget is not None and budget.answer_now()})
 
 
 def _job(handler: Answering, job_id: str) -> Job:

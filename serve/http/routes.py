@@ -49,6 +49,7 @@ ROUTES = (
     Route("/v1/completions", ("POST",), endpoints.complete),
     Route(MESSAGES, ("POST",), endpoints.messages, errors=anthropic.error_body),
     Route(MESSAGES + "/count_tokens", ("POST",), endpoints.count_tokens, errors=anthropic.error_body),
+    Route("/v1/quote", ("POST",), endpoints.quote),
     Route("/v1/responses", ("POST",), endpoints.create_response),
     Route(f"/v1/responses/{ID}", ("GET", "DELETE"), endpoints.stored_response),
     Route(f"/v1/responses/{ID}/input_items", ("GET",), endpoints.input_items),
@@ -56,6 +57,7 @@ ROUTES = (
     Route("/v1/jobs", ("GET",), endpoints.job_list),
     Route(f"/v1/jobs/{ID}", ("GET",), endpoints.jobs),
     Route(f"/v1/jobs/{ID}/stop", ("POST",), endpoints.stop_job),
+    Route(f"/v1/jobs/{ID}/answer", ("POST",), endpoints.answer_job),
     # llama.cpp's and vLLM's paths, and SGLang's under /v1 (serve/dialects/tokenize.py)
     Route("/tokenize", ("POST",), tokens.tokenize),
     Route("/detokenize", ("POST",), tokens.detokenize),

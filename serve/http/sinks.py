@@ -31,6 +31,7 @@ from serve.service.replies import ReplyStart
 from serve.service.jobs import Job
 from serve.service.run import Accepted, Emitted, Event, Fetching, Prefilling, Progress, Queued, Started
 from serve.dialects.sse import EventWriter
+from serve.http.progress import prefill_comment
 
 
 class Connection(Protocol):
@@ -103,7 +104,7 @@ class ExchangeSink(Generic[R]):
                                   cached_tokens=event.cached_tokens)
             self._events(lambda: b"")   # the opening, now that it can say the prompt's size
         elif isinstance(event, Progress):
-            self._comment(f"prefill {event.done}/{event.total}")
+            self._comment(prefill_comment(event, self._start.cached_tokens))
         elif isinstance(event, Emitted):
             if self._first_at is None:
                 self._first_at = max(event.at, self._began)

@@ -49,6 +49,7 @@ from serve.service.prompt import ChatCheck, check_fits, Prompt, PromptBuilder
 from serve.service.replies import ChatReply, CompletionReply, ReplySink
 from serve.service.run import Run
 from serve.snapshots.reply_memory import ReplyMemory
+from serve.service.reasoning_budget import closing_ids, ReasoningBudget
 from serve.service.reply_reader import ChatReader, TextReader
 from serve.service.response_store import ResponseStore
 from serve.service.settle import Settler
@@ -63,6 +64,7 @@ class ServiceOptions:
     model_id: str
     max_tokens: int = 4096
     thinking: bool = True          # the default when a request does not say
+    reasoning_budget: Optional[int] = None   # think-channel tokens when a request does not say
     vision: bool = False
     allow_local_images: Optional[str] = None    # a directory clients may name image files in
     prefix_cache: Optional[PrefixCache] = None   # None: prefill every request from scratch
@@ -128,7 +130,9 @@ class Service:
                                      default_thinking=options.thinking,
                                      context_beyond=options.context_beyond,
                                      positions=self.positions,
-                                     shared_namespace=options.shared_namespace)
+                                     shared_namespace=options.shared_namespace,
+                                     reasoning_budget=options.reasoning_budget)
+        self.reasoning_end = closing_ids(chat_format, EngineTokenizer(engine))   # closes a think channel
         self.generation = Generation(engine, self.metrics, max_tokens=options.max_tokens,
                                      prefix_cache=options.prefix_cache, policy=self.policy,
                                      prefill_chunk=options.prefill_chunk,
@@ -185,11 +189,12 @@ class Service:
             run = self._run(sink)
             unfollowed = self._unfollowed(run, req.request_id)
             run.accepted(check.thinking)
+            run.reasoning = ReasoningBudget(self.prompts.budget(req), self.reasoning_end) if check.thinking else None
             with self._turn(run, req.work, early, req.owner) as lookup:
                 prompt = self.prompts.with_images(early)
                 reader = ChatReader(self.chat_format.new_parser(check.thinking), req.sampling.stop,
                                     self.chat_format.stop_tokens,
-                                    None if req.parallel_tool_calls else 1)
+                                    None if req.parallel_tool_calls else 1, run.reasoning)
                 outcome = self.generation.run(
                     prompt, req.sampling, run, reader, stop_tokens=self.chat_format.stop_tokens,
                     logprobs=req.logprobs, constraint=constraint, label=req.request_id,

@@ -30,6 +30,7 @@ from serve.snapshots.cache import PrefixCache
 from serve.snapshots.lookup import Lookup
 from serve.service.prompt import Prompt, check_room
 from serve.service.reply_reader import ReplyReader
+from serve.service import steer
 from serve.snapshots.policy import SnapshotPolicy
 
 
@@ -98,7 +99,8 @@ class Generation:
         chore's, asked before each engine call (a chore decodes in serve, when it can, so
         that it can step aside between two tokens); `max_tokens`: the default when the
         request sets none (else the server's); `lookup`: the prompt's prefix-cache lookup,
-        made while the request waited (tiers.find)."""
+        made while the request waited (tiers.find). The run's `reasoning` says when the think
+        channel is closed for the model (serve/service/steer.py)."""
         if prompt.image_paths:
             pause = None   # snapshots never reach past images
         if pause is not None and self.decoding_off(decode.missing()) is None:
@@ -140,7 +142,12 @@ class Generation:
             result = GenResult(n_tokens=0, cancelled=True, context_full=False, detail=None)
         else:
             # The one branch: serve decodes itself when the reply needs the logits.
-            result = (decoder or self.engine).generate(rest, params, on_token)
+            rebuild = None if prompt.image_paths else (
+                lambda generated: self._rebuild([*prompt.ids, *generated]))
+            if run.reasoning is not None:
+                run.reasoning.anytime = decoder is not None or rebuild is not None
+            result = steer.generate(self.engine, decoder, rest, params, on_token, reader,
+                                    run.reasoning, rebuild)
             if decoder is not None:
                 report = decoder.report.waste()
                 unevaluated = 1 if clock.tokens else 0
@@ -154,9 +161,10 @@ class Generation:
         # the room left and the reply used all of it.
         full = result.context_full or (finish == "length" and params.max_tokens == room
                                        and len(clock.tokens) >= room)
-        return Outcome(finish, self._usage(len(prompt.ids), clock, full, ms,
-                                           _stats_delta(before, after), report),
-                       clock.client_gone, clock.tokens, unevaluated, result,
+        usage = self._usage(len(prompt.ids), clock, full, ms, _stats_delta(before, after), report)
+        if run.reasoning is not None:
+            run.reasoning.account(usage)
+        return Outcome(finish, usage, clock.client_gone, clock.tokens, unevaluated, result,
                        run.logprobs.entries if run.logprobs is not None else None, clock.saved, full)
 
     # -- decoding in serve (structure, logprobs) --------------------------------------
@@ -220,7 +228,7 @@ class Generation:
         def progress(done: int, total: int) -> None:
             if total <= chunk:
                 return  # one chunk is over before anyone could be waiting on it
-            run.progress(done, total)
+            run.progress(done, total, self.policy.costs.token_seconds)   # as of this chunk
             if log is not None:
                 log(f"{label} prefill {done}/{total}")
 
@@ -264,6 +272,14 @@ class Generation:
         except BaseException:
             self.engine.reset()  # a half-evaluated prompt must not survive into the next request
             raise
+
+    def _rebuild(self, tokens: list[int]) -> None:
+        """The engine, reset by a cancelled generate, brought back to hold `tokens` (the
+        prompt's snapshot restored, the rest evaluated)."""
+        prefill = Prefill(self.engine, tokens, cache=self.prefix_cache, policy=self.policy,
+                          chunk=self.prefill_chunk, insure=False)
+        prefill.restore(len(tokens))
+        prefill.run(len(tokens))
 
     # -- accounting -----------------------------------------------------------------------
 

@@ -146,7 +146,7 @@ class PromptBuilder:
                  reply_memory: Optional[ReplyMemory], keep_reasoning: bool,
                  snapshots: bool, default_thinking: bool, tokenizing: Runner = at_once,
                  context_beyond: str = "", positions: Optional[ImagePositions] = None,
-                 shared_namespace: str = ""):
+                 shared_namespace: str = "", reasoning_budget: Optional[int] = None):
         self.engine = engine
         self.tokenizer = tokenizer       # called through `tokenizing`, before the engine is held
         self.tokenizing = tokenizing     # runs a prompt's whole tokenizing (the engine's: as an errand)
@@ -158,6 +158,7 @@ class PromptBuilder:
         self.keep_reasoning = keep_reasoning
         self.snapshots = snapshots                 # a prefix cache will store snapshots
         self.default_thinking = default_thinking   # when a request does not say
+        self.reasoning_budget = reasoning_budget   # think-channel tokens, when a request does not say
         self.context_beyond = context_beyond       # a too-long prompt's word on a larger context
         self.positions = positions or ImagePositions(None)   # serve's figure of images' positions
         self.shared_namespace = shared_namespace   # what every request finds too (--shared-namespace)
@@ -176,6 +177,11 @@ class PromptBuilder:
                                 "/v1/completions still works", param="messages",
                            code="unsupported_chat_format")
         thinking = self.thinking(req)
+        if req.thinking_token_budget is not None and req.thinking_token_budget > 0 \
+                and not fmt.supports_reasoning:
+            raise invalid("thinking_token_budget",
+                          f"thinking_token_budget asks for a reasoning budget, and the "
+                          f"{fmt.name} chat format has no reasoning channel ({fmt.description})")
         if req.tools and req.tool_choice != "none" and not fmt.supports_tools:
             raise invalid("tools", f"the {fmt.name} chat format cannot declare tools "
                                    f"({fmt.description})")
@@ -201,9 +207,16 @@ class PromptBuilder:
     def thinking(self, req: ChatRequest) -> bool:
         """Whether the reply opens in the think channel. A format without one accepts any
         effort, and the reply says it went unused (`reasoning`)."""
-        if not self.chat_format.supports_reasoning:
-            return False
+        if not self.chat_format.supports_reasoning or self.budget(req) == 0:
+            return False   # a budget of 0 is thinking off
         return self.default_thinking if req.thinking is None else req.thinking
+
+    def budget(self, req: ChatRequest) -> Optional[int]:
+        """The reply's think-channel tokens: the request's budget, else the server's (None:
+        no budget)."""
+        budget = self.reasoning_budget if req.thinking_token_budget is None \
+            else req.thinking_token_budget
+        return None if budget is None or budget < 0 else budget
 
     def reasoning(self, req: ChatRequest, thinking: bool) -> str:
         """The reply's reasoning, as waste.reasoning reports it: "unsupported" (the format

@@ -12,6 +12,7 @@ from typing import Callable, Collection, Optional, Protocol, Sequence
 from serve.formats.base import ReplyParser
 from serve.core.reply import assistant_message, Delta
 from serve.core.stops import StopFilter
+from serve.service.reasoning_budget import ReasoningBudget
 
 Emit = Callable[[Delta], None]
 
@@ -35,11 +36,17 @@ class ReplyReader(Protocol):
     @property
     def has_tool_calls(self) -> bool: ...
 
+    @property
+    def thinking(self) -> bool:
+        """The think channel is open and no markup is half read (ReplyParser.thinking)."""
+
 
 class ChatReader:
     def __init__(self, parser: ReplyParser, stops: Sequence[str], stop_tokens: Collection[int],
-                 max_calls: Optional[int] = None):
+                 max_calls: Optional[int] = None, budget: Optional[ReasoningBudget] = None):
+        """`budget`: counts the tokens read in the think channel."""
         self._parser = parser
+        self._budget = budget
         self._stops = StopFilter(stops)
         self._stop_ids = frozenset(stop_tokens)
         # parallel_tool_calls: false. A grammar allows one call; without one (a format that
@@ -50,8 +57,10 @@ class ChatReader:
         self._content: list[str] = []
 
     def feed(self, token: int, piece: bytes, emit: Emit) -> bool:
-        closed = self._parser.ended
+        closed, thinking = self._parser.ended, self._parser.thinking
         self._forward(self._parser.feed_token(token, piece), emit)
+        if self._budget is not None:   # the think channel's own tokens, not its close
+            self._budget.count(thinking and self._parser.thinking)
         if self._stops.hit or self._over:
             return True
         # A stop token ends generation by itself, and an uncancelled generate leaves a
@@ -95,6 +104,10 @@ class ChatReader:
         return bool(self._parser.reply.tool_calls)
 
     @property
+    def thinking(self) -> bool:
+        return self._parser.thinking
+
+    @property
     def stop_sequence(self) -> str:
         return self._stops.matched
 
@@ -106,6 +119,7 @@ class ChatReader:
 
 class TextReader:
     has_tool_calls = False
+    thinking = False
 
     def __init__(self, stops: Sequence[str], special_ids: Collection[int]):
         self._stops = StopFilter(stops)

@@ -23,7 +23,7 @@ import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 from serve.snapshots.shared_dir import Rejected, SharedDir
 

@@ -27,6 +27,7 @@ from typing import Callable, Optional
 from serve.core.reply import Delta
 from serve.engine.queue import Turn
 from serve.service.logprobs import LogprobLedger
+from serve.service.reasoning_budget import ReasoningBudget
 from serve.service.replies import ReplySink
 
 
@@ -84,6 +85,7 @@ class Prefilling(Event):
 class Progress(Event):
     done: int
     total: int
+    seconds_per_position: Optional[float] = None   # the measured prefill rate, as it stands
 
     def to(self, observer: ReplySink) -> None:
         observer.progress(self.done, self.total)
@@ -118,6 +120,8 @@ class Run:
         self.stopped = False                    # stopped on purpose: a normal finish
         self.turn: Optional[Turn] = None        # the hold on the engine, once the request has it
         self.logprobs: Optional[LogprobLedger] = None   # when the request asks for logprobs
+        # A chat reply that thinks: its budget, and answer_now() for any thread
+        self.reasoning: Optional[ReasoningBudget] = None
 
     # -- cancellation ---------------------------------------------------------------------
 
@@ -186,8 +190,8 @@ class Run:
     def prefilling(self, prompt_tokens: int, cached_tokens: int) -> None:
         self._post(Prefilling(time.monotonic(), prompt_tokens, cached_tokens))
 
-    def progress(self, done: int, total: int) -> None:
-        self._post(Progress(time.monotonic(), done, total))
+    def progress(self, done: int, total: int, seconds_per_position: Optional[float] = None) -> None:
+        self._post(Progress(time.monotonic(), done, total, seconds_per_position))
 
     def emit(self, delta: Delta) -> None:
         if self.logprobs is not None:

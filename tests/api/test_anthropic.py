@@ -387,7 +387,7 @@ def anthropic_error(resp, status: int, kind: str) -> str:
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": 3}]}]},
      "messages[0].content[0].text"),
     ({"messages": ASK + [{"role": "assistant", "content": "Sure"}]}, "messages[1]"),
-    ({"thinking": {"type": "enabled", "budget_tokens": 10}}, "thinking.budget_tokens"),
+    ({"thinking": {"type": "enabled", "budget_tokens": -1}}, "thinking.budget_tokens"),
     ({"thinking": {"type": "sometimes"}}, "thinking.type"),
     ({"output_config": {"effort": "huge"}}, "output_config.effort"),
     ({"tool_choice": {"type": "auto", "disable_parallel_tool_use": "yes"}},

@@ -34,8 +34,12 @@ def test_blocking_chat_shape(server, engine):
                           "expert_hit_rate", "bytes_read", "io_ms", "direct_io", "ms", "first_token_ms",
                           "decode_ms", "tokens_per_second",
                           "context_full", "cached_tokens", "constrained", "mask_ms", "mask_changed",
-                          "reasoning", "work", "behind_chores_ms"}
+                          "reasoning", "work", "behind_chores_ms", "reasoning_tokens",
+                          "reasoning_budget", "reasoning_ended"}
     assert waste["reasoning"] == "on"   # K3 thinking by default, no effort named
+    # "Let me ", "think.": two tokens (its <|close|> is not one); the model closed it itself
+    assert (waste["reasoning_tokens"], waste["reasoning_ended"]) == (2, "model")
+    assert usage["completion_tokens_details"] == {"reasoning_tokens": 2}
     assert (waste["work"], waste["behind_chores_ms"]) == ("interactive", 0)
     assert waste["constrained"] is False and waste["mask_changed"] == 0
     n = usage["completion_tokens"]

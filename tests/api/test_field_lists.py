@@ -163,6 +163,9 @@ def chat_cases() -> dict[str, Case]:
         "frequency_penalty": lambda s: (_long(base), {**_long(base), "frequency_penalty": 2.0}),
         "presence_penalty": lambda s: (_long(base), {**_long(base), "presence_penalty": 2.0}),
         "priority": lambda s: (base, {**base, "priority": 5}),
+        "thinking_token_budget": lambda s: ({**base, "reasoning_effort": "high"},
+                                            {**base, "reasoning_effort": "high",
+                                             "thinking_token_budget": 2}),
     }
 
 

@@ -270,3 +270,27 @@ def _header(raw: bytes, name: str) -> str:
     head = raw.split(b"\r\n\r\n", 1)[0].decode()
     return next(line.split(":", 1)[1].strip() for line in head.split("\r\n")
                 if line.lower().startswith(name + ":"))
+
+
+def test_answer_now_closes_the_reasoning_and_the_stream_goes_on(slow):
+    """POST /v1/jobs/{id}/answer mid-reasoning: the think channel closes at the next token,
+    what was reasoned stays, and the same stream carries the answer."""
+    path, make, _ = DIALECTS["chat"]
+
+    def piece(event: dict) -> str:
+        delta = ((event.get("choices") or [{}])[0].get("delta") or {})
+        return ("R" if delta.get("reasoning_content") else "") + ("C" if delta.get("content") else "")
+    body = {**make(_unique()), "reasoning_effort": "high", "max_tokens": 60}
+    reader = _stream(slow.port, path, body, piece)
+    reader.read_until(lambda: reader.text().count("R") >= 5)
+    assert "C" not in reader.text(), "the model closed its reasoning itself: nothing to test"
+    job = _header(reader.raw, "x-serve-job")
+    answered = call(slow.port, "POST", f"/v1/jobs/{job}/answer")
+    assert answered.status == 200 and answered.json()["answering"] is True
+    reader.read_until(lambda: False)
+    kinds = reader.text()
+    assert dechunk_partial_text(reader.raw).rstrip().endswith("data: [DONE]")
+    assert "C" in kinds and "R" not in kinds[kinds.index("C"):]
+    assert kinds.count("R") < 30   # closed soon after the call, far short of max_tokens
+    again = call(slow.port, "POST", f"/v1/jobs/{job}/answer").json()
+    assert again["answering"] is False and again["status"] in ("completed", "incomplete")

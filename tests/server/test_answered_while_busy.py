@@ -72,7 +72,7 @@ REFUSED = [
     ("best_of 2", COMPLETIONS, {"prompt": "hi", "best_of": 2}, 400),
     ("no max_tokens", MESSAGES, {"model": "m", "messages": USER}, 400),
     ("max_tokens 0", MESSAGES, anthropic(max_tokens=0), 400),
-    ("budget_tokens 10", MESSAGES, anthropic(thinking={"type": "enabled", "budget_tokens": 10}), 400),
+    ("budget_tokens -1", MESSAGES, anthropic(thinking={"type": "enabled", "budget_tokens": -1}), 400),
     ("tool_use unanswered", MESSAGES, anthropic(tools=[{"name": "get", "input_schema": {}}],
                                                 messages=DANGLING_USE), 400),
     ("tool_choice names no tool", MESSAGES, anthropic(tools=[{"name": "get", "input_schema": {}}],
@@ -153,6 +153,20 @@ def test_what_needs_no_engine_is_answered_at_once(busy, method, path, status, he
     srv, long = busy
     outcome, took = timed(srv.port, path, b"", method, headers)
     assert outcome.status == status, outcome.raw[:600]
+    assert_at_once(took, long)
+
+
+QUOTES = [("chat", {"messages": USER}), ("messages", anthropic()), ("responses", responses())]
+
+
+@pytest.mark.parametrize("dialect, body", QUOTES, ids=[d for d, _ in QUOTES])
+def test_a_quote_is_answered_at_once(busy, dialect, body):
+    srv, long = busy
+    outcome, took = timed(srv.port, f"/v1/quote?dialect={dialect}", json.dumps(body).encode())
+    assert outcome.status == 200, outcome.raw[:600]
+    quote = json.loads(outcome.raw.partition(b"\r\n\r\n")[2])
+    assert quote["positions"] > 0 and quote["to_prefill"] == quote["positions"]   # no cache
+    assert quote["ahead"] >= 1   # the long prefill holds the engine
     assert_at_once(took, long)
 
 

@@ -6,6 +6,7 @@ requests, while the repeated part of a conversation is not prefilled again.
 """
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
@@ -148,10 +149,16 @@ def test_stream_shows_prefill_progress_as_comments():
     with serving(service) as srv:
         resp = call(srv.port, "POST", CHAT, {"messages": long_prompt(), "stream": True})
     total = len(engine.prompts[0])
-    progress = [c.split() for c in resp.comments()]
-    assert progress and all(word == "prefill" for word, _ in progress)
-    done = [int(frac.split("/")[0]) for _, frac in progress]
-    assert all(int(frac.split("/")[1]) == total for _, frac in progress)
+    progress = [c.split(" ", 2) for c in resp.comments()]
+    assert progress and all(word == "prefill" for word, _, _ in progress)
+    done = [int(frac.split("/")[0]) for _, frac, _ in progress]
+    assert all(int(frac.split("/")[1]) == total for _, frac, _ in progress)
+    # ... and what a client reads: the same counts, and an estimate at the measured rate
+    reports = [json.loads(report) for _, _, report in progress]
+    assert [(r["positions"], r["restored"], r["evaluated"]) for r in reports] == \
+        [(total, 0, d) for d in done]
+    assert [r["first_token_seconds"] for r in reports] == \
+        [(total - d) * service.policy.costs.token_seconds for d in done]
     assert done == sorted(done) and done[0] == 64 and done[-1] == total - 1
     assert engine.evals[:-1] == [64] * (len(engine.evals) - 1)
     # Each log line names the request it belongs to.

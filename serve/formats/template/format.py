@@ -233,6 +233,9 @@ class TemplateFormat:
             texts.append(part["text"])
         return "".join(texts)
 
+    def reasoning_end(self) -> list[Segment]:
+        return []   # no think channel
+
     def new_parser(self, thinking: bool) -> TemplateReplyParser:
         return TemplateReplyParser(frozenset(self.stop_tokens), self._special_ids,
                                    self.tools.marker if self.tools else ())

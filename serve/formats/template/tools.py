@@ -160,6 +160,7 @@ class TemplateReplyParser:
     off keeps its arguments as generated (truncated JSON, never closed here). Nothing raises:
     a marker that goes wrong (only possible without a grammar) drops the call.
     """
+    thinking = False   # a template has no think channel
 
     def __init__(self, stop_ids: frozenset[int], special_ids: frozenset[int],
                  marker: Sequence[int | str] = (), new_call_id=default_call_id) -> None:

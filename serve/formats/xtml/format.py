@@ -58,6 +58,9 @@ class XtmlFormat:
     def generation_prompt(self, thinking: bool) -> list[Segment]:
         return xtml.generation_prompt(thinking)
 
+    def reasoning_end(self) -> list[Segment]:
+        return xtml.reasoning_end()
+
     def image_prompt(self, width: int, height: int) -> str:
         return xtml.image_prompt(width, height)
 

@@ -462,3 +462,12 @@ def generation_prompt(thinking: bool = True) -> list[Segment]:
     out.open("message", [("role", "assistant")])
     out.open("think" if thinking else "response")
     return out.segments
+
+
+def reasoning_end() -> list[Segment]:
+    """What follows a reply's reasoning: the think channel closed, the response opened
+    (as _write_assistant writes every turn in history)."""
+    out = _Writer()
+    out.close("think")
+    out.open("response")
+    return out.segments

@@ -126,6 +126,11 @@ class ReplyParser:
     def ended(self) -> bool:
         return self._ended
 
+    @property
+    def thinking(self) -> bool:
+        return (not self._closed and self._header is None
+                and any(element.kind == "think" for element in self._stack))
+
     def feed_token(self, token_id: int, piece: bytes) -> list[Delta]:
         marker = self._marker_by_id.get(token_id)
         if marker is not None:
