@@ -16,6 +16,19 @@ CHAT = "/v1/chat/completions"
 
 # ---- disconnects and queueing -------------------------------------------------
 
+def _held_after_the_first_token(engine) -> tuple[threading.Event, threading.Event]:
+    """The engine stops after its first token (`first_sent` is set) until `closed` is."""
+    first_sent, closed = threading.Event(), threading.Event()
+
+    def pace(index: int) -> None:
+        if index == 1:
+            first_sent.set()
+            assert closed.wait(10)
+
+    engine.before_token = pace
+    return first_sent, closed
+
+
 def _leave_after_the_first_token(port: int, body: dict, closed: threading.Event,
                                  first_sent: threading.Event) -> bytes:
     """Send `body`, read until the first token's chunk (a stream) or the first token's
@@ -36,14 +49,7 @@ def _leave_after_the_first_token(port: int, body: dict, closed: threading.Event,
 @pytest.mark.parametrize("stream", [True, False])
 def test_without_attaching_a_disconnect_cancels_at_the_next_token(engine, stream):
     engine.replies = [xtml_answer(*[f"w{i} " for i in range(50)]), xtml_answer("next")]
-    first_sent, closed = threading.Event(), threading.Event()
-
-    def pace(index: int) -> None:
-        if index == 1:
-            first_sent.set()
-            assert closed.wait(10)
-
-    engine.before_token = pace
+    first_sent, closed = _held_after_the_first_token(engine)
     with serving(scripted_service(engine, thinking=False, attach=False)) as srv:
         received = _leave_after_the_first_token(srv.port, {"messages": USER, "stream": stream},
                                                 closed, first_sent)
@@ -61,14 +67,7 @@ def test_a_disconnected_job_goes_on_and_its_retry_attaches_to_it(engine, stream)
     once (the engine's second reply is never asked for)."""
     words = [f"w{i} " for i in range(50)]
     engine.replies = [xtml_answer(*words), xtml_answer("next")]
-    first_sent, closed = threading.Event(), threading.Event()
-
-    def pace(index: int) -> None:
-        if index == 1:
-            first_sent.set()
-            assert closed.wait(10)
-
-    engine.before_token = pace
+    first_sent, closed = _held_after_the_first_token(engine)
     with serving(scripted_service(engine, thinking=False)) as srv:
         _leave_after_the_first_token(srv.port, {"messages": USER, "stream": stream}, closed,
                                      first_sent)
