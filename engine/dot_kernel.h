@@ -19,8 +19,8 @@
 
 #define KINLINE KTARGET static inline __attribute__((always_inline))
 
-/* Bytes of weights the prefetches run ahead of the arithmetic (the best of
- * 256, 1024 and 4096 on SmolLM2's q4_1 matrices). */
+/* Bytes of weights the prefetches of a one-row call run ahead of the
+ * arithmetic (the best of 256, 1024 and 4096 on SmolLM2's q4_1 matrices). */
 #ifndef WDOT_AHEAD
 #define WDOT_AHEAD 256
 #endif
@@ -102,14 +102,17 @@ KINLINE void KERNEL(blocked)(int q4_1, const uint8_t *row, size_t row_bytes, con
         for (size_t r = 0; r < rows; r++) {
             const float *scale_r = scale + r * blocks, *min_r = q4_1 ? min + r * blocks : NULL;
             __m256 s = _mm256_maskload_ps(scale_r + b, lanes);
-            /* Rows are short (18 blocks for 576 columns): ask for the bytes a
-             * row ahead now, so that the loads of the next rows overlap this
-             * one's arithmetic instead of following it (a prefetch past the
-             * end of the matrix is harmless). */
-            const char *ahead = (const char *)(row + r * row_bytes + (q4_1 ? 16 : 32) * b) + WDOT_AHEAD;
+            /* Rows are short (18 blocks for 576 columns): ask for the bytes of
+             * the rows the next call takes now, so that their loads overlap
+             * this call's arithmetic instead of following it (a prefetch past
+             * the end of the matrix is harmless). */
+            size_t ahead_rows = rows > 1 ? rows : 0;
+            const char *ahead = (const char *)(row + (r + ahead_rows) * row_bytes + (q4_1 ? 16 : 32) * b);
+            if (!ahead_rows) ahead += WDOT_AHEAD;
             for (int line = 0; line < (q4_1 ? 2 : 4); line++) _mm_prefetch(ahead + 64 * line, _MM_HINT_T0);
-            _mm_prefetch((const char *)(scale_r + b) + WDOT_AHEAD / 4, _MM_HINT_T0);
-            if (q4_1) _mm_prefetch((const char *)(min_r + b) + WDOT_AHEAD / 4, _MM_HINT_T0);
+            size_t ahead_blocks = ahead_rows ? ahead_rows * blocks : WDOT_AHEAD / (q4_1 ? 16 : 32);
+            _mm_prefetch((const char *)(scale_r + b + ahead_blocks), _MM_HINT_T0);
+            if (q4_1) _mm_prefetch((const char *)(min_r + b + ahead_blocks), _MM_HINT_T0);
 #pragma GCC unroll 4
             for (size_t t = 0; t < n; t++) {
                 size_t at = (first + t) * blocks + b;
