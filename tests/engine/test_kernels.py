@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from test_abi import ROOT, manifest
+from test_abi import ROOT, gguf_container, manifest  # noqa: F401 (a fixture)
 
 PATHS = {"plain": {"WASTE_NO_AVX2": "1"}, "avx2": {"WASTE_NO_AVX2": "0", "WASTE_NO_AVX512": "1"},
          "avx512": {"WASTE_NO_AVX2": "0", "WASTE_NO_AVX512": "0"}}
@@ -77,18 +77,6 @@ def run_path(lib_path: Path, container: Path, path: str, tokens: list[int], prom
     return json.loads(proc.stdout)
 
 
-@pytest.fixture(scope="module")
-def gguf_tiny(tmp_path_factory) -> Path:
-    sys.path.insert(0, str(ROOT / "tests"))
-    from gguf_writer import tiny_llama
-    d = tmp_path_factory.mktemp("kernels-gguf")
-    converted = subprocess.run([sys.executable, str(ROOT / "tools" / "make_container.py"),
-                                str(d / "tiny.waste"), "--from-gguf", str(tiny_llama(d / "tiny.gguf"))],
-                               capture_output=True, text=True)
-    assert converted.returncode == 0, converted.stderr
-    return d / "tiny.waste"
-
-
 @pytest.mark.parametrize("name", ["k3", "kimi-linear", "plain", "gguf", "smollm2"])
 def test_every_kernel_path_gives_the_same_greedy_answer(lib_path, name, request):
     """On every test container (and SmolLM2, a real model, whose q4_1 and q8 products are
@@ -98,7 +86,7 @@ def test_every_kernel_path_gives_the_same_greedy_answer(lib_path, name, request)
     SmolLM2's 30 layers, where the engine before these kernels differed by 1.4e-4); and all
     three give the same 24 greedy tokens, at 1 and 2 threads."""
     container = request.getfixturevalue({"k3": "k3_container", "kimi-linear": "kimi_linear_container",
-                                         "plain": "plain_container", "gguf": "gguf_tiny",
+                                         "plain": "plain_container", "gguf": "gguf_container",
                                          "smollm2": "smollm2"}[name])
     vocab = manifest(container)["vocab_size"]
     rng = random.Random(name)
