@@ -36,6 +36,12 @@ build/libwaste-asan.so: $(ENGINE_SRC) $(ENGINE_HDR)
 	$(CC) $(WFLAGS) -O1 -g -D_GNU_SOURCE -fPIC -fvisibility=hidden -fno-omit-frame-pointer \
 	  -fsanitize=address,undefined -fno-sanitize-recover=undefined $(SHARED) -o $@ $(ENGINE_SRC) $(LDLIBS)
 
+# The same engine timing each operation of a decoded token (engine/prof.h, bench/decode_profile.py).
+build/libwaste-profile.so: $(ENGINE_SRC) $(ENGINE_HDR)
+	@mkdir -p build
+	$(CC) $(WFLAGS) $(CFLAGS) -DWASTE_PROFILE -D_GNU_SOURCE -fPIC -fvisibility=hidden $(SHARED) -o $@ \
+	  $(ENGINE_SRC) $(LDLIBS)
+
 # The same engine with ThreadSanitizer, for the tests that run threads and contexts at once.
 build/libwaste-tsan.so: $(ENGINE_SRC) $(ENGINE_HDR)
 	@mkdir -p build

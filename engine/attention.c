@@ -7,6 +7,7 @@
 
 #define TILE 32         /* keys per online-softmax step */
 #define QUERY_BLOCK 32  /* queries of one head that share each tile while it is in cache */
+#define HEADS 8         /* query heads of one key/value head that share each tile */
 
 typedef struct {
     const wattn_shape *shape;
@@ -90,21 +91,22 @@ INLINE_AVX2 void tile_avx2(const float *q, const float *k, const float *v, size_
         _mm256_storeu_ps(p + 8 * g, e);
     }
     r->sum += wsimd_hsum(sum);
-    /* Four running sums per 8 channels (keys j, j+1, j+2, j+3), so the
-     * multiply-adds do not wait on one another. */
-    for (size_t c = 0; c < hd; c += 8) {
-        __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                       _mm256_setzero_ps()};
-        size_t j = 0;
-        for (; j + 4 <= count; j += 4)
-#pragma GCC unroll 4
-            for (size_t u = 0; u < 4; u++)
-                a[u] = _mm256_fmadd_ps(_mm256_set1_ps(p[j + u]), _mm256_loadu_ps(v + (j + u) * hd + c),
-                                       a[u]);
-        for (; j < count; j++)
-            a[0] = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(v + j * hd + c), a[0]);
-        __m256 tile = _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3]));
-        _mm256_storeu_ps(acc + c, _mm256_add_ps(_mm256_loadu_ps(acc + c), tile));
+    /* Key by key, up to 64 channels at once: eight independent sums, so the
+     * multiply-adds keep both FMA pipes busy instead of waiting on each
+     * other's results. */
+    for (size_t c0 = 0; c0 < hd; c0 += 64) {
+        size_t vectors = hd - c0 < 64 ? (hd - c0) / 8 : 8;
+        __m256 a[8];
+#pragma GCC unroll 8
+        for (size_t u = 0; u < 8; u++) a[u] = u < vectors ? _mm256_loadu_ps(acc + c0 + 8 * u) : _mm256_setzero_ps();
+        for (size_t j = 0; j < count; j++) {
+            __m256 pj = _mm256_set1_ps(p[j]);
+            const float *vj = v + j * hd + c0;
+#pragma GCC unroll 8
+            for (size_t u = 0; u < vectors; u++) a[u] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8 * u), a[u]);
+        }
+#pragma GCC unroll 8
+        for (size_t u = 0; u < vectors; u++) _mm256_storeu_ps(acc + c0 + 8 * u, a[u]);
     }
 }
 
@@ -147,42 +149,65 @@ static tile_fn pick_tile(size_t hd) {
     return tile_plain;
 }
 
-/* Queries [t0, t1) of one head: every tile of keys is taken by each query
- * that reaches it before the next tile is read, so a tile is read from
- * memory once per block of queries, not once per query. */
-static void query_block(const job *j, size_t head, size_t t0, size_t t1) {
+/* Queries [t0, t1) of the query heads that share key/value head kv_head
+ * (grouped-query attention): every tile of keys is taken by each query and
+ * head that reaches it before the next tile is read, so a tile is read from
+ * memory once per block of queries and group of heads, not once per query
+ * and head (HEADS heads at a time).  Each (query, head) sees the same tiles
+ * in the same order as it would alone. */
+static void query_block(const job *j, size_t kv_head, size_t t0, size_t t1) {
     const wattn_shape *sh = j->shape;
-    size_t hd = sh->head_dim, width = sh->n_heads * hd;
-    size_t kv_head = head / (sh->n_heads / sh->n_kv_heads); /* grouped-query attention */
+    size_t hd = sh->head_dim, width = sh->n_heads * hd, group = sh->n_heads / sh->n_kv_heads;
     const float *keys = j->keys + kv_head * sh->stride * hd;
     const float *values = j->values + kv_head * sh->stride * hd;
     tile_fn tile = pick_tile(hd);
-    running r[QUERY_BLOCK];
-    for (size_t t = t0; t < t1; t++) {
-        r[t - t0] = (running){-INFINITY, 0.0f};
-        memset(j->out + t * width + head * hd, 0, hd * sizeof(float));
-    }
-    size_t last = j->pos0 + t1 - 1;
-    for (size_t first = 0; first <= last; first += TILE)
-        for (size_t t = t0; t < t1; t++) {
-            size_t pos = j->pos0 + t;
-            if (first > pos) continue;
-            size_t count = pos + 1 - first < TILE ? pos + 1 - first : TILE;
-            tile(j->q + t * width + head * hd, keys + first * hd, values + first * hd, count, hd,
-                 j->scale, &r[t - t0], j->out + t * width + head * hd);
+    running r[QUERY_BLOCK * HEADS];
+    for (size_t g0 = 0; g0 < group; g0 += HEADS) {
+        size_t heads = group - g0 < HEADS ? group - g0 : HEADS;
+        size_t head0 = kv_head * group + g0;
+        for (size_t t = t0; t < t1; t++)
+            for (size_t g = 0; g < heads; g++) {
+                r[(t - t0) * HEADS + g] = (running){-INFINITY, 0.0f};
+                memset(j->out + t * width + (head0 + g) * hd, 0, hd * sizeof(float));
+            }
+        size_t last = j->pos0 + t1 - 1;
+        for (size_t first = 0; first <= last; first += TILE) {
+            /* The next tile's keys and values are on their way while this one is
+             * worked on: one tile at a time, the loads wait on memory. */
+            if (first + TILE <= last) {
+                const char *k = (const char *)(keys + (first + TILE) * hd);
+                const char *v = (const char *)(values + (first + TILE) * hd);
+                size_t bytes = TILE * hd * sizeof(float);
+                for (size_t at = 0; at < bytes; at += 64) {
+                    wsimd_prefetch(k + at);
+                    wsimd_prefetch(v + at);
+                }
+            }
+            for (size_t t = t0; t < t1; t++) {
+                size_t pos = j->pos0 + t;
+                if (first > pos) continue;
+                size_t count = pos + 1 - first < TILE ? pos + 1 - first : TILE;
+                for (size_t g = 0; g < heads; g++) {
+                    size_t at = t * width + (head0 + g) * hd;
+                    tile(j->q + at, keys + first * hd, values + first * hd, count, hd, j->scale,
+                         &r[(t - t0) * HEADS + g], j->out + at);
+                }
+            }
         }
-    for (size_t t = t0; t < t1; t++) {
-        float *acc = j->out + t * width + head * hd;
-        for (size_t c = 0; c < hd; c++) acc[c] /= r[t - t0].sum;
+        for (size_t t = t0; t < t1; t++)
+            for (size_t g = 0; g < heads; g++) {
+                float *acc = j->out + t * width + (head0 + g) * hd;
+                for (size_t c = 0; c < hd; c++) acc[c] /= r[(t - t0) * HEADS + g].sum;
+            }
     }
 }
 
-/* Items are (head, block of queries), head-major. */
+/* Items are (key/value head, block of queries), head-major. */
 static void items(void *arg, size_t begin, size_t end) {
     const job *j = arg;
     for (size_t i = begin; i < end; i++) {
-        size_t head = i / j->n_blocks, t0 = i % j->n_blocks * QUERY_BLOCK;
-        query_block(j, head, t0, t0 + QUERY_BLOCK < j->n ? t0 + QUERY_BLOCK : j->n);
+        size_t kv_head = i / j->n_blocks, t0 = i % j->n_blocks * QUERY_BLOCK;
+        query_block(j, kv_head, t0, t0 + QUERY_BLOCK < j->n ? t0 + QUERY_BLOCK : j->n);
     }
 }
 
@@ -195,5 +220,5 @@ void wattn_chunk(wpool *pool, const wattn_shape *shape, const float *keys,
     job j = {.shape = shape, .keys = keys, .values = values, .q = q, .out = out, .pos0 = pos0,
              .n = n, .n_blocks = (n + QUERY_BLOCK - 1) / QUERY_BLOCK,
              .scale = 1.0f / sqrtf((float)shape->head_dim)};
-    wpool_run(pool, shape->n_heads * j.n_blocks, wattn_work(shape, pos0, n), items, &j);
+    wpool_run(pool, shape->n_kv_heads * j.n_blocks, wattn_work(shape, pos0, n), items, &j);
 }

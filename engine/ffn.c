@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "ops.h"
+#include "prof.h"
 
 /* out[n][hidden] = w2 . (silu(w1 . in) * (w3 . in)), row by row. */
 static void swiglu(wpool *pool, wstate *s, float *out, const float *in, size_t n,
@@ -10,12 +11,16 @@ static void swiglu(wpool *pool, wstate *s, float *out, const float *in, size_t n
     size_t ffn = w1->rows;
     wmat_mul(pool, s->hb, w1, in, n, &s->xq);
     wmat_mul(pool, s->hb2, w3, in, n, &s->xq);
+    WPROF_START(gated);
     for (size_t t = 0; t < n; t++) wops_swiglu(s->hb + t * ffn, s->hb2 + t * ffn, ffn);
+    WPROF_ADD(WPROF_SWIGLU, gated);
     wmat_mul(pool, out, w2, s->hb, n, &s->xq);
 }
 
 static void add_rows(float *x, const float *y, size_t count) {
+    WPROF_START(added);
     for (size_t i = 0; i < count; i++) x[i] += y[i];
+    WPROF_ADD(WPROF_RESIDUAL, added);
 }
 
 void wffn_dense(const wlayer *L, wstate *s, wpool *pool, size_t n) {

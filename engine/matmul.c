@@ -2,6 +2,8 @@
 
 #include <string.h>
 
+#include "prof.h"
+
 wmat wmat_view(wquant q, size_t rows, size_t cols, const uint8_t *p) {
     size_t n = rows * cols;
     wmat w = {.q = q, .rows = rows, .cols = cols, .data = p};
@@ -96,6 +98,16 @@ static void mul_rows(void *arg, size_t begin, size_t end) {
         for (size_t r = begin; r < end; r++) row_tokens_grouped(j, r);
         return;
     }
+    if (n == 1 && j->w->q.kind != WQ_F32) { /* a decode step: several rows a call */
+        const wmat *w = j->w;
+        size_t blocks = w->cols / 32;
+        const float *scales = (const float *)(const void *)w->scales + begin * blocks;
+        int q4_1 = w->q.kind == WQ_Q4_1;
+        const float *minima = q4_1 ? (const float *)(const void *)w->minima + begin * blocks : NULL;
+        wdot_rows(q4_1, w->data + begin * blocks * (q4_1 ? 16 : 32), scales, minima, end - begin, j->xq,
+                  0, j->out + begin);
+        return;
+    }
     for (size_t t0 = 0; t0 < n; t0 += tile) {
         size_t t1 = t0 + tile < n ? t0 + tile : n;
         for (size_t r = begin; r < end; r++)
@@ -106,7 +118,15 @@ static void mul_rows(void *arg, size_t begin, size_t end) {
 
 void wmat_mul(wpool *pool, float *out, const wmat *w, const float *x, size_t n,
               wqvec *xq) {
-    if (w->q.kind != WQ_F32 && w->q.group == 32) wdot_quantize(x, n, w->cols, xq);
+    WPROF_START(started);
+    if (w->q.kind != WQ_F32 && w->q.group == 32) {
+        wdot_quantize(x, n, w->cols, xq);
+        WPROF_ADD(WPROF_QUANTIZE, started);
+    }
+    WPROF_START(multiplied);
     job j = {.out = out, .w = w, .x = x, .xq = xq, .n = n};
     wpool_run(pool, w->rows, w->rows * w->cols * n, mul_rows, &j);
+    WPROF_ADD(w->q.kind == WQ_Q4_1 ? WPROF_MATMUL_Q4_1 : w->q.kind == WQ_Q8 ? WPROF_MATMUL_Q8
+                                                                           : WPROF_MATMUL_F32,
+              multiplied);
 }

@@ -12,6 +12,7 @@
 #include "detail.h"
 #include "ffn.h"
 #include "ops.h"
+#include "prof.h"
 #include "sample.h"
 
 /* Hand out consecutive tensors of the trunk in file order. */
@@ -209,20 +210,30 @@ static void store_kv(const wmanifest *m, wstate *s, uint32_t layer, size_t n) {
 static void attention_block(const wmanifest *m, const wlayer *L, wstate *s, wpool *pool,
                             uint32_t layer, size_t n) {
     size_t h = m->hidden, kv = wmanifest_kv_dim(m), hd = m->head_dim;
+    WPROF_START(normed);
     for (size_t t = 0; t < n; t++) wops_rmsnorm(s->xb + t * h, s->x + t * h, L->attn_norm, h, m->norm_eps);
+    WPROF_ADD(WPROF_NORM, normed);
     wmat_mul(pool, s->q, &L->wq, s->xb, n, &s->xq);
     wmat_mul(pool, s->k, &L->wk, s->xb, n, &s->xq);
     wmat_mul(pool, s->v, &L->wv, s->xb, n, &s->xq);
+    WPROF_START(rotated);
     for (size_t t = 0; t < n; t++) {
         wops_rope(s->q + t * h, m->n_heads, hd, s->rope + t * hd);
         wops_rope(s->k + t * kv, m->n_kv_heads, hd, s->rope + t * hd);
     }
+    WPROF_ADD(WPROF_ROPE, rotated);
+    WPROF_START(stored);
     store_kv(m, s, layer, n);
+    WPROF_ADD(WPROF_KV_STORE, stored);
+    WPROF_START(attended);
     const wattn_shape shape = {m->n_heads, m->n_kv_heads, hd, s->stride};
     wattn_chunk(pool, &shape, wstate_kv(s, m, 0, layer, 0), wstate_kv(s, m, 1, layer, 0), s->q,
                 s->pos, n, s->xb);
+    WPROF_ADD(WPROF_ATTENTION, attended);
     wmat_mul(pool, s->xb2, &L->wo, s->xb, n, &s->xq);
+    WPROF_START(added);
     for (size_t i = 0; i < n * h; i++) s->x[i] += s->xb2[i];
+    WPROF_ADD(WPROF_RESIDUAL, added);
 }
 
 waste_status wmodel_forward(const wmanifest *m, const wweights *w, wstate *s, wpool *pool,
@@ -234,7 +245,9 @@ waste_status wmodel_forward(const wmanifest *m, const wweights *w, wstate *s, wp
     for (uint32_t l = 0; l < m->n_layers; l++) {
         const wlayer *L = &w->layers[l];
         attention_block(m, L, s, pool, l, n);
+        WPROF_START(normed);
         for (size_t t = 0; t < n; t++) wops_rmsnorm(s->xb + t * h, s->x + t * h, L->ffn_norm, h, m->norm_eps);
+        WPROF_ADD(WPROF_NORM, normed);
         if (l < m->n_dense_layers) {
             wffn_dense(L, s, pool, n);
         } else {
@@ -244,7 +257,9 @@ waste_status wmodel_forward(const wmanifest *m, const wweights *w, wstate *s, wp
     }
     if (want_logits) {
         const float *last = s->x + (n - 1) * h;
+        WPROF_START(normed);
         wops_rmsnorm(s->xb, last, w->final_norm, h, m->norm_eps);
+        WPROF_ADD(WPROF_NORM, normed);
         wmat_mul(pool, s->logits, &w->lm_head, s->xb, 1, &s->xq);
     }
     s->pos += (uint32_t)n;

@@ -3,6 +3,8 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "simd.h"
+
 static uint64_t splitmix64(uint64_t *x) {
     uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -43,23 +45,64 @@ static int by_probability(const void *a, const void *b) {
     return x->id < y->id ? -1 : x->id > y->id;
 }
 
+#ifdef WSIMD_AVX2
+/* The largest of x[0..n), eight lanes at a time (the same value as a scan). */
+WSIMD_TARGET static float max_avx2(const float *x, uint32_t n) {
+    __m256 top = _mm256_set1_ps(-INFINITY);
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8) top = _mm256_max_ps(top, _mm256_loadu_ps(x + i));
+    float max = wsimd_hmax(top);
+    for (; i < n; i++) max = fmaxf(max, x[i]);
+    return max;
+}
+
+/* sum of e^(x[i] - max): e^ in float eight lanes at a time (within 2 ulp of
+ * expf), summed in double. */
+WSIMD_TARGET static double exp_sum_avx2(const float *x, uint32_t n, float max) {
+    __m256d sum = _mm256_setzero_pd();
+    __m256 m = _mm256_set1_ps(max);
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = wsimd_exp(_mm256_sub_ps(_mm256_loadu_ps(x + i), m));
+        sum = _mm256_add_pd(sum, _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(e)),
+                                               _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1))));
+    }
+    double lanes[4], total = 0.0;
+    _mm256_storeu_pd(lanes, sum);
+    for (int k = 0; k < 4; k++) total += lanes[k];
+    for (; i < n; i++) total += exp((double)x[i] - max);
+    return total;
+}
+#endif
+
+/* The first index of the largest logit. */
 static int32_t argmax(const float *logits, uint32_t n) {
+    uint32_t i = 1;
     int32_t best = 0;
-    for (uint32_t i = 1; i < n; i++)
+#ifdef WSIMD_AVX2
+    if (wsimd_avx2()) { /* find the value at SIMD speed, then its first index */
+        float max = max_avx2(logits, n);
+        while (best + 1 < (int32_t)n && logits[best] != max) best++; /* bounded should a NaN hide it */
+        return best;
+    }
+#endif
+    for (; i < n; i++)
         if (logits[i] > logits[best]) best = (int32_t)i;
     return best;
 }
 
-static float log_softmax_at(const float *logits, uint32_t n, int32_t id) {
-    float max = logits[argmax(logits, n)];
+static float log_softmax_at(const float *logits, uint32_t n, int32_t id, float max) {
     double sum = 0.0;
-    for (uint32_t i = 0; i < n; i++) sum += exp((double)logits[i] - max);
+#ifdef WSIMD_AVX2
+    if (wsimd_avx2()) sum = exp_sum_avx2(logits, n, max);
+    else
+#endif
+        for (uint32_t i = 0; i < n; i++) sum += exp((double)logits[i] - max);
     return (float)((double)logits[id] - max - log(sum));
 }
 
 static int32_t draw(const float *logits, uint32_t n, const waste_gen_params *p, wrng *rng,
-                    candidate *c) {
-    float max = logits[argmax(logits, n)];
+                    candidate *c, float max) {
     for (uint32_t i = 0; i < n; i++)
         c[i] = (candidate){exp(((double)logits[i] - max) / p->temperature), (int32_t)i};
     qsort(c, n, sizeof *c, by_probability);
@@ -83,7 +126,8 @@ static int32_t draw(const float *logits, uint32_t n, const waste_gen_params *p, 
 
 int32_t wsample(const float *logits, uint32_t n, const waste_gen_params *p, wrng *rng,
                 void *scratch, float *logprob) {
-    int32_t id = p->temperature == 0.0f ? argmax(logits, n) : draw(logits, n, p, rng, scratch);
-    *logprob = log_softmax_at(logits, n, id);
+    int32_t top = argmax(logits, n);
+    int32_t id = p->temperature == 0.0f ? top : draw(logits, n, p, rng, scratch, logits[top]);
+    *logprob = log_softmax_at(logits, n, id, logits[top]);
     return id;
 }

@@ -1,24 +1,42 @@
 /*
  * simd.h -- the AVX2 building blocks shared by the kernels (dot.c,
  * attention.c, ops.c).  Each kernel keeps a plain C version beside its AVX2
- * one; wsimd_avx2() picks at run time, so one build runs on any x86-64 and
- * on other CPUs the plain versions are all there is.
+ * one (and dot.c an AVX-512 one); wsimd_level() picks at run time, so one
+ * build runs on any x86-64 and on other CPUs the plain versions are all
+ * there is.
  *
  * Only GCC and Clang on x86-64 get the AVX2 code (WSIMD_AVX2 defined): the
  * functions below are compiled for AVX2+FMA whatever -march says, and must
- * only be called after wsimd_avx2() said yes.
+ * only be called after wsimd_avx2() said yes; WSIMD_TARGET_512 code only
+ * after wsimd_level() said WSIMD_AVX512.
  */
 #ifndef WASTE_SIMD_H
 #define WASTE_SIMD_H
 
-/* 1 when this CPU runs AVX2 and FMA (asked once, then remembered). */
+/* The kernels this CPU runs, asked once, then remembered: AVX2 needs AVX2
+ * and FMA, AVX-512 also AVX512F/BW/VL and VNNI.  WASTE_NO_AVX2=1 in the
+ * environment says plain, WASTE_NO_AVX512=1 at most AVX2. */
+enum { WSIMD_PLAIN, WSIMD_AVX2, WSIMD_AVX512 };
+int wsimd_level(void);
+
+/* wsimd_level() >= WSIMD_AVX2 */
 int wsimd_avx2(void);
+
+/* Ask for the cache line at p ahead of its use (a hint: never faults). */
+static inline void wsimd_prefetch(const void *p) {
+#if defined(__GNUC__) || defined(__clang__)
+    __builtin_prefetch(p, 0, 3);
+#else
+    (void)p;
+#endif
+}
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define WSIMD_AVX2 1
 #include <immintrin.h>
 
 #define WSIMD_TARGET __attribute__((target("avx2,fma")))
+#define WSIMD_TARGET_512 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")))
 
 /* The sum of v's eight lanes. */
 WSIMD_TARGET static inline float wsimd_hsum(__m256 v) {

@@ -22,7 +22,9 @@
 #include "manifest.h"
 #include "media.h"
 #include "model.h"
+#include "prof.h"
 #include "sample.h"
+#include "simd.h"
 #include "sys.h"
 #include "tokenizer.h"
 
@@ -82,9 +84,17 @@ const char *waste_version(void) { return ENGINE_VERSION; }
 
 int waste_version_number(void) { return ENGINE_VERSION_NUMBER; }
 
+/* Names the kernels this process runs (simd.h): they are chosen at run time. */
 const char *waste_build_info(void) {
-    return "waste reference engine " ENGINE_VERSION ": C11, batched prefill, AVX2 kernels when "
-           "the CPU has them, pthreads, container waste-ref v1, state v2";
+#define BUILD_INFO(kernels)                                                                        \
+    "waste reference engine " ENGINE_VERSION ": C11, batched prefill, " kernels " kernels, pthreads, " \
+    "container waste-ref v1, state v2"
+    switch (wsimd_level()) {
+    case WSIMD_AVX512: return BUILD_INFO("AVX-512");
+    case WSIMD_AVX2: return BUILD_INFO("AVX2");
+    default: return BUILD_INFO("plain C");
+    }
+#undef BUILD_INFO
 }
 
 /* ------------------------------------------------------------ error detail */
@@ -628,8 +638,11 @@ static waste_status generate_loop(waste_ctx *ctx, const waste_gen_params *p, was
             ctx->has_detail = 1;
             return WASTE_OK;
         }
+        WPROF_START(step);
         waste_token_info info = {.token_index = i};
+        WPROF_START(sampled);
         info.token = wsample(ctx->s.logits, ctx->m.vocab_size, p, &rng, ctx->s.sampler, &info.logprob);
+        WPROF_ADD(WPROF_SAMPLE, sampled);
         waste_status st = eval_tokens(ctx, &info.token, 1);
         if (st != WASTE_OK) return st;
         double now = wsys_now_ms();
@@ -647,8 +660,11 @@ static waste_status generate_loop(waste_ctx *ctx, const waste_gen_params *p, was
         if (!buf) return WASTE_E_OOM;
         memcpy(buf, piece ? (const char *)piece : "", piece ? len : 0);
         buf[piece ? len : 0] = '\0';
+        WPROF_START(called);
         int stop_now = cb ? cb(&info, buf, user) : 0;
+        WPROF_ADD(WPROF_CALLBACK, called);
         if (buf != text) free(buf);
+        WPROF_ADD(WPROF_STEP, step);
         if (stop_now) {
             snprintf(ctx->detail, sizeof ctx->detail, "the token callback stopped generation after %u tokens",
                      i + 1);
@@ -675,7 +691,9 @@ waste_status waste_generate(waste_ctx *ctx, const int32_t *prompt, size_t n,
     pin_caller(ctx, &saved);
     ctx->x.token = (wexpert_counters){0};
     st = eval_tokens(ctx, prompt, n);
+    WPROF_DECODING(1);
     if (st == WASTE_OK) st = generate_loop(ctx, p, cb, user, t0);
+    WPROF_DECODING(0);
     wsys_mask_apply(&saved);
     ctx->ms_total += wsys_now_ms() - t0;
     return st == WASTE_OK ? WASTE_OK : ctx_fail(ctx, st);
