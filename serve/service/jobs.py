@@ -18,8 +18,9 @@ a job of its own: sent while the first one's client is still there, it asks
 in parallel (an agent sampling twice); sent after the reply reached its
 client, it asks again (a chat page's "regenerate").
 
-Finished jobs are kept at most `keep_seconds` and at most `keep_count` of them,
-the oldest forgotten first; running ones are bounded by the engine's line.
+Finished jobs are kept at most `keep_seconds`, at most `keep_count` of them and
+at most KEEP_EVENTS events in all, the oldest forgotten first; running ones are
+bounded by the engine's line.
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ R = TypeVar("R", ChatReply, CompletionReply)
 
 KEEP_FINISHED_SECONDS = 600.0   # a finished, undelivered job waits this long for its client
 KEEP_FINISHED = 64              # finished jobs kept, at most
+KEEP_EVENTS = 200_000           # and their events, at most (some 60 MB): long replies go first
 
 
 @dataclass
@@ -196,10 +198,13 @@ class Jobs:
         """Finished jobs past their time or beyond the count, oldest first. Under _lock."""
         now = time.monotonic()
         finished = [job for job in self._jobs.values() if job.finished_at is not None]
+        events = sum(job.run.size for job in finished)
         for n, job in enumerate(finished):
             assert job.finished_at is not None
-            if now - job.finished_at < self.keep_seconds and len(finished) - n <= self.keep_count:
+            if now - job.finished_at < self.keep_seconds and len(finished) - n <= self.keep_count \
+                    and events <= KEEP_EVENTS:
                 continue
+            events -= job.run.size
             del self._jobs[job.id]
             if self._by_key.get(job.key) is job:
                 del self._by_key[job.key]

@@ -217,6 +217,11 @@ class Run:
             return self._log[position:], not self._ended
 
     @property
+    def size(self) -> int:
+        """Events in the log so far."""
+        return len(self._log)
+
+    @property
     def ended(self) -> bool:
         return self._ended
 
