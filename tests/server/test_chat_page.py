@@ -134,8 +134,9 @@ def test_stop_asks_the_server_to_stop_and_the_reply_finishes(browser):
         p.send("Talk for a while")
         p.wait_text(".msg.assistant .md", "word2$")
         p.page.click("#stop")
+        p.wait_state("^stopping$")   # asked; the job stops at its next token
+        gate.release.set()  # the engine goes on to token 3, where it sees the stop
         p.wait_state("^stopped$")
-        gate.release.set()  # the engine goes on to token 3, where it sees the client gone
         p.wait_visible("#send")
         assert "stopped" in p.text(".msg.assistant .foot")
         assert p.text(".msg.assistant .md") == "word0 word1 word2"
