@@ -180,9 +180,7 @@ class Jobs:
         job.run.end()
         if job.error is not None:   # nothing to attach to: only its readers hold it
             with self._lock:
-                self._jobs.pop(job.id, None)
-                if self._by_key.get(job.key) is job:
-                    del self._by_key[job.key]
+                self._drop(job)
 
     @staticmethod
     def _work(job: Job[R], work: Callable[[Run], R]) -> None:
@@ -205,6 +203,10 @@ class Jobs:
                     and events <= KEEP_EVENTS:
                 continue
             events -= job.run.size
-            del self._jobs[job.id]
-            if self._by_key.get(job.key) is job:
-                del self._by_key[job.key]
+            self._drop(job)
+
+    def _drop(self, job: Job) -> None:
+        """Forget a job, by id and by key. Under _lock."""
+        self._jobs.pop(job.id, None)
+        if self._by_key.get(job.key) is job:
+            del self._by_key[job.key]
