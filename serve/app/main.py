@@ -36,7 +36,7 @@ from serve.snapshots.policy import SnapshotPolicy
 from serve.app.warm import WarmError, Warmer, warm_requests
 from serve.app import team as shared_tier
 from serve.service.response_store import ResponseStore
-from serve.app import job_flags, team_flags, work_flags
+from serve.app import job_flags, records, team_flags, work_flags
 from serve.http.auth import Keys
 from serve.http.keyring import KeyFileError
 from serve.tokenizer.choice import Choice, choose as choose_tokenizer
@@ -238,7 +238,7 @@ def banner(lib: Library, engine: Engine, fmt: ChatFormat, args: argparse.Namespa
           if service.options.prefix_cache is not None else []),
         *([f"shared   {shared_tier.describe(cache.shared)}"]
           if (cache := service.options.prefix_cache) is not None and cache.shared is not None else []),
-        *job_flags.banner_lines(args),
+        *job_flags.banner_lines(args), records.banner_line(args),
         structure_line(),
         *work_flags.banner_lines(args, lib.build_info(), service.options.prefix_cache is not None),
         *team_flags.banner_lines(args, keys),
@@ -368,7 +368,7 @@ def serve(lib: Library, engine: Engine, args: argparse.Namespace, warm: list,
     if args.shared_cache and args.no_prefix_cache:
         return fail("--shared-cache needs the prefix cache (drop --no-prefix-cache)")
     try:
-        cache = open_prefix_cache(args, lib, engine)
+        kept, cache = records.opened(args), open_prefix_cache(args, lib, engine)
     except (PrefixCacheError, OSError) as e:
         return fail(f"prefix cache: {e}")
     team = None
@@ -406,7 +406,7 @@ def serve(lib: Library, engine: Engine, args: argparse.Namespace, warm: list,
                                args, lib, chores_engine, path)) as extra:
             models = Models([Service(engine, lib, fmt, options), *extra],
                             chores=extra[0] if extra else None)
-            return run_server(lib, engine, fmt, models, args, log, warm, context, tokens, split)
+            return run_server(lib, engine, fmt, models, args, log, warm, context, tokens, split, kept)
     except chores.ChoresError as e:
         return fail(str(e))
     finally:
@@ -416,14 +416,14 @@ def serve(lib: Library, engine: Engine, args: argparse.Namespace, warm: list,
 
 def run_server(lib: Library, engine: Engine, fmt: ChatFormat, models: Models,
                args: argparse.Namespace, log, warm: list, context: ContextChoice, tokens: Choice,
-               split: Optional[Split]) -> int:
+               split: Optional[Split], kept: Optional[records.Records]) -> int:
     service = models.main
     try:
         keys = team_flags.keys(args)
     except KeyFileError as e:
         return fail(f"--api-keys: {e}")
     try:
-        server = Server((args.host, args.port), models, keys=keys, log=log,
+        server = Server((args.host, args.port), models, keys=keys, log=log, records=kept,
                         max_connections=args.max_connections, request_timeout=args.request_timeout,
                         heartbeat=args.heartbeat, metrics_open=args.metrics_open)
     except OSError as e:

@@ -16,6 +16,11 @@ idle-time work. At shutdown the job is cut like any running one, and its
 response ends `incomplete` (cut mid-reply) or `failed` (before it began), with
 the reason, and is stored so: never left `in_progress`. Keepers are forgotten
 with their jobs' bound (KEEP_FINISHED): after that the stored Response answers.
+
+With a disk (serve/service/background_records.py), each response is also recorded when it
+is accepted, before the client hears of it, and again when it ends, before its last event is
+published: after a restart, even one after the server was killed, its record answers, and a
+record its server left unfinished answers `failed`, saying why.
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ from typing import Iterator, Optional
 
 from serve.core.errors import ApiError
 from serve.dialects import responses
+from serve.service.background_records import Record, Records
 from serve.service.jobs import KEEP_FINISHED, Job
 from serve.service.replies import ChatReply, ReplyStart
 from serve.service.run import Emitted, Prefilling, Started
@@ -36,8 +42,10 @@ KEPT = KEEP_FINISHED   # keepers held, at most: the finished ones beyond it are 
 class Keeper:
     """One background response: its exchange fed by its job, and every event kept."""
 
-    def __init__(self, exchange: responses.Exchange, job: Job[ChatReply], reader: int, owner: str):
-        """`reader`: the keeper's number among the job's readers (Jobs.start gave it)."""
+    def __init__(self, exchange: responses.Exchange, job: Job[ChatReply], reader: int, owner: str,
+                 records: Optional[Records] = None):
+        """`reader`: the keeper's number among the job's readers (Jobs.start gave it);
+        `records`: where it is recorded, when the server has a disk for them."""
         self.exchange, self.job, self.owner = exchange, job, owner
         self._cond = threading.Condition()
         self._events: list[dict] = []
@@ -45,6 +53,9 @@ class Keeper:
         self._cancelled = False
         self._reader = reader
         self._started = False
+        self._records = records
+        if records is not None:
+            records.write(self.response(), owner, 0)
         threading.Thread(target=self._keep, name=f"background-{exchange.id}", daemon=True).start()
 
     @property
@@ -130,6 +141,11 @@ class Keeper:
         """Store the final Response, then publish the last events: a client that saw the end
         can name the response at once."""
         self.exchange.store_final()
+        if self._records is not None:
+            with self._cond:
+                final = self.exchange.snapshot("cancelled" if self._cancelled else None)
+                count = len(self._events) + len(last)
+            self._records.write(final, self.owner, count)
         with self._cond:
             self._events.extend(last)
             self._done = True
@@ -139,7 +155,9 @@ class Keeper:
 class Keepers:
     """The background responses of one server, by response id."""
 
-    def __init__(self) -> None:
+    def __init__(self, records: Optional[Records] = None) -> None:
+        """`records`: the disk they are recorded on (None: a restart forgets them)."""
+        self.records = records
         self._lock = threading.Lock()
         self._keepers: "OrderedDict[str, Keeper]" = OrderedDict()
 
@@ -154,6 +172,15 @@ class Keepers:
         with self._lock:
             keeper = self._keepers.get(response_id)
         return keeper if keeper is not None and keeper.owner == owner else None
+
+    def recorded(self, response_id: str, owner: str) -> Optional[Record]:
+        """One this server does not keep (it ended long ago, or before a restart), as its
+        record holds it: None without a disk, or when it has none that `owner` may see."""
+        return self.records.get(response_id, owner) if self.records is not None else None
+
+    def forget(self, response_id: str, owner: str) -> bool:
+        """Remove its record (DELETE): False when it had none."""
+        return self.records is not None and self.records.forget(response_id, owner)
 
     def wait(self, timeout: float) -> bool:
         """At shutdown, after the engines stopped: wait up to `timeout` seconds for every

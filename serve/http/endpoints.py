@@ -21,6 +21,7 @@ from serve.dialects.input_items import listing
 from serve.dialects.framing import SSE
 from serve.dialects.sse import sse_comment, sse_named
 from serve.http.background import Keeper
+from serve.service.background_records import Record
 from serve.service.jobs import Job
 from serve.core.request import ChatRequest
 from serve.service.facade import Service
@@ -148,22 +149,27 @@ def quote(handler: Answering, method: str, rest: str) -> None:
 
 
 def stored_response(handler: Answering, method: str, response_id: str) -> None:
-    keeper = handler.server.background.get(response_id, handler.owner)
+    background = handler.server.background
     query = dict(parse_qsl(handler.path.partition("?")[2], keep_blank_values=True))
-    if method == "GET" and keeper is not None:
+    if method == "DELETE":
+        forgot = background.forget(response_id, handler.owner)   # its record, if it had one
+        if not _responses(handler).delete(response_id) and not forgot:
+            raise _not_stored(response_id)
+        return handler.send_json(200, {"id": response_id, "object": "response.deleted",
+                                       "deleted": True})
+    # Kept here, else recorded on disk (ended long ago, or before a restart).
+    found = background.get(response_id, handler.owner) or background.recorded(response_id,
+                                                                               handler.owner)
+    if found is not None:
         if query.get("stream") == "true":
-            return _resume(handler, keeper, query.get("starting_after"))
-        return handler.send_json(200, keeper.response())
+            return _resume(handler, found, query.get("starting_after"))
+        return handler.send_json(200, found.response if isinstance(found, Record)
+                                 else found.response())
+    stored = _stored(handler, response_id)
     if query.get("stream") == "true":
-        _stored(handler, response_id)
         raise ApiError(400, "only a background response's events can be streamed again",
                        param="stream")
-    store = _responses(handler)
-    stored = _stored(handler, response_id)
-    if method == "DELETE" and not store.delete(response_id):
-        raise _not_stored(response_id)
-    handler.send_json(200, stored.response if method == "GET" else
-                      {"id": response_id, "object": "response.deleted", "deleted": True})
+    handler.send_json(200, stored.response)
 
 
 def input_items(handler: Answering, method: str, response_id: str) -> None:
@@ -177,6 +183,9 @@ def cancel(handler: Answering, method: str, response_id: str) -> None:
     if keeper is not None:
         keeper.cancel()
         return handler.send_json(200, keeper.response())
+    record = handler.server.background.recorded(response_id, handler.owner)
+    if record is not None:   # it ended already (before a restart, say): nothing to stop
+        return handler.send_json(200, record.response)
     _stored(handler, response_id)
     # As OpenAI answers for a response not made with background: true.
     raise ApiError(400, "Cannot cancel a synchronous response: only responses created with "
@@ -187,7 +196,7 @@ def _background(handler: Answering, exchange: responses.Exchange) -> None:
     """A background response: its job starts, and the answer is at once (its stream, when
     asked, follows it from its first event)."""
     job, _, reader = handler.start_job(exchange, _chat_on, None, lambda: False)
-    keeper = Keeper(exchange, job, reader, handler.owner)
+    keeper = Keeper(exchange, job, reader, handler.owner, handler.server.background.records)
     handler.server.background.add(keeper)
     if exchange.request.stream:
         return _resume(handler, keeper, None)
@@ -195,7 +204,7 @@ def _background(handler: Answering, exchange: responses.Exchange) -> None:
                                                **handler.current.reply_headers})
 
 
-def _resume(handler: Answering, keeper: Keeper, after: Optional[str]) -> None:
+def _resume(handler: Answering, keeper: Keeper | Record, after: Optional[str]) -> None:
     """A background response's events numbered above `after` (all of them for None), then
     live until it ends; the client leaving ends only this stream."""
     try:

@@ -33,6 +33,7 @@ from serve.http.request_line import ASTERISK, MAX_LINE, ROUTED_METHODS, SERVER_M
 from serve.http.routes import allowed, endpoint_label, find_route, nearest_route, needs_key
 from serve.http.sinks import Answer, ExchangeSink
 from serve.dialects.sse import DEFAULT_HEARTBEAT, EventWriter
+from serve.service.background_records import Records
 from serve.service.facade import Service
 from serve.service.models import Models
 from serve.service.jobs import Job
@@ -50,12 +51,12 @@ class Server(ConnectionServer):
                  log: Optional[Callable[[str], None]] = None, socket_timeout: float = 30.0,
                  max_connections: int = DEFAULT_MAX_CONNECTIONS,
                  request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
-                 heartbeat: float = DEFAULT_HEARTBEAT):
+                 heartbeat: float = DEFAULT_HEARTBEAT, records: Optional[Records] = None):
         # Several models (serve/service/models.py) or one; `service` is the main model's,
         # which counts HTTP requests and keeps stored responses for all of them.
         self.models = service if isinstance(service, Models) else Models([service])
         self.service = self.models.main
-        self.background = Keepers()   # background responses (serve/http/background.py)
+        self.background = Keepers(records)   # background responses (serve/http/background.py)
         self.keys = keys or Keys(api_key)   # who may ask, and who asks (serve/http/auth.py)
         self.metrics_open = metrics_open     # /metrics answers without a key (--metrics-open)
         self.heartbeat = heartbeat  # seconds a stream may stay silent (serve/dialects/sse.py)

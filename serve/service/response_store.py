@@ -30,7 +30,7 @@ from serve.snapshots.shared_dir import Rejected, SharedDir
 STORE_RESPONSES = 256           # responses kept, at most
 STORE_BYTES = 64 * 1024 * 1024  # and their JSON size, at most
 SHARED_BYTES = 1 << 30          # the shared tier's responses, at most
-_FILE_NAME = re.compile(r"[A-Za-z0-9_-]{1,200}")   # ids this server makes; nothing else is a path
+FILE_NAME = re.compile(r"[A-Za-z0-9_-]{1,200}")   # ids this server makes; nothing else is a path
 
 
 @dataclass
@@ -42,7 +42,7 @@ class Stored:
     owner: str = ""
 
 
-def _key(owner: str, response_id: str) -> str:
+def owned_name(owner: str, response_id: str) -> str:
     """Where an owner's response is kept, here and as a file in the shared tier."""
     if not owner:
         return response_id
@@ -71,38 +71,38 @@ class ResponseStore:
     def put(self, response: dict, conversation: list[dict], input_items: list[dict],
             owner: str = "") -> None:
         self._keep(response, conversation, input_items, owner)
-        if self.shared is not None and _FILE_NAME.fullmatch(response["id"]):
+        if self.shared is not None and FILE_NAME.fullmatch(response["id"]):
             body = json.dumps({"response": response, "conversation": conversation,
                                "input_items": input_items, "owner": owner}).encode()
-            self.shared.publish(_key(owner, response["id"]), "response", {}, [body], len(body))
+            self.shared.publish(owned_name(owner, response["id"]), "response", {}, [body], len(body))
 
     def _keep(self, response: dict, conversation: list[dict], input_items: list[dict],
               owner: str) -> None:
         size = sum(len(json.dumps(part)) for part in (response, conversation, input_items))
-        key = _key(owner, response["id"])
+        key = owned_name(owner, response["id"])
         with self._lock:
             if key in self._entries:
                 self._forget(key)
             self._entries[key] = Stored(response, conversation, input_items, size, owner)
             self._bytes += size
-            self._reasoning.update({_key(owner, item): text for item, text
+            self._reasoning.update({owned_name(owner, item): text for item, text
                                     in _reasoning_items(response).items()})
             while self._entries and (len(self._entries) > self.max_responses
                                      or self._bytes > self.max_bytes):
                 self._forget(next(iter(self._entries)))
 
     def get(self, response_id: str, owner: str = "") -> Optional[Stored]:
-        key = _key(owner, response_id)
+        key = owned_name(owner, response_id)
         with self._lock:
             stored = self._entries.get(key)
-        if stored is not None or self.shared is None or not _FILE_NAME.fullmatch(response_id):
+        if stored is not None or self.shared is None or not FILE_NAME.fullmatch(response_id):
             return stored
         return self._fetch(response_id, owner)
 
     def _fetch(self, response_id: str, owner: str) -> Optional[Stored]:
         """A response another host (or this one before a restart) published, checked."""
         assert self.shared is not None
-        key = _key(owner, response_id)
+        key = owned_name(owner, response_id)
         found = self.shared.read_whole(key, listed=False)
         if found is None:
             return None
@@ -124,12 +124,12 @@ class ResponseStore:
         if not isinstance(item_id, str):
             return None
         with self._lock:
-            return self._reasoning.get(_key(owner, item_id))
+            return self._reasoning.get(owned_name(owner, item_id))
 
     def delete(self, response_id: str, owner: str = "") -> bool:
         """Forget a response here and in the shared tier; False when neither held it."""
         found = self.get(response_id, owner) is not None
-        key = _key(owner, response_id)
+        key = owned_name(owner, response_id)
         with self._lock:
             if key in self._entries:
                 self._forget(key)
@@ -144,7 +144,7 @@ class ResponseStore:
         stored = self._entries.pop(key)
         self._bytes -= stored.size
         for item_id in _reasoning_items(stored.response):
-            self._reasoning.pop(_key(stored.owner, item_id), None)
+            self._reasoning.pop(owned_name(stored.owner, item_id), None)
 
 
 class OwnedResponses:

@@ -401,6 +401,25 @@ def default_directory() -> Path:
     return Path(base) / "serve"
 
 
+def held(path: str) -> bool:
+    """Whether a live process holds the flock on `path`. A missing file is held by no one
+    (its process died between creating it and locking it); one that cannot be opened is
+    taken as held, since no one can tell it dead."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
 def reclaim_orphans(root: str, own_work: str) -> int:
     """Remove the work directories of processes that died (their `owner` lock is free)."""
     reclaimed = 0
@@ -408,20 +427,8 @@ def reclaim_orphans(root: str, own_work: str) -> int:
         path = os.path.join(root, name)
         if not name.startswith("work-") or path == own_work or not is_private_dir(path):
             continue
-        try:
-            fd = os.open(os.path.join(path, "owner"), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:
-            fd = None      # died between creating it and locking its owner file
-        except OSError:
-            continue
-        try:
-            if fd is not None:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        if held(os.path.join(path, "owner")):
             continue       # alive
-        finally:
-            if fd is not None:
-                os.close(fd)
         shutil.rmtree(path, ignore_errors=True)
         reclaimed += 1
     return reclaimed

@@ -14,8 +14,8 @@ are advisory, and lost with a lease), nor on any other host being alive. So:
   before it reads the body and the digest after, and what fails is counted
   and never used: a foreign file (another model or engine) is left alone, a
   damaged one is removed.
-- eviction: when a publish takes the directory past its size, the least
-  recently used files (mtime, touched on every use) go first, until the
+- eviction: when a publish takes the directory past its size (or, when it has
+  one, its count of files), the least recently used files (mtime, touched on every use) go first, until the
   directory fits. A reader opens a file and then reads it: on POSIX an
   unlinked file stays readable to whoever has it open (NFS may answer ESTALE,
   which a reader takes as a miss); a reader that finds the file gone misses.
@@ -111,12 +111,17 @@ class Reader:
 class SharedDir:
     """One directory of a shared tier (snapshots, responses, replies), bounded in bytes."""
 
-    def __init__(self, path: str, capacity_bytes: int, identity: str = ""):
+    def __init__(self, path: str, capacity_bytes: int, identity: str = "",
+                 max_files: Optional[int] = None,
+                 on_reject: Optional[Callable[[str, Rejected], None]] = None):
+        """`on_reject(name, why)` hears of each file that failed its checks (to log it)."""
         if capacity_bytes <= 0:
             raise ValueError("a shared directory's capacity must be positive")
         self.path = path
         self.capacity_bytes = capacity_bytes
         self.identity = identity
+        self.max_files = max_files
+        self.on_reject = on_reject
         self.counters = Counters()
         self._lock = threading.Lock()   # the counters
         os.makedirs(path, mode=0o700, exist_ok=True)
@@ -247,6 +252,8 @@ class SharedDir:
             return
         e.counted = True
         self.count(e.reason)
+        if self.on_reject is not None:
+            self.on_reject(name, e)
         if e.reason == "damaged":
             self.remove(name)
 
@@ -281,11 +288,13 @@ class SharedDir:
         """Least recently used first, until the directory fits; the files removed."""
         files = self._listing()
         excess = sum(st.st_size for _, st in files) - self.capacity_bytes
+        extra = len(files) - self.max_files if self.max_files is not None else 0
         removed = 0
         for name, st in sorted(files, key=lambda pair: pair[1].st_mtime_ns):
-            if excess <= 0:
+            if excess <= 0 and extra <= 0:
                 break
             excess -= st.st_size   # gone already (another host's eviction) counts too
+            extra -= 1
             try:
                 os.unlink(self.file(name))
             except OSError:
