@@ -129,6 +129,16 @@ def test_background_is_refused_where_it_cannot_be_kept(slow):
     assert caught.value.body["param"] == "stream"
 
 
+def test_without_a_disk_the_banner_says_a_restart_forgets_them(slow):
+    # --no-prefix-cache: nowhere to record them, yet background: true is taken.
+    (line,) = [line for line in slow.banner if line.startswith("records ")]
+    assert "memory only" in line and "forgets" in line
+    created = _client(slow.port).responses.create(model="k3", input="hi", background=True,
+                                                  max_output_tokens=2)
+    assert created.status in ("queued", "in_progress")
+    assert not (slow.prefix / "responses").exists()
+
+
 def test_a_restart_ends_a_running_background_response_as_failed(k3_container, lib_path, tmp_path):
     shared = tmp_path / "team"
     for part in ("a", "b"):

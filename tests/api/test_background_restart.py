@@ -66,6 +66,8 @@ def test_a_killed_server_s_response_is_failed_after_the_restart(slow_clock, k3_c
         assert after.status == "failed" and after.background is True
         assert "restarted" in after.error.message and "killed" in after.error.message
         assert "1 background response(s) left unfinished" in second.log()
+        (line,) = [line for line in second.banner if line.startswith("records ")]
+        assert str(tmp_path / "prefix" / "responses") in line and "failed" in line
         # Its stream, resumed where the client was, ends with the failure.
         resumed = list(client.responses.retrieve(created.id, stream=True,
                                                  starting_after=seen[-1].sequence_number))
