@@ -18,9 +18,10 @@ the reason, and is stored so: never left `in_progress`. Keepers are forgotten
 with their jobs' bound (KEEP_FINISHED): after that the stored Response answers.
 
 With a disk (serve/service/background_records.py), each response is also recorded when it
-is accepted, before the client hears of it, and again when it ends, before its last event is
-published: after a restart, even one after the server was killed, its record answers, and a
-record its server left unfinished answers `failed`, saying why.
+is accepted, before the client hears of it, at most every RECORD_EVERY seconds while it
+runs (with its output so far), and when it ends, before its last event is published: after
+a restart, even one after the server was killed, its record answers, and a record its
+server left unfinished answers `failed`, saying why, with what it had said when recorded.
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ from serve.service.replies import ChatReply, ReplyStart
 from serve.service.run import Emitted, Prefilling, Started
 
 KEPT = KEEP_FINISHED   # keepers held, at most: the finished ones beyond it are dropped first
+RECORD_EVERY = 15.0    # seconds between records of a running response: what a kill loses
 
 
 class Keeper:
@@ -54,6 +56,7 @@ class Keeper:
         self._reader = reader
         self._started = False
         self._records = records
+        self._recorded_at = time.monotonic()
         if records is not None:
             records.write(self.response(), owner, 0)
         threading.Thread(target=self._keep, name=f"background-{exchange.id}", daemon=True).start()
@@ -104,6 +107,11 @@ class Keeper:
         with self._cond:
             self._events.extend(data)
             self._cond.notify_all()
+        if self._records is not None and time.monotonic() - self._recorded_at >= RECORD_EVERY:
+            self._recorded_at = time.monotonic()
+            with self._cond:
+                now, count = self.exchange.snapshot(self._status()), len(self._events)
+            self._records.write(now, self.owner, count)
 
     def _keep(self) -> None:
         run, position = self.job.run, 0

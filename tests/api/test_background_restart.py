@@ -59,12 +59,19 @@ def test_a_killed_server_s_response_is_failed_after_the_restart(slow_clock, k3_c
             seen.append(event)
             if len(seen) > 8:
                 break
+        # Recorded again while it runs (every RECORD_EVERY s), with what it has said.
+        _until(lambda: any(created.id.encode() in data and b'"in_progress"' in data
+                           and b'"output_text"' in data
+                           for data in (p.read_bytes() for p in _records(tmp_path))),
+               "never recorded while it ran", timeout=120)
         assert first.stop(signal.SIGKILL) == -signal.SIGKILL
     with serve(k3_container, lib_path, tmp_path, "--no-thinking") as second:
         client = _client(second.port)
         after = client.responses.retrieve(created.id)
         assert after.status == "failed" and after.background is True
         assert "restarted" in after.error.message and "killed" in after.error.message
+        said = "".join(e.delta for e in seen if e.type == "response.output_text.delta")
+        assert _text(after).startswith(said) and len(_text(after)) > len(said)
         assert "1 background response(s) left unfinished" in second.log()
         (line,) = [line for line in second.banner if line.startswith("records ")]
         assert str(tmp_path / "prefix" / "responses") in line and "failed" in line
@@ -72,8 +79,11 @@ def test_a_killed_server_s_response_is_failed_after_the_restart(slow_clock, k3_c
         resumed = list(client.responses.retrieve(created.id, stream=True,
                                                  starting_after=seen[-1].sequence_number))
         assert [e.type for e in resumed] == ["response.failed"]
-        assert resumed[0].sequence_number == seen[-1].sequence_number + 1
+        assert resumed[0].sequence_number > seen[-1].sequence_number
         assert resumed[0].response.error.message == after.error.message
+        assert _text(resumed[0].response) == _text(after)
+        beyond = list(client.responses.retrieve(created.id, stream=True, starting_after=100000))
+        assert [(e.type, e.sequence_number) for e in beyond] == [("response.failed", 100001)]
         # The one that finished before the kill is as it was.
         kept = client.responses.retrieve(short.id)
         assert kept.status == done.status and _text(kept) == _text(done)
