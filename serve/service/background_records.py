@@ -2,9 +2,10 @@
 it ends, so that a restart never loses one, nor leaves it `in_progress` for ever.
 
 A record is a file of its own in a local directory (DIR/responses/ under the prefix cache's
-directory), written atomically and checked when read (serve/snapshots/shared_dir.py): once
-when the response is accepted (queued or in progress), and again when it ends (completed,
-incomplete, cancelled or failed). Records are bounded by count and bytes, least recently used
+directory), written atomically and checked when read (serve/snapshots/shared_dir.py): when
+the response is accepted (queued or in progress), now and then while it runs (its keeper,
+serve/http/background.py, says when), and when it ends (completed, incomplete, cancelled or
+failed). Records are bounded by count and bytes, least recently used
 out first, as the stored responses are in memory.
 
 Each record names its writer: a lock file in the same directory that its server holds
