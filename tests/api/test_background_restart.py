@@ -138,7 +138,12 @@ def test_another_server_s_start_leaves_a_running_response_alone(slow_clock, k3_c
                           in ("completed", "incomplete") and r, "never finished", timeout=180)
             # Its record, written by the first, answers on the second too.
             there = _client(second.port).responses.retrieve(created.id)
-    assert there.status == done.status and _text(there) == _text(done)
+            assert there.status == done.status and _text(there) == _text(done)
+            # The first killed while another runs: the second, asked for it, finds it failed.
+            cut = _running(client)
+            assert first.stop(signal.SIGKILL) == -signal.SIGKILL
+            after = _client(second.port).responses.retrieve(cut.id)
+            assert after.status == "failed" and "restarted" in after.error.message
 
 
 def test_a_damaged_record_is_ignored_and_logged(slow_clock, k3_container, lib_path, tmp_path):
@@ -177,3 +182,19 @@ def test_an_unusable_records_directory_stops_the_start_saying_why(k3_container, 
                    "--prefix-cache-dir", str(tmp_path / "prefix"))
     assert done.returncode == 1
     assert "prefix cache:" in done.stderr and "responses" in done.stderr
+
+
+def test_a_record_that_cannot_be_written_is_logged_and_the_response_still_runs(
+        k3_container, lib_path, tmp_path):
+    with serve(k3_container, lib_path, tmp_path, "--no-thinking") as served:
+        records = tmp_path / "prefix" / "responses"
+        records.rename(tmp_path / "moved")
+        records.write_text("a file where the records go: every write fails")
+        client = _client(served.port)
+        created = client.responses.create(model="k3", input="hi", background=True,
+                                          max_output_tokens=2)
+        done = _until(lambda: (r := client.responses.retrieve(created.id)).status
+                      in ("completed", "incomplete") and r, "never finished")
+        assert done.id == created.id
+        assert served.log().count(f"the record of background response {created.id} was not "
+                                  "written") == 2   # accepted, and ended
