@@ -5,6 +5,7 @@ directory (serve/service/background_records.py)."""
 from __future__ import annotations
 
 import signal
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -13,6 +14,7 @@ import openai
 import pytest
 
 from served import run_cli, serve
+from serve.service.background_records import Records
 from test_background import DELAY_MS, _client, _text, _until
 
 
@@ -198,3 +200,21 @@ def test_a_record_that_cannot_be_written_is_logged_and_the_response_still_runs(
         assert done.id == created.id
         assert served.log().count(f"the record of background response {created.id} was not "
                                   "written") == 2   # accepted, and ended
+
+
+def test_records_are_bounded_by_count_and_bytes_oldest_out(tmp_path):
+    warned: list[str] = []
+    records = Records(str(tmp_path / "responses"), warned.append, max_records=3, max_bytes=1 << 20)
+
+    def response(n: int, text: str = "") -> dict:
+        return {"id": f"resp_{n}", "status": "completed", "output": [text]}
+
+    for n in range(5):
+        records.write(response(n), "owner", 1)
+        time.sleep(0.05)   # apart in mtime, which orders eviction
+    assert [n for n in range(5) if records.get(f"resp_{n}", "owner")] == [2, 3, 4]
+    records.write(response(9, "x" * 600_000), "owner", 1)
+    time.sleep(0.05)
+    records.write(response(10, "y" * 600_000), "owner", 1)   # past the bytes: the rest go
+    assert [n for n in (2, 3, 4, 9, 10) if records.get(f"resp_{n}", "owner")] == [10]
+    assert warned == []
