@@ -69,7 +69,7 @@ class Records:
         self._warn = warn
         self.files = SharedDir(directory, max_bytes, max_files=max_records,
                                on_reject=self._rejected)
-        self._lock_fd, self.writer = self._claim()
+        self._lock_fd, self.writer = self._claim()   # open for good: closing it unlocks
         self.failed_at_start = self._settle_all()
 
     def write(self, response: dict, owner: str, count: int) -> None:
@@ -116,6 +116,8 @@ class Records:
             parts = json.loads(body)
             record = Record(parts["response"], parts["owner"], parts["writer"], parts["count"])
             if header.get("kind") != KIND or not isinstance(record.response, dict) \
+                    or not isinstance(record.response.get("id"), str) \
+                    or not isinstance(record.response.get("output"), list) \
                     or record.response.get("status") not in STATUSES \
                     or not isinstance(record.owner, str) or not isinstance(record.writer, str) \
                     or not WRITER_NAME.fullmatch(record.writer) or not isinstance(record.count, int):
@@ -131,8 +133,9 @@ class Records:
                 or held(self.files.file(record.writer)):
             return record
         response = record.response
-        output = [{**item, "status": "incomplete"} if item.get("status") == "in_progress"
-                  else item for item in response.get("output") or []]
+        output = [{**item, "status": "incomplete"}
+                  if isinstance(item, dict) and item.get("status") == "in_progress" else item
+                  for item in response["output"]]
         failed = Record({**response, "status": "failed", "output": output,
                          "error": {"code": "server_error", "message": RESTARTED}},
                         record.owner, self.writer, record.count + 1)
