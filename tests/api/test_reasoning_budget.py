@@ -228,6 +228,7 @@ def test_the_servers_budget_applies_when_a_request_sets_none(lib_path, k3_contai
                                                                                "num_predict": 40}})
         reply = resp.json()
         assert resp.status == 200 and reply["message"]["thinking"] and reply["message"]["content"]
+        assert resp.headers["x-serve-job"].startswith("job-")   # answer now and stop reach it
         assert reply["waste"]["reasoning_budget"] == 8 and reply["waste"]["reasoning_tokens"] == 8
         assert reply["waste"]["reasoning_ended"] == "budget"
 
