@@ -62,14 +62,6 @@ def advance(state: Optional[PrefillState], event: Event) -> Optional[PrefillStat
     return state
 
 
-def prefill_of(events: Iterable[Event]) -> Optional[PrefillState]:
-    """The state after all of `events` (a job's log as it stands)."""
-    state: Optional[PrefillState] = None
-    for event in events:
-        state = advance(state, event)
-    return state
-
-
 def prefill_report(events: Iterable[Event]) -> dict:
     """What GET of a job or of a background response says of its prefill: the report as it
     stands while the prompt is evaluated; once the reply began, every position evaluated
