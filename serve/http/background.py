@@ -33,6 +33,7 @@ from typing import Iterator, Optional
 from serve.core.errors import ApiError
 from serve.dialects import responses
 from serve.service.background_records import Record, Records
+from serve.service.eta import prefill_report
 from serve.service.jobs import KEEP_FINISHED, Job
 from serve.service.replies import ChatReply, ReplyStart
 from serve.service.run import Emitted, Prefilling, Started
@@ -75,9 +76,16 @@ class Keeper:
         self.job.stop()
 
     def response(self) -> dict:
-        """The Response as it stands: queued, in progress with its output so far, or final."""
+        """The Response as it stands: queued, in progress with its output so far, or final.
+        Until it is final, serve's `waste.prefill` says where the prompt's evaluation stands
+        and when the first token is due, as GET /v1/jobs/{id} does."""
         with self._cond:
-            return self.exchange.snapshot(self._status())
+            response, done = self.exchange.snapshot(self._status()), self._done
+        if done:
+            return response
+        events, _ = self.job.run.read(0, 0)
+        return {**response, "waste": {**response.get("waste", {}),
+                                      "prefill": prefill_report(events)}}
 
     def _status(self) -> Optional[str]:
         """The status of a response not yet final: None once it is (the exchange has it)."""

@@ -28,6 +28,7 @@ from serve.core.errors import ApiError
 from serve.engine.queue import ClientGone
 from serve.dialects.exchange import R, Exchange
 from serve.service.replies import ReplyStart
+from serve.service.eta import PrefillState, advance
 from serve.service.jobs import Job
 from serve.service.run import Accepted, Emitted, Event, Fetching, Prefilling, Progress, Queued, Started
 from serve.dialects.sse import EventWriter
@@ -73,6 +74,7 @@ class ExchangeSink(Generic[R]):
         # writer's heartbeats share its state (sequence numbers, the open block).
         self._lock = threading.Lock()
         self._start = ReplyStart()
+        self._prefill: Optional[PrefillState] = None   # while the prompt is evaluated
         self._opened = False     # the exchange's opening events are queued
         self._ended = False      # so are its last ones: no heartbeat may follow
         # For the log line: when the request got the engine and its first token came.
@@ -83,6 +85,8 @@ class ExchangeSink(Generic[R]):
     # -- the job's events, on the handler's thread --------------------------------------
 
     def _take(self, event: Event) -> None:
+        # Replaced whole, never changed: the writer's heartbeat reads it from its own thread.
+        self._prefill = advance(self._prefill, event)
         if isinstance(event, Accepted):
             self._start = replace(self._start, thinking=event.thinking)
         elif isinstance(event, Queued):
@@ -103,8 +107,8 @@ class ExchangeSink(Generic[R]):
             self._start = replace(self._start, prompt_tokens=event.prompt_tokens,
                                   cached_tokens=event.cached_tokens)
             self._events(lambda: b"")   # the opening, now that it can say the prompt's size
-        elif isinstance(event, Progress):
-            self._comment(prefill_comment(event, self._start.cached_tokens))
+        elif isinstance(event, Progress) and self._prefill is not None:
+            self._comment(prefill_comment(self._prefill))
         elif isinstance(event, Emitted):
             if self._first_at is None:
                 self._first_at = max(event.at, self._began)
@@ -207,8 +211,13 @@ class ExchangeSink(Generic[R]):
 
     def _heartbeat(self) -> None:
         """From the writer's thread, after a silence: the opening if it has not gone out
-        (the request waits in line), then the format's heartbeat."""
-        self._events(lambda: self._exchange.heartbeat(self._start))
+        (the request waits in line), then the format's heartbeat; in prefill, the progress
+        comment with it, in the same bytes (serve/http/progress.py)."""
+        def beat() -> bytes:
+            state = self._prefill
+            note = b"" if state is None else self._exchange.framing.comment(prefill_comment(state))
+            return note + self._exchange.heartbeat(self._start)
+        self._events(beat)
 
     def _comment(self, text: str) -> None:
         """For people reading the stream, and proxies: not a sign of life every client counts

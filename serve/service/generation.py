@@ -236,7 +236,7 @@ class Generation:
             prefill = Prefill(self.engine, tokens, cache=cache, policy=self.policy, chunk=chunk,
                               progress=progress, stop=stop, pause=pause, scope=prompt.scope)
             clock.cached_tokens = prefill.restore(upto, lookup)
-            run.prefilling(len(prompt.ids), clock.cached_tokens)
+            run.prefilling(len(prompt.ids), clock.cached_tokens, self.policy.costs.token_seconds)
             if cache is not None:
                 self.metrics.prefix_lookup(clock.cached_tokens > 0)
             clock.saved = prefill.run(upto, prompt.snapshot_at).saved

@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Generic, Optional, TypeVar
 
 from serve.core.ids import new_id
+from serve.service.eta import prefill_report
 from serve.service.replies import ChatReply, CompletionReply
-from serve.service.run import Emitted, Prefilling, Progress, Queued, Run, Started
+from serve.service.run import Emitted, Queued, Run, Started
 
 R = TypeVar("R", ChatReply, CompletionReply)
 
@@ -84,15 +85,11 @@ class Job(Generic[R]):
     def describe(self) -> dict:
         """What GET /v1/jobs/{id} shows: its state, its prefill, and its output so far."""
         events, _ = self.run.read(0, 0)
-        prompt = cached = done = ahead = 0
+        ahead = 0
         reasoning, content, calls = [], [], 0
         for event in events:
             if isinstance(event, Queued):
                 ahead = event.ahead
-            elif isinstance(event, Prefilling):
-                prompt, cached, done = event.prompt_tokens, event.cached_tokens, event.cached_tokens
-            elif isinstance(event, Progress):
-                done = event.done
             elif isinstance(event, Emitted):
                 reasoning.append(event.delta.reasoning_content)
                 content.append(event.delta.content)
@@ -102,9 +99,7 @@ class Job(Generic[R]):
         out = {"id": self.id, "object": "job", "status": status, "model": self.model,
                "created_at": int(self.created),
                "followed": away is None and self.finished_at is None,
-               "prefill": {"positions": prompt, "restored": cached,
-                           "evaluated": prompt if any(isinstance(e, Emitted) for e in events)
-                           else done},
+               "prefill": prefill_report(events),
                "output": {"reasoning": "".join(reasoning), "content": "".join(content),
                           "tool_calls": calls,
                           "deltas": sum(isinstance(e, Emitted) for e in events)}}

@@ -76,6 +76,7 @@ class Started(Event):
 class Prefilling(Event):
     prompt_tokens: int
     cached_tokens: int
+    seconds_per_position: Optional[float] = None   # the prefill rate earlier requests measured
 
     def to(self, observer: ReplySink) -> None:
         observer.prefilling(self.prompt_tokens, self.cached_tokens)
@@ -187,8 +188,9 @@ class Run:
     def start(self) -> None:
         self._post(Started(time.monotonic()))
 
-    def prefilling(self, prompt_tokens: int, cached_tokens: int) -> None:
-        self._post(Prefilling(time.monotonic(), prompt_tokens, cached_tokens))
+    def prefilling(self, prompt_tokens: int, cached_tokens: int,
+                   seconds_per_position: Optional[float] = None) -> None:
+        self._post(Prefilling(time.monotonic(), prompt_tokens, cached_tokens, seconds_per_position))
 
     def progress(self, done: int, total: int, seconds_per_position: Optional[float] = None) -> None:
         self._post(Progress(time.monotonic(), done, total, seconds_per_position))

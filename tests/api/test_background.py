@@ -14,7 +14,9 @@ import time
 import openai
 import pytest
 
+from scripted import call
 from served import serve
+from slow_clock import prompt_text
 
 DELAY_MS = 40
 
@@ -28,8 +30,9 @@ def _client(port: int) -> openai.OpenAI:
 def slow(k3_container, lib_path, tmp_path_factory):
     with pytest.MonkeyPatch.context() as env:
         env.setenv("WASTE_DELAY_MS", str(DELAY_MS))
+        # Prefill steps of 64 positions: a prompt of a few hundred is several chunks
         with serve(k3_container, lib_path, tmp_path_factory.mktemp("bg"), "--no-thinking",
-                   "--no-prefix-cache") as served:
+                   "--no-prefix-cache", "--prefill-step", "64") as served:
             yield served
 
 
@@ -157,3 +160,68 @@ def test_a_restart_ends_a_running_background_response_as_failed(k3_container, li
             after = _client(second.port).responses.retrieve(created.id)
     assert after.status == "failed" and "shutting down" in after.error.message
     assert _text(after)   # what it said before the restart is kept
+
+
+def _created(port: int, **body) -> tuple[str, str]:
+    """A background response made through the client: its id, and its job's (X-Serve-Job)."""
+    raw = _client(port).responses.with_raw_response.create(model="k3", background=True,
+                                                           temperature=0, **body)
+    return raw.parse().id, raw.headers["x-serve-job"]
+
+
+def _get(port: int, path: str) -> dict:
+    """GET with the client's credentials (a job answers only those that started it)."""
+    return call(port, "GET", path, headers={"Authorization": "Bearer k"}).json()
+
+
+def _post(port: int, path: str) -> dict:
+    return call(port, "POST", path, headers={"Authorization": "Bearer k"}).json()
+
+
+def test_a_background_response_shows_its_prefill_and_estimate(slow):
+    """GET /v1/responses/{id} says in `waste.prefill` what GET /v1/jobs/{id} and a stream's
+    progress comments do: positions, restored, evaluated, the rate, the first token's time."""
+    response_id, job = _created(slow.port, input=prompt_text(20, "bg eta"), max_output_tokens=2)
+    running = _until(lambda: (r := _get(slow.port, f"/v1/responses/{response_id}"))
+                     ["waste"]["prefill"]["first_token_seconds"] and r, "no estimate in prefill")
+    shown = running["waste"]["prefill"]
+    assert running["status"] == "in_progress" and shown["positions"] > 64
+    # (an estimate from the start: the rate earlier prefills measured)
+    assert 0 <= shown["evaluated"] < shown["positions"] and shown["positions_per_second"] > 0
+    assert shown["first_token_at"] > time.time() - 1
+    assert _get(slow.port, f"/v1/jobs/{job}")["prefill"]["positions"] \
+        == shown["positions"]
+    done = _until(lambda: (r := _client(slow.port).responses.retrieve(response_id)).status
+                  in ("completed", "incomplete") and r, "never finished")
+    assert "prefill" not in done.model_extra["waste"]   # the final Response: its usage says it
+
+
+def test_answer_now_reaches_a_background_response(slow):
+    client = _client(slow.port)
+    response_id, job = _created(slow.port, input="Think about a long story.",
+                                reasoning={"effort": "high"}, max_output_tokens=80)
+    state = _until(lambda: (s := _get(slow.port, f"/v1/jobs/{job}"))["output"]
+                   ["deltas"] >= 5 and s, "no reasoning before the call")
+    assert state["output"]["reasoning"] and not state["output"]["content"], \
+        "the model closed its reasoning itself: nothing to test"
+    assert _post(slow.port, f"/v1/jobs/{job}/answer")["answering"] is True
+    done = _until(lambda: (r := client.responses.retrieve(response_id)).status
+                  in ("completed", "incomplete") and r, "never finished")
+    assert [item.type for item in done.output] == ["reasoning", "message"] and _text(done)
+    assert done.model_extra["waste"]["reasoning_ended"] == "answer_now"
+    assert done.usage.output_tokens_details.reasoning_tokens == \
+        done.model_extra["waste"]["reasoning_tokens"] < 40
+    kinds = [e.type for e in client.responses.retrieve(response_id, stream=True)
+             if e.type in ("response.reasoning_text.delta", "response.output_text.delta")]
+    assert "response.reasoning_text.delta" not in kinds[kinds.index("response.output_text.delta"):]
+
+
+def test_stop_through_the_job_api_ends_a_background_response(slow):
+    client = _client(slow.port)
+    response_id, job = _created(slow.port, input="Go on and on.", max_output_tokens=400)
+    _until(lambda: _text(client.responses.retrieve(response_id)), "no output before the stop")
+    assert _post(slow.port, f"/v1/jobs/{job}/stop")["stop_requested"] is True
+    done = _until(lambda: (r := client.responses.retrieve(response_id)).status
+                  not in ("queued", "in_progress") and r, "the stop never ended it")
+    assert done.status == "completed" and 0 < done.usage.output_tokens < 400   # a normal finish
+    assert _get(slow.port, f"/v1/jobs/{job}")["status"] == "stopped"

@@ -115,8 +115,13 @@ def test_messages_blocking_and_streamed_through_anthropic(clients):
     check_budgeted(unbudgeted, done.content[0].thinking, done.content[1].text,
                    done.model_extra["waste"], done.usage.output_tokens)
     with an.messages.stream(**body) as stream:
-        kinds = [event.delta.type for event in stream if event.type == "content_block_delta"]
+        events = list(stream)
         streamed = stream.get_final_message()
+    kinds = [event.delta.type for event in events if event.type == "content_block_delta"]
+    # Messages has no usage field for reasoning: serve's `waste` says it, streamed too.
+    ended, = [event.model_extra["waste"] for event in events if event.type == "message_delta"]
+    assert ended["reasoning_tokens"] == done.model_extra["waste"]["reasoning_tokens"]
+    assert ended["reasoning_ended"] == done.model_extra["waste"]["reasoning_ended"]
     assert kinds.index("text_delta") > kinds.index("thinking_delta")
     assert "thinking_delta" not in kinds[kinds.index("text_delta"):]
     def texts(message) -> list[tuple[str, str]]:
@@ -155,6 +160,10 @@ def test_a_budget_of_zero_is_thinking_off(clients):
     message = an.messages.create(model="m", messages=ASK, max_tokens=4,
                                  thinking={"type": "enabled", "budget_tokens": 0})
     assert [block.type for block in message.content] == ["text"]
+    response = oa.responses.create(model="m", input=ASK, max_output_tokens=4,
+                                   reasoning={"max_tokens": 0})
+    assert [item.type for item in response.output] == ["message"]
+    assert response.usage.output_tokens_details.reasoning_tokens == 0
 
 
 @pytest.mark.parametrize("path, body, param", [
@@ -212,6 +221,16 @@ def test_the_servers_budget_applies_when_a_request_sets_none(lib_path, k3_contai
         reply = resp.json()
         assert resp.status == 200 and reply["waste"]["reasoning_budget"] is None
         assert reply["waste"]["reasoning_tokens"] > 8
+        # Ollama's API has no budget field, so the server's applies; its last piece's `waste`
+        # says what reasoning took and that the budget ended it.
+        resp = call(srv.port, "POST", "/api/chat", {"model": "m", "messages": ASK, "stream": False,
+                                                    "think": True, "options": {"temperature": 0,
+                                                                               "num_predict": 40}})
+        reply = resp.json()
+        assert resp.status == 200 and reply["message"]["thinking"] and reply["message"]["content"]
+        assert resp.headers["x-serve-job"].startswith("job-")   # answer now and stop reach it
+        assert reply["waste"]["reasoning_budget"] == 8 and reply["waste"]["reasoning_tokens"] == 8
+        assert reply["waste"]["reasoning_ended"] == "budget"
 
 
 # ---- answer now: the mechanism, called from a thread outside the run ------------------

@@ -294,3 +294,60 @@ def test_answer_now_closes_the_reasoning_and_the_stream_goes_on(slow):
     assert kinds.count("R") < 30   # closed soon after the call, far short of max_tokens
     again = call(slow.port, "POST", f"/v1/jobs/{job}/answer").json()
     assert again["answering"] is False and again["status"] in ("completed", "incomplete")
+
+
+def _reasoning_kinds(event: dict) -> str:
+    delta = ((event.get("choices") or [{}])[0].get("delta") or {})
+    return ("R" if delta.get("reasoning_content") else "") + ("C" if delta.get("content") else "")
+
+
+def _until(check: Callable[[], dict], what: str, timeout: float = 90) -> dict:
+    deadline = time.monotonic() + timeout
+    while not (found := check()):
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+    return found
+
+
+def _left(port: int, reader: Pieces) -> str:
+    """The reader's client hangs up; the job's id, once the job knows nobody follows it."""
+    job = _header(reader.raw, "x-serve-job")
+    reader.sock.close()
+    _until(lambda: "detached_seconds" in call(port, "GET", f"/v1/jobs/{job}").json(),
+           "the job never saw its client leave")
+    return job
+
+
+def test_answer_now_reaches_a_job_whose_client_left(slow):
+    """The client left mid-reasoning; answer now closes the reasoning of the job going on
+    without it, and the same request sent again gets the whole reply: the reasoning as it
+    was, then the answer."""
+    path, make, _ = DIALECTS["chat"]
+    body = {**make(_unique()), "reasoning_effort": "high", "max_tokens": 60}
+    reader = _stream(slow.port, path, body, _reasoning_kinds)
+    reader.read_until(lambda: reader.text().count("R") >= 5)
+    assert "C" not in reader.text(), "the model closed its reasoning itself: nothing to test"
+    job = _left(slow.port, reader)
+    answered = call(slow.port, "POST", f"/v1/jobs/{job}/answer").json()
+    assert answered["answering"] is True and answered["followed"] is False
+    again = _stream(slow.port, path, body, _reasoning_kinds)
+    again.read_until(lambda: False)
+    assert _header(again.raw, "x-serve-job") == job   # attached: the same job, not a new one
+    kinds = again.text()
+    assert kinds.startswith(reader.text()) and "C" in kinds
+    assert "R" not in kinds[kinds.index("C"):]
+    assert dechunk_partial_text(again.raw).rstrip().endswith("data: [DONE]")
+    state = call(slow.port, "GET", f"/v1/jobs/{job}").json()
+    assert state["output"]["reasoning"] and state["output"]["content"]
+
+
+def test_stop_reaches_a_job_whose_client_left(slow):
+    path, make, piece = DIALECTS["chat"]
+    reader = _stream(slow.port, path, make(_unique()), piece)
+    reader.read_until(lambda: len(reader.pieces) >= 3)
+    job = _left(slow.port, reader)
+    assert call(slow.port, "POST", f"/v1/jobs/{job}/stop").json()["stop_requested"] is True
+    state = _until(lambda: (s := call(slow.port, "GET", f"/v1/jobs/{job}").json())["status"]
+                   != "in_progress" and s, "the stop never ended it")
+    assert state["status"] == "stopped" and state["finish_reason"] == "stop"
+    assert 3 <= state["output"]["deltas"] < TOKENS

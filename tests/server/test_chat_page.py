@@ -464,3 +464,46 @@ def test_real_model_conversation_fills_the_panel(browser, lib_path, k3_container
                 assert p.errors == []
     finally:
         cache.close()
+
+
+def test_answer_now_ends_the_reasoning_and_the_same_stream_answers(browser, lib_path, k3_container):
+    """While a reply is in its reasoning the page offers "Answer now", which calls
+    POST /v1/jobs/{id}/answer: the think channel closes at the next token, the stream goes on
+    with the answer (never breaking), and what was reasoned stays in the reply."""
+    lines: list[str] = []
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("WASTE_DELAY_MS", "40")   # a reply of 160 tokens lasts some 6 s
+        with real_service(lib_path, k3_container) as service, \
+                page_on(browser, service, log=lines.append) as p:
+            p.open()
+            p.page.fill("#max-tokens", "160")
+            p.page.fill("#temperature", "0")
+            p.page.select_option("#thinking", "high")
+            with p.page.expect_response(lambda r: r.url.endswith("/v1/chat/completions")) as sent:
+                p.send("Weather in Paris?")
+            assert p.page.locator("#answer").is_hidden()   # no reasoning yet to end
+            p.wait_text(".msg.assistant details.reasoning .text", r"[\s\S]{20,}")
+            assert not p.text(".msg.assistant .md").strip(), "the model answered by itself"
+            p.page.click("#answer")
+            p.wait_state("^done")
+            stream = sent.value.text()
+            assert p.page.locator("#answer").is_hidden()
+            # (folded once the answer began: its text is in the page, not shown)
+            reasoned = p.last(".msg.assistant details.reasoning .text").text_content() or ""
+            answered = p.text(".msg.assistant .md")
+            assert re.fullmatch(r"\d+ tokens, ended by answer now", p.text("#stat-reasoning"))
+            assert p.text("#stat-tokens") == "160"   # the answer went on to max_tokens
+            assert p.errors == []
+    assert any(re.search(r"POST /v1/jobs/job-\w+/answer 200 ", line) for line in lines), lines
+    assert any("POST /v1/chat/completions 200 " in line for line in lines), lines
+    # The stream itself: reasoning, then only answer, to its normal end.
+    kinds = []
+    for block in stream.split("\n\n"):
+        data = block[len("data: "):] if block.startswith("data: ") else None
+        if data and data != "[DONE]":
+            delta = (json.loads(data).get("choices") or [{}])[0].get("delta") or {}
+            kinds += ["R"] * bool(delta.get("reasoning_content")) + ["C"] * bool(delta.get("content"))
+    assert stream.rstrip().endswith("data: [DONE]") and "C" in kinds and kinds[0] == "R"
+    assert "R" not in kinds[kinds.index("C"):]
+    # (Chromium hands over an event stream's bytes re-encoded: only its structure is compared)
+    assert reasoned.strip() and answered.strip()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from scripted import call, real_service, serving
+from scripted import call, real_service, serving, wait_idle
+from served import serve
 from serve.snapshots.cache import PrefixCache
 from serve.snapshots.reply_memory import ReplyMemory
 
@@ -95,3 +96,29 @@ def test_a_quote_of_a_body_that_would_be_refused_is_refused_alike(real, target, 
     _, srv = real
     resp = call(srv.port, "POST", target, body)
     assert resp.status == 400 and param in resp.body.decode(), resp.body
+
+
+def test_a_second_turn_on_another_host_is_quoted_restorable_from_the_shared_tier(
+        lib_path, k3_container, tmp_path, monkeypatch):
+    """Host A answers the first turn and publishes its state to the team's tier; host B, with
+    nothing local, quotes the second turn as restorable from the shared tier, then restores
+    that much (its cached_tokens)."""
+    monkeypatch.setenv("WASTE_DELAY_MS", "2")   # a prefill dear enough for a publish to pay
+    team = ["--shared-cache", str(tmp_path / "team")]
+    ask = [{"role": "user", "content": " ".join(f"q{i}" for i in range(150))}]
+    chat = {"model": "m", "messages": ask, "max_tokens": 4, "temperature": 0,
+            "reasoning_effort": "none"}
+    with serve(k3_container, lib_path, tmp_path, *team, "--prefix-cache-dir",
+               str(tmp_path / "a")) as a:
+        first = call(a.port, "POST", "/v1/chat/completions", chat).json()
+        wait_idle(a.port)   # published in idle time
+    second = {**chat, "messages": [*ask, first["choices"][0]["message"],
+                                   {"role": "user", "content": "And then?"}]}
+    with serve(k3_container, lib_path, tmp_path, *team, "--prefix-cache-dir",
+               str(tmp_path / "b")) as b:
+        quoted = quote(b.port, "chat", second)
+        assert quoted["restorable_local"] == 0
+        assert quoted["restorable"] == quoted["restorable_shared"] >= first["usage"]["prompt_tokens"]
+        done = call(b.port, "POST", "/v1/chat/completions", second).json()
+    assert done["usage"]["prompt_tokens_details"]["cached_tokens"] == quoted["restorable"]
+    assert done["usage"]["prompt_tokens"] == quoted["positions"]
