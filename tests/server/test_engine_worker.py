@@ -21,9 +21,10 @@ import pytest
 
 from scripted import call, post_open, read_all, read_until, serving, sse_data, wait_idle
 from serve.app.warm import parse_body
+from serve.core.classes import BACKGROUND, INTERACTIVE
 from serve.core.errors import ApiError
 from serve.engine.binding import Engine, EngineConfig, load_library
-from serve.engine.queue import shutting_down
+from serve.engine.queue import EngineQueue, shutting_down
 from serve.engine.worker import EngineWorker
 from serve.formats.choice import resolve_chat_format
 from serve.service.facade import Service, ServiceOptions
@@ -31,6 +32,8 @@ from serve.service.warming import warm
 from serve.snapshots.cache import PrefixCache
 from serve.snapshots.policy import SnapshotPolicy
 from serve.snapshots.reply_memory import ReplyMemory
+
+from test_engine_queue import Waiter, wait_until
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 GREEDY = {"temperature": 0, "reasoning_effort": "none"}
@@ -332,4 +335,64 @@ def test_away_runs_on_the_thread_that_asked_while_the_worker_runs_another_caller
         assert seen["other"] == "engine-unit"
     finally:
         thread.join(WAIT)
+        worker.stop(WAIT)
+
+
+def test_two_chores_stepped_aside_on_the_worker_get_the_engine_back_innermost_first():
+    """Chore A steps aside for person 1; chore B (its person never served yet) goes before A
+    and steps aside for person 2, nested on the worker above A. After person 2, A's person
+    was served less recently than B's, but A's frames lie under B's on the one thread: B must
+    have the engine back first, or the worker would wait for B while the line waits for A."""
+    queue, worker = EngineQueue(8), EngineWorker("engine-unit", shutting_down)
+    ran: list[tuple[str, str]] = []   # (what ran, on which thread)
+    people = {name: threading.Event() for name in ("person 1", "person 2")}
+    threads: list[threading.Thread] = []
+    errors: list[BaseException] = []
+
+    def request(name: str, work: str, owner: str) -> None:
+        def chore(turn) -> None:
+            ran.append((name, threading.current_thread().name))
+            wait_until(turn.preempt_due, f"{name}: no person waits")
+            worker.away(lambda: turn.step_aside(Waiter()))
+            ran.append((f"{name} resumed", threading.current_thread().name))
+
+        def person() -> None:
+            ran.append((name, threading.current_thread().name))
+            people[name].wait(WAIT)
+
+        def run() -> None:
+            try:
+                with queue.turn(Waiter(), work, owner=owner) as turn:
+                    worker.call(lambda: chore(turn) if work == BACKGROUND else person())
+            except BaseException as e:  # noqa: BLE001 - the test's thread reports it
+                errors.append(e)
+        threads.append(threading.Thread(target=run, daemon=True))
+        threads[-1].start()
+        wait_until(lambda: any(what == name for what, _ in ran) or len(queue) > 0,
+                   f"{name} neither ran nor waits")
+
+    try:
+        request("chore A", BACKGROUND, "a")
+        wait_until(lambda: len(ran) == 1, "chore A did not start")
+        request("person 1", INTERACTIVE, "p")
+        wait_until(lambda: len(ran) == 2, "person 1 did not run while chore A stepped aside")
+        request("chore B", BACKGROUND, "b")
+        wait_until(lambda: len(queue) == 2, "chore B is not in line behind person 1")
+        people["person 1"].set()
+        wait_until(lambda: len(ran) == 3, "chore B did not start")
+        request("person 2", INTERACTIVE, "p")
+        wait_until(lambda: len(ran) == 4, "person 2 did not run while chore B stepped aside")
+        people["person 2"].set()
+        for thread in threads:
+            thread.join(WAIT)
+        assert not any(t.is_alive() for t in threads), f"stuck after {ran}"
+        assert not errors
+        assert [what for what, _ in ran] == ["chore A", "person 1", "chore B", "person 2",
+                                             "chore B resumed", "chore A resumed"]
+        assert {thread for _, thread in ran} == {"engine-unit"}
+        assert queue.preemptions == 2
+    finally:
+        for event in people.values():
+            event.set()
+        queue.close()
         worker.stop(WAIT)
