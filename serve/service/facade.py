@@ -11,6 +11,12 @@ from its images' encoding to the last token, so requests cannot see or disturb
 each other's state or image queue. A request whose client leaves mid-prefill
 keeps the engine only as idle-time work: its prefill goes on for the client's
 retry, and yields at its next chunk to any request that waits.
+
+Threads: the caller (a job's thread, serve/service/jobs.py) checks, builds the
+prompt and waits in line; once the line gives it the engine, the part that
+calls the engine (from the images' encoding to settling's start) is handed to
+the engine's one worker (serve/engine/worker.py, `_on_engine`) and the caller
+waits for it. Nothing else here calls the engine once the Service is built.
 """
 from __future__ import annotations
 
