@@ -5,16 +5,16 @@ token) a chore asks `due()`. When a person waits, `step_aside()` snapshots the
 engine's state through the prefix cache (serve/snapshots/cache.py), lets the
 person have the engine (serve/engine/queue.py's Turn.step_aside), and once the
 chore's turn comes again restores that snapshot like any prefill restores one
-(serve/service/prefill.py): nothing is evaluated twice. The chore's body runs on
-the engine's worker, deep in its stack, so the waiting in line is handed back to
-the chore's own thread (EngineWorker.away, serve/engine/worker.py), and the worker
-runs the person's body meanwhile. Should the snapshot have
+(serve/service/prefill.py): nothing is evaluated twice. Should the snapshot have
 been evicted meanwhile, the restore finds the longest one left and evaluates
 the rest, which costs time, never correctness.
 
-The generated tokens are part of what the chore holds; the sampler's state
-(serve/engine/decode.py's generator and grammar) stays in the chore's own
-thread, so decoding goes on as if nothing had happened.
+The chore's body runs on the engine's worker, deep in its stack, so its waiting
+in line is handed back to the chore's own thread (EngineWorker.away,
+serve/engine/worker.py), and meanwhile the worker runs the person's body nested
+above the chore's frames. The generated tokens are part of what the chore
+holds; the sampler's state (serve/engine/decode.py's generator and grammar)
+stays in those frames, so decoding goes on as if nothing had happened.
 """
 from __future__ import annotations
 
