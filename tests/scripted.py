@@ -12,6 +12,7 @@ import http.client
 import json
 import socket
 import struct
+import sys
 import threading
 import time
 import zlib
@@ -311,6 +312,16 @@ def held_engine(answer: list[str]) -> tuple[ScriptedEngine, threading.Event, thr
 
 
 # ---- running a server in-process ------------------------------------------------
+
+
+def settling() -> bool:
+    """Called by the engine: is this the settling of a reply? (It runs on the engine's worker,
+    asked for by the settle thread: serve/service/settle.py.)"""
+    frame = sys._getframe(1)
+    while frame is not None and not (frame.f_code.co_name == "_build"
+                                     and frame.f_code.co_filename.endswith("settle.py")):
+        frame = frame.f_back
+    return frame is not None
 
 
 class SlowEnginePolicy(SnapshotPolicy):

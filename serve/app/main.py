@@ -214,7 +214,7 @@ def banner(lib: Library, engine: Engine, fmt: ChatFormat, args: argparse.Namespa
            models: Models, context: ContextChoice, tokens: Choice,
            split: Optional[Split] = None, keys: Keys = Keys()) -> str:
     service = models.main
-    info, mem = engine.info, engine.memory_used()
+    info, mem = engine.info, service.worker.call(engine.memory_used)
     chat = fmt.description
     lines = [
         f"engine   libwaste {lib.version()} — {lib.build_info()}",

@@ -24,6 +24,7 @@ from serve.engine.types import WasteError
 from serve.service.prefill import PrefillCancelled
 from serve.service.response_store import ResponseStore
 from serve.service.facade import Service
+from serve.service.warming import warm
 
 # Keys only an Anthropic Messages body has (a chat completions body has none of them).
 ANTHROPIC_KEYS = ("system", "stop_sequences", "thinking", "output_config", "context_management")
@@ -118,7 +119,7 @@ class Warmer(threading.Thread):
             self._log(f"{label}: {done}/{total} positions")
 
         try:
-            held, restored = self._service.warm(req, progress, self._halt.is_set)
+            held, restored = warm(self._service, req, progress, self._halt.is_set)
         except PrefillCancelled:
             return False
         except (ApiError, WasteError, OSError) as e:

@@ -37,11 +37,14 @@ while nobody waits, and yields like any idle-time work.
 A short engine call for a thread that does not hold the engine (tokenizing a
 request before it joins the line, when serve's own tokenizer is not the
 engine's) is an errand: it runs at once when the engine is free, else the
-holder runs it between its engine calls (at its next prefill chunk), or from
-inside waste_generate's token callback, so it never waits behind a whole
-prefill or a whole reply. So an errand may call only the tokenizer
-(tokenize, tokenize_markup, detokenize): the engines' tokenizers read nothing
-a generation in progress writes (docs/engine.md).
+holder runs it between its engine calls (at its next prefill chunk, or from
+waste_generate's token callback), so it never waits behind a whole reply. So
+an errand may only tokenize: the engines' tokenizers read nothing a generation
+in progress writes (docs/engine.md).
+
+The line decides who has the engine, on the waiting threads; it calls nothing
+of the engine. The engine's one thread (serve/engine/worker.py) runs the body
+of whoever holds it, and the errands: the holder's, and those run at once.
 """
 from __future__ import annotations
 
@@ -54,6 +57,7 @@ from typing import Callable, Iterator, Optional, Protocol, TypeVar
 
 from serve.core.classes import BACKGROUND, CLASSES, INTERACTIVE
 from serve.core.errors import ApiError
+from serve.engine.worker import Call
 
 T = TypeVar("T")
 
@@ -96,22 +100,6 @@ def too_many_waiting(waiting: int) -> ApiError:
 def shutting_down() -> ApiError:
     return ApiError(503, "the server is shutting down", code="server_shutting_down",
                     kind="server_error")
-
-
-class _Errand:
-    """One short engine call, and how it ended."""
-
-    def __init__(self, work: Callable[[], object]):
-        self.work = work
-        self.done = False
-        self.result: object = None
-        self.error: Optional[BaseException] = None
-
-    def run(self) -> None:
-        try:
-            self.result = self.work()
-        except BaseException as e:  # noqa: BLE001 - handed to the thread that asked
-            self.error = e
 
 
 @dataclass
@@ -188,11 +176,16 @@ class Turn:
             q._release(self.ticket)
             q.preemptions += 1
             self.holding = False
+            q._aside.append(self.ticket)
             q._enter(self.ticket)
         try:
             q._wait_for(self, waiter)
         except Exception as e:
             raise LostTurn(e) from e
+        finally:
+            with q._cond:
+                q._aside.remove(self.ticket)
+                q._cond.notify_all()   # the chore stepped aside below it may have it next
         with q._cond:
             q._owed = False   # the owed step is the one its caller runs on return
 
@@ -216,9 +209,12 @@ class EngineQueue:
         self._held_since = 0.0
         self._idle = False    # idle-time work holds it
         self._closed = False
-        self._errands: list[_Errand] = []
+        self._errands: list[Call] = []
         self._errand_running = False   # an errand has the free engine to itself
         self._owed = False    # the holder is a starved chore owed one step
+        # Chores stepped aside, in order: each one's body is nested on the engine's one thread
+        # above the one before (worker.py), so only the last may have the engine back.
+        self._aside: list[_Ticket] = []
         self._seq = itertools.count()
         self._served: dict[str, int] = {}   # owner -> when it last took the engine (a count)
         self._serves = itertools.count()
@@ -387,7 +383,9 @@ class EngineQueue:
             raise shutting_down()
         now = time.monotonic()
         order = self._order(now)   # O(line log line), and the line is bounded
-        if not (self._holder or self._idle or self._errand_running) and order[0] is ticket:
+        buried = self._aside[:-1]
+        first = next((t for t in order if t not in buried), None)
+        if not (self._holder or self._idle or self._errand_running) and first is ticket:
             self._line.remove(ticket)
             self._holder, self._held_since = ticket, now
             self._served[ticket.owner] = next(self._serves)
@@ -442,7 +440,7 @@ class EngineQueue:
         """Run `work`, a short engine call, for a thread that does not hold the engine: at
         once when the engine is free, else between the holder's engine calls (run_errands).
         Raises what `work` raises, or the shutdown 503."""
-        errand = _Errand(work)
+        errand: Call[T] = Call(work)
         with self._cond:
             self._errands.append(errand)
             self._cond.notify_all()
@@ -462,9 +460,7 @@ class EngineQueue:
                 with self._cond:
                     self._errand_running = False
                     self._cond.notify_all()
-        if errand.error is not None:
-            raise errand.error
-        return errand.result  # type: ignore[return-value]
+        return errand.outcome()
 
     def run_errands(self) -> None:
         """Called by the engine's holder between its engine calls, or from the token callback

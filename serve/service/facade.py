@@ -11,13 +11,18 @@ from its images' encoding to the last token, so requests cannot see or disturb
 each other's state or image queue. A request whose client leaves mid-prefill
 keeps the engine only as idle-time work: its prefill goes on for the client's
 retry, and yields at its next chunk to any request that waits.
+
+Threads: the caller (a job's thread, serve/service/jobs.py) checks, builds the
+prompt and waits in line; once the line gives it the engine, the part that
+calls the engine (from the images' encoding to settling's start) is handed to
+the engine's one worker (serve/engine/worker.py, `_on_engine`) and the caller
+waits for it. Nothing else here calls the engine once the Service is built.
 """
 from __future__ import annotations
 
 import threading
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Callable, Optional, Sequence, TypeVar
 
 from serve.core.reply import Delta, Usage
 from serve.core.ids import now
@@ -26,26 +31,26 @@ from serve.formats import grammar
 from serve.core.activity import Activity, ClassActivity
 from serve.core.classes import BACKGROUND, INTERACTIVE
 from serve.core.work import Classifier
-from serve.core.errors import invalid
 from serve.core.request import ChatRequest, CompletionRequest
 from serve.formats.base import ChatFormat
 from serve.engine.api import EngineApi, ImageProbe
 from serve.engine.queue import EngineQueue, LostTurn, shutting_down, STARVE_AFTER_SECONDS
+from serve.engine.worker import EngineWorker
 from serve.service.detach import DEFAULT_KEEP_SECONDS, DetachRule, Unfollowed
 from serve.service.generation import Generation
 from serve.service.image_positions import Grid, ImagePositions
-from serve.service.images import image_parts, StagedImages
+from serve.service.images import StagedImages
 from serve.service.logprobs import chat_logprobs, completion_logprobs
 from serve.service.metrics import Metrics
 from serve.service.model_card import context_fields
 from serve.service.preempt import Preemption
-from serve.service.prefill import DEFAULT_CHUNK, Prefill, PrefillCancelled, start_empty
+from serve.service.prefill import DEFAULT_CHUNK, start_empty
 from serve.snapshots import tiers
 from serve.snapshots.cache import PrefixCache
 from serve.snapshots.lookup import Lookup
 from serve.snapshots.scope import Scope
 from serve.snapshots.shared_dir import SharedDir
-from serve.service.prompt import ChatCheck, check_fits, Prompt, PromptBuilder
+from serve.service.prompt import check_fits, Prompt, PromptBuilder
 from serve.service.replies import ChatReply, CompletionReply, ReplySink
 from serve.service.run import Run
 from serve.snapshots.reply_memory import ReplyMemory
@@ -57,6 +62,8 @@ from serve.snapshots.policy import SnapshotPolicy
 from serve.tokenizer.api import Tokenizer, at_once
 from serve.tokenizer.choice import engine_bos
 from serve.tokenizer.engine_side import EngineTokenizer
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -104,6 +111,8 @@ class Service:
         self.warming: Optional[dict] = None   # while --warm runs: what /health reports
         # For the Responses API's previous_response_id.
         self.responses = options.responses if options.responses is not None else ResponseStore()
+        # The one thread that calls the engine once this is built (serve/engine/worker.py).
+        self.worker = EngineWorker(f"engine-{options.model_id}", shutting_down)
         self.queue = EngineQueue(options.max_queue, classes=options.work_classes,
                                  starve_after=options.chore_max_wait,
                                  max_per_owner=options.max_waiting_per_person)
@@ -120,7 +129,7 @@ class Service:
         # Serve's own tokenizer, called by any thread; or the engine's, called as an errand
         # between engine calls by a request not yet holding the engine.
         tokenizer = options.tokenizer or EngineTokenizer(engine)
-        tokenizing = at_once if options.tokenizer else self.queue.errand
+        tokenizing = at_once if options.tokenizer else self._errand
         bos = options.bos if options.bos is not None else engine_bos(engine)
         self.prompts = PromptBuilder(engine, library, chat_format, tokenizer=tokenizer, bos=bos,
                                      tokenizing=tokenizing, vision=options.vision,
@@ -140,7 +149,7 @@ class Service:
                                      context_beyond=options.context_beyond,
                                      between_tokens=self.queue.run_errands)
         self.settler = Settler(engine, tokenizer, self.queue, options.prefix_cache, self.policy,
-                               options.reply_memory, self.prompts.reply)
+                               options.reply_memory, self.prompts.reply, self.worker.call)
 
     def _shared_dirs(self) -> dict[str, SharedDir]:
         """The shared tier's directories (--shared-cache), for /metrics."""
@@ -190,7 +199,8 @@ class Service:
             unfollowed = self._unfollowed(run, req.request_id)
             run.accepted(check.thinking)
             run.reasoning = ReasoningBudget(self.prompts.budget(req), self.reasoning_end) if check.thinking else None
-            with self._turn(run, req.work, early, req.owner) as lookup:
+
+            def held(lookup: Optional[Lookup]) -> ChatReply:
                 prompt = self.prompts.with_images(early)
                 reader = ChatReader(self.chat_format.new_parser(check.thinking), req.sampling.stop,
                                     self.chat_format.stop_tokens,
@@ -206,9 +216,11 @@ class Service:
                 self._account(outcome.usage, req, run)
                 if not outcome.client_gone:
                     self.settler.after_reply(prompt, outcome, message)
-        return ChatReply(message, outcome.finish_reason, outcome.usage, outcome.client_gone,
-                         None if outcome.logprobs is None else chat_logprobs(outcome.logprobs),
-                         reader.stop_sequence)
+                return ChatReply(message, outcome.finish_reason, outcome.usage,
+                                 outcome.client_gone,
+                                 None if outcome.logprobs is None else chat_logprobs(outcome.logprobs),
+                                 reader.stop_sequence)
+            return self._on_engine(run, held, req.work, early, req.owner)
 
     def count_chat(self, req: ChatRequest, client_gone: Callable[[], bool]) -> int:
         """The positions a chat request's prompt would take, without generating anything:
@@ -219,10 +231,12 @@ class Service:
             if prompt.expanded_length is not None:
                 return prompt.expanded_length
             run = self.new_run(client_gone)   # its events are never taken: the count is the answer
-            with self._turn(run, owner=req.owner):
+
+            def held(_: Optional[Lookup]) -> int:
                 expanded = self.prompts.with_images(prompt)
                 self.engine.image_clear()
                 return len(expanded.ids)
+            return self._on_engine(run, held, owner=req.owner)
 
     def complete(self, req: CompletionRequest, sink: ReplySink | Run) -> CompletionReply:
         check_fits(self.engine, len(req.prompt), "prompt", self.options.context_beyond)
@@ -231,7 +245,8 @@ class Service:
         self.prompts.pieces(list(req.sampling.logit_bias), "logit_bias", indexed=False)
         run = self._run(sink)
         unfollowed = self._unfollowed(run, req.request_id)
-        with self._turn(run, req.work, prompt, req.owner) as lookup:
+
+        def held(lookup: Optional[Lookup]) -> CompletionReply:
             reader = TextReader(req.sampling.stop, self.engine.specials.values())
             outcome = self.generation.run(prompt, req.sampling, run, reader,
                                           logprobs=req.logprobs, label=req.request_id,
@@ -241,8 +256,10 @@ class Service:
                                                             prompt.scope),
                                           max_tokens=self._max_tokens(req.work), lookup=lookup)
             self._account(outcome.usage, req, run)
-        return CompletionReply(reader.text, outcome.finish_reason, outcome.usage, outcome.client_gone,
-                               None if outcome.logprobs is None else completion_logprobs(outcome.logprobs))
+            return CompletionReply(reader.text, outcome.finish_reason, outcome.usage,
+                                   outcome.client_gone, None if outcome.logprobs is None
+                                   else completion_logprobs(outcome.logprobs))
+        return self._on_engine(run, held, req.work, prompt, req.owner)
 
     def _constraint(self, req: ChatRequest, thinking: bool) -> Optional[str]:
         """The compiled grammar the reply must follow, when the request asks for structure."""
@@ -263,6 +280,11 @@ class Service:
         return tiers.find(cache, self.policy, tokens, limit, stop=run.gone, fetching=run.fetching,
                           scope=prompt.scope)
 
+    @property
+    def stopping(self) -> bool:
+        """stop() was called: work that only spares later requests time ends."""
+        return self._stopping.is_set()
+
     def new_run(self, client_gone: Callable[[], bool] = lambda: False) -> Run:
         """A Run whose events readers follow (Run.read): a job's (serve/service/jobs.py), which
         knows its readers, or a caller's that asks `client_gone()`. Cut at shutdown."""
@@ -272,12 +294,12 @@ class Service:
         """The caller's Run, or one that tells an observer each event as it happens."""
         return sink if isinstance(sink, Run) else Run(self._stopping, sink.gone, sink)
 
-    @contextmanager
-    def _turn(self, run: Run, work: str = INTERACTIVE, prompt: Optional[Prompt] = None,
-              owner: str = "") -> Iterator[Optional[Lookup]]:
-        """Wait in line for the engine and hold it, empty; a run cut by shutdown ends in its 503.
-        Yields the prompt's snapshot, found while the request waits in line, its place kept
-        (serve/snapshots/lookup.py): None without a prompt or a prefix cache."""
+    def _on_engine(self, run: Run, body: Callable[[Optional[Lookup]], T], work: str = INTERACTIVE,
+                   prompt: Optional[Prompt] = None, owner: str = "") -> T:
+        """Wait in line for the engine on this thread, then run `body` on the engine's worker,
+        the engine empty, and return what it returns; a run cut by shutdown ends in its 503.
+        `body` gets the prompt's snapshot, found while the request waits in line, its place
+        kept (serve/snapshots/lookup.py): None without a prompt or a prefix cache."""
         found: Optional[Lookup] = None
 
         def look_up() -> None:
@@ -285,15 +307,24 @@ class Service:
             if prompt is not None:
                 found = self._look_up(prompt, run)
 
-        with self.queue.turn(run, work, meanwhile=look_up, owner=owner) as run.turn:
+        def held() -> T:
             self.settler.drop()
             start_empty(self.engine)
             try:
-                yield found
+                return body(found)
             except LostTurn as lost:   # a chore that stepped aside and could not come back
                 raise lost.cause from None
+
+        with self.queue.turn(run, work, meanwhile=look_up, owner=owner) as run.turn:
+            result = self.worker.call(held)
         if run.cut:
             raise shutting_down()
+        return result
+
+    def _errand(self, work: Callable[[], T]) -> T:
+        """The engine's tokenizer for a thread that does not hold the engine: one errand,
+        run by the worker at its next moment between engine calls."""
+        return self.queue.errand(lambda: self.worker.call(work))
 
     # -- classes of work (docs/chores.md) -------------------------------------------
 
@@ -303,7 +334,7 @@ class Service:
         if work != BACKGROUND or not self.options.work_classes or cache is None:
             return None
         assert run.turn is not None   # asked inside the turn
-        return Preemption(self.engine, run.turn, run, cache, self.policy,
+        return Preemption(self.engine, run.turn, run, self.worker.away, cache, self.policy,
                           self.options.prefill_chunk, scope, self.options.log, label)
 
     def _max_tokens(self, work: str) -> Optional[int]:
@@ -326,48 +357,6 @@ class Service:
 
     # -- idle time ------------------------------------------------------------
 
-    def warm(self, req: ChatRequest, progress: Callable[[int, int], None],
-             halted: Callable[[], bool]) -> tuple[int, int]:
-        """Prefill and checkpoint a request's conversation as chat() would, and answer
-        nothing, in idle time: a request that starts waiting takes the engine at the next
-        chunk (the warm snapshots what it has), and the warm resumes from there once the
-        engine is idle again. Returns (positions the conversation holds, positions already
-        cached when it began); raises PrefillCancelled when halted (shutdown) first."""
-        cache = self.options.prefix_cache
-        if cache is None or self.chat_format.refusal is not None:
-            raise invalid("messages", "warming needs the prefix cache and a chat format")
-        if image_parts(req.messages):
-            raise invalid("messages", "a conversation with images is not warmed")
-        thinking = self.prompts.thinking(req)
-        check = ChatCheck(thinking, [], self.prompts.reasoning(req, thinking))
-        before: Optional[int] = None
-
-        def stopping() -> bool:
-            return halted() or self._stopping.is_set()
-
-        with StagedImages(self.options.allow_local_images) as no_images:
-            prompt = self.prompts.chat(req, check, no_images)
-        ids, held = prompt.ids, len(prompt.history)
-        while True:
-            with self.queue.idle_turn(patient=True) as yield_now:
-                if yield_now is None or stopping():
-                    raise PrefillCancelled()
-                start_empty(self.engine)
-                try:
-                    run = Prefill(self.engine, ids, cache=cache, policy=self.policy,
-                                  chunk=self.options.prefill_chunk, progress=progress,
-                                  stop=lambda: yield_now() or stopping(), scope=prompt.scope)
-                    cached = run.restore(held)
-                    before = cached if before is None else before
-                    run.run(held, prompt.snapshot_at)
-                    return held, before
-                except PrefillCancelled:
-                    if stopping():
-                        raise
-                finally:
-                    self.engine.reset()
-            # A request took the engine: wait until it is idle again, and resume.
-
     def settle(self) -> None:
         """Build the state a reply left for idle time (tests call it to wait for it)."""
         self.settler.settle()
@@ -385,5 +374,7 @@ class Service:
         return self.queue.wait_idle(timeout)
 
     def close(self) -> None:
-        """No more idle-time work: returns once none is running, before the engine closes."""
+        """No more idle-time work: returns once none is running, and the worker has ended,
+        before the engine closes (its opener's again, to save and close)."""
         self.settler.close()
+        self.worker.stop()

@@ -9,9 +9,12 @@ chore's turn comes again restores that snapshot like any prefill restores one
 been evicted meanwhile, the restore finds the longest one left and evaluates
 the rest, which costs time, never correctness.
 
-The generated tokens are part of what the chore holds; the sampler's state
-(serve/engine/decode.py's generator and grammar) stays in the chore's own
-thread, so decoding goes on as if nothing had happened.
+The chore's body runs on the engine's worker, deep in its stack, so its waiting
+in line is handed back to the chore's own thread (EngineWorker.away,
+serve/engine/worker.py), and meanwhile the worker runs the person's body nested
+above the chore's frames. The generated tokens are part of what the chore
+holds; the sampler's state (serve/engine/decode.py's generator and grammar)
+stays in those frames, so decoding goes on as if nothing had happened.
 """
 from __future__ import annotations
 
@@ -28,10 +31,12 @@ from serve.snapshots.scope import Scope
 class Preemption:
     """A chore's way to step aside for a person (prefill.py's and decode.py's Pause)."""
 
-    def __init__(self, engine: EngineApi, turn: Turn, waiter: Waiter, cache: PrefixCache,
+    def __init__(self, engine: EngineApi, turn: Turn, waiter: Waiter,
+                 away: Callable[[Callable[[], None]], None], cache: PrefixCache,
                  policy: SnapshotPolicy, chunk: int, scope: Scope,
                  log: Optional[Callable[[str], None]] = None, label: str = ""):
         self.engine, self.turn, self.waiter, self.scope = engine, turn, waiter, scope
+        self.away = away   # runs the wait off the engine's thread, which serves others meanwhile
         self.cache, self.policy, self.chunk = cache, policy, chunk
         self.log, self.label = log, label
 
@@ -48,7 +53,7 @@ class Preemption:
             return False
         if self.log is not None:
             self.log(f"{self.label} chore preempted at position {held}: a person waits")
-        self.turn.step_aside(self.waiter)
+        self.away(lambda: self.turn.step_aside(self.waiter))
         start_empty(self.engine)
         if not held:
             return True

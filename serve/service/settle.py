@@ -7,7 +7,9 @@ next turn the whole conversation. But the next turn's history holds the whole
 message as the renderer writes it: after a stop string, the reply again up to
 the cut the client saw; after max_tokens, the closing markup the model never
 wrote. Building that state is a `SettleJob`, done in idle time only (an idle
-turn of the engine queue) and abandoned the moment a request waits.
+turn of the engine queue) and abandoned the moment a request waits. The settle
+thread only waits for that turn; the engine's worker builds the state
+(serve/engine/worker.py).
 """
 from __future__ import annotations
 
@@ -47,8 +49,10 @@ class SettleJob:
 class Settler:
     def __init__(self, engine: EngineApi, tokenizer: Tokenizer, queue: EngineQueue,
                  cache: Optional[PrefixCache], policy: SnapshotPolicy,
-                 memory: Optional[ReplyMemory], render_reply: Callable[[dict, bool], list[Segment]]):
+                 memory: Optional[ReplyMemory], render_reply: Callable[[dict, bool], list[Segment]],
+                 on_engine: Callable[[Callable[[], None]], None]):
         self.engine = engine
+        self.on_engine = on_engine         # runs the engine's part on the engine's thread
         self.tokenizer = tokenizer         # called while this holds the engine
         self.queue = queue
         self.cache = cache
@@ -124,21 +128,26 @@ class Settler:
             job, self._pending = self._pending, None
             if yield_now is None or job is None or self._closed or yield_now():
                 return
-            try:
-                tokens = job.history + overlay(self.tokenizer, job.rendered, job.ids)
-                if tokens[len(job.history):] == job.ids[:job.saved]:
-                    return   # the snapshot after the reply is this state already
-                start_empty(self.engine)
-                run = Prefill(self.engine, tokens, cache=self.cache, policy=self.policy,
-                              chunk=SETTLE_CHUNK, stop=lambda: yield_now() or self._closed,
-                              insure=False, scope=job.scope)
-                run.restore(len(tokens))
-                run.run(len(tokens))
-                run.snapshot("reply")
-            except (PrefillCancelled, UnencodableText, WasteError, OSError):
-                pass   # the snapshot only spares the next turn work; that turn goes on without it
-            finally:
-                start_empty(self.engine)
+            asked = yield_now
+            self.on_engine(lambda: self._build(job, asked))
+
+    def _build(self, job: SettleJob, yield_now: Callable[[], bool]) -> None:
+        """The job's state, on the engine's thread, until done or a request waits."""
+        try:
+            tokens = job.history + overlay(self.tokenizer, job.rendered, job.ids)
+            if tokens[len(job.history):] == job.ids[:job.saved]:
+                return   # the snapshot after the reply is this state already
+            start_empty(self.engine)
+            run = Prefill(self.engine, tokens, cache=self.cache, policy=self.policy,
+                          chunk=SETTLE_CHUNK, stop=lambda: yield_now() or self._closed,
+                          insure=False, scope=job.scope)
+            run.restore(len(tokens))
+            run.run(len(tokens))
+            run.snapshot("reply")
+        except (PrefillCancelled, UnencodableText, WasteError, OSError):
+            pass   # the snapshot only spares the next turn work; that turn goes on without it
+        finally:
+            start_empty(self.engine)
 
     def close(self) -> None:
         """No more jobs: returns once none is running, before the engine closes."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 
-from scripted import (ScriptedEngine, call, held_engine, scrape, scripted_service, serving, wait_idle,
+from scripted import (ScriptedEngine, settling, call, held_engine, scrape, scripted_service, serving, wait_idle,
                       xtml_answer)
 from serve.snapshots.cache import PrefixCache
 from serve.snapshots.reply_memory import ReplyMemory
@@ -62,7 +62,7 @@ def test_idle_time_work_keeps_the_server_from_idle_until_it_ends(tmp_path):
     in_settle, go_on = threading.Event(), threading.Event()
 
     def pace(chunk: int) -> None:
-        if threading.current_thread().name == "settle":
+        if settling():
             in_settle.set()
             go_on.wait(30)
 

@@ -1,10 +1,11 @@
-"""The thread running a request hands its events to the request's Run and runs no HTTP code.
+"""The threads running a request hand its events to the request's Run and run no HTTP code.
 
-Over real sockets with the scripted engine: every call the thread makes while
-it is inside the service (waiting in line, prefill, generation, reading the
-reply back) is watched, and none may reach serve/http/ or serve/dialects/ (the
-exchange's bytes, the stream's writer). The events still reach the client,
-whole and in order.
+Over real sockets with the scripted engine: every call the request's thread makes
+while it is inside the service (waiting in line, reading the reply back), and
+every call the engine's worker makes while it runs the request's body (prefill,
+generation: serve/engine/worker.py), is watched, and none may reach serve/http/
+or serve/dialects/ (the exchange's bytes, the stream's writer). The events still
+reach the client, whole and in order.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from scripted import ScriptedEngine, call, held_engine, scripted_service, servin
 from serve.core.reply import Delta
 from serve.dialects import openai
 from serve.dialects.sse import EventWriter
+from serve.engine.worker import EngineWorker
 from serve.service.facade import Service
 from serve.service.run import Run
 
@@ -47,11 +49,12 @@ class Watched:
                 if event == "call" and frame.f_code.co_filename.startswith(str(SERVE)):
                     with self._lock:
                         self.calls.append((name, frame.f_code.co_filename))
+            before = sys.getprofile()   # a worker's call from itself nests
             sys.setprofile(profile)
             try:
                 return method(*args, **kwargs)
             finally:
-                sys.setprofile(None)
+                sys.setprofile(before)
         return watched
 
     def http_side(self) -> list[str]:
@@ -66,6 +69,8 @@ def watched(monkeypatch: pytest.MonkeyPatch) -> Iterator[Watched]:
     watch = Watched()
     monkeypatch.setattr(Service, "chat", watch.wrap(Service.chat))
     monkeypatch.setattr(Service, "complete", watch.wrap(Service.complete))
+    handed = EngineWorker.call
+    monkeypatch.setattr(EngineWorker, "call", lambda worker, fn: handed(worker, watch.wrap(fn)))
     yield watch
 
 

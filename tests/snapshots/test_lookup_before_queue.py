@@ -112,17 +112,18 @@ class Trace:
                   "publish": (shared_dir.SharedDir, "publish")}
         for what, (owner, name) in costly.items():
             monkeypatch.setattr(owner, name, self._traced(what, getattr(owner, name)))
-        turn = Service._turn
+        on_engine = Service._on_engine
 
-        @contextlib.contextmanager
-        def traced_turn(service: Service, *args: Any, **kwargs: Any) -> Iterator[Any]:
-            with turn(service, *args, **kwargs) as held:   # held once it yields
+        def traced_on_engine(service: Service, run: Any, body: Any, *args: Any, **kwargs: Any
+                             ) -> Any:
+            def held(found: Any) -> Any:   # on the engine's worker, the engine held
                 self._holding.on = True
                 try:
-                    yield held
+                    return body(found)
                 finally:
                     self._holding.on = False
-        monkeypatch.setattr(Service, "_turn", traced_turn)
+            return on_engine(service, run, held, *args, **kwargs)
+        monkeypatch.setattr(Service, "_on_engine", traced_on_engine)
 
     def _traced(self, what: str, method: Any) -> Any:
         def traced(*args: Any, **kwargs: Any) -> Any:

@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from scripted import (ScriptedEngine, call, data_url, real_service, scripted_service, serving, tiny_png,
+from scripted import (ScriptedEngine, call, data_url, settling, real_service, scripted_service, serving, tiny_png,
                       xtml_answer)
 from serve.formats.xtml import render as xtml
 from serve.engine.binding import UnencodableText, WasteError
@@ -272,11 +272,11 @@ def test_a_deferred_snapshot_yields_to_a_waiting_request(tmp_path):
     engine, service = scripted(tmp_path, [ANSWER_REPLY])
     in_settle, go_on = threading.Event(), threading.Event()
 
-    settling: list[int] = []
+    settled: list[int] = []
 
     def pace(chunk: int) -> None:
-        if threading.current_thread().name == "settle":
-            settling.append(chunk)
+        if settling():
+            settled.append(chunk)
             in_settle.set()   # the idle engine evaluates the reply's state after the reply
             go_on.wait(10)
 
@@ -298,7 +298,7 @@ def test_a_deferred_snapshot_yields_to_a_waiting_request(tmp_path):
     # One chunk, then the request that was waiting had the engine; the settling stopped
     # there, snapshotting the position it had evaluated (at K3's costs a token pays for
     # it), which the waiting request restored.
-    assert len(settling) == 1
+    assert len(settled) == 1
     assert second[0]["usage"]["prompt_tokens_details"]["cached_tokens"] == len(engine.prompts[0]) - len(
         engine.tokenize_segments(xtml.generation_prompt(True))) + 1
 
