@@ -19,7 +19,7 @@ from serve.engine.binding import Engine, load_library
 from serve.engine.decode import Decoder
 from serve.engine.types import EngineConfig, GenParams, WasteError
 from serve.formats.base import ChatFormat
-from serve.formats.choice import resolve_chat_format
+from serve.formats.format_choice import resolve_chat_format
 from serve.formats.grammar import compile_grammar, Vocabulary
 from serve.formats.xtml.grammar import Markup, xtml_grammar
 from serve.formats.xtml.render import build_chat_segments

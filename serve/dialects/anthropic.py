@@ -32,7 +32,7 @@ from serve.core.reply import Delta
 from serve.dialects import fields, seal
 from serve.core.errors import ApiError, invalid
 from serve.dialects.openai_request import parse_hints, parse_reasoning_effort, unknown_fields
-from serve.dialects.shared import (Block, Blocks, Conversation, Parts, Translation, chat_request,
+from serve.dialects.translation import (Block, Blocks, Conversation, Parts, Translation, chat_request,
                       string_field, tool_call)
 from serve.service.replies import ChatReply, ReplyStart
 from serve.dialects.framing import SSE

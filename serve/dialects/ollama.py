@@ -31,7 +31,7 @@ from serve.dialects.framing import NDJSON, ndjson_line
 from serve.dialects.ollama_request import (CHAT_FIELDS, GENERATE_FIELDS, Completion, parse_chat,
                                            parse_generate, unread_options)
 from serve.dialects.openai_request import unknown_fields
-from serve.dialects.shared import Translation
+from serve.dialects.translation import Translation
 from serve.service.replies import ChatReply, CompletionReply, ReplyStart
 
 TAG = ":latest"   # Ollama's tag for a name that gives none

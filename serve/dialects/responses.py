@@ -11,7 +11,7 @@ from serve.core.reply import Delta
 from serve.dialects import seal
 from serve.core.errors import ApiError, invalid
 from serve.dialects.openai_request import unknown_fields
-from serve.dialects.shared import Block, Blocks
+from serve.dialects.translation import Block, Blocks
 from serve.dialects.input_items import stored_items
 from serve.service.response_store import OwnedResponses
 from serve.service.replies import ChatReply, ReplyStart

@@ -4,7 +4,7 @@ The engine runs one thing at a time, and this is the only way to it. A plain
 lock hands it to whichever waiting thread the scheduler wakes first, so under
 load a request could wait without bound; here each request takes a ticket and
 the engine goes to the oldest interactive one, and only when none waits to the
-oldest background one (a chore: serve/core/classes.py). The line has a fixed
+oldest background one (a chore: serve/core/work_classes.py). The line has a fixed
 length: beyond it a request is refused at once (503 with Retry-After) instead
 of waiting for hours behind a slow model.
 
@@ -52,7 +52,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional, Protocol, TypeVar
 
-from serve.core.classes import BACKGROUND, CLASSES, INTERACTIVE
+from serve.core.work_classes import BACKGROUND, CLASSES, INTERACTIVE
 from serve.core.errors import ApiError
 
 T = TypeVar("T")

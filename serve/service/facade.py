@@ -24,7 +24,7 @@ from serve.core.ids import now
 
 from serve.formats import grammar
 from serve.core.activity import Activity, ClassActivity
-from serve.core.classes import BACKGROUND, INTERACTIVE
+from serve.core.work_classes import BACKGROUND, INTERACTIVE
 from serve.core.work import Classifier
 from serve.core.errors import invalid
 from serve.core.request import ChatRequest, CompletionRequest
@@ -55,7 +55,7 @@ from serve.service.response_store import ResponseStore
 from serve.service.settle import Settler
 from serve.snapshots.policy import SnapshotPolicy
 from serve.tokenizer.api import Tokenizer, at_once
-from serve.tokenizer.choice import engine_bos
+from serve.tokenizer.tokenizer_choice import engine_bos
 from serve.tokenizer.engine_side import EngineTokenizer
 
 
@@ -85,7 +85,7 @@ class ServiceOptions:
     chore_max_wait: float = STARVE_AFTER_SECONDS   # a chore waiting this long runs one step
     background_models: tuple[str, ...] = ()    # model names that mean "a chore"
     background_match: tuple[str, ...] = ()     # patterns on the prompt that mean "a chore"
-    tokenizer: Optional[Tokenizer] = None   # serve's own, equal to the engine's (tokenizer/choice.py);
+    tokenizer: Optional[Tokenizer] = None   # serve's own, equal to the engine's (tokenizer/tokenizer_choice.py);
                                             # None: the engine's, between its calls
     bos: Optional[Sequence[int]] = None     # add_bos's ids (choice.py); None: asked of the engine
     image_grid: Optional[Grid] = None       # the engine's rule for images' positions

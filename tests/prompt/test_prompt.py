@@ -7,7 +7,7 @@ from scripted import (IMAGE_POSITIONS, ScriptedEngine, ScriptedLibrary, Scripted
                       image_message, tiny_png)
 from serve.core.errors import ApiError
 from serve.dialects.openai_request import parse_chat_request
-from serve.formats.choice import NoChatFormat, resolve_chat_format
+from serve.formats.format_choice import NoChatFormat, resolve_chat_format
 from serve.service.images import StagedImages
 from serve.service.prompt import check_fits, PromptBuilder
 from serve.snapshots.reply_memory import ReplyMemory

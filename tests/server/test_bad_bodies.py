@@ -13,7 +13,7 @@ from scripted import (ScriptedEngine, assert_error, call, real_service, scripted
                       serving, xtml_answer)
 from serve.engine.binding import Engine, EngineConfig, load_library
 from serve.service.facade import Service, ServiceOptions
-from serve.formats.choice import resolve_chat_format
+from serve.formats.format_choice import resolve_chat_format
 
 CHAT, MESSAGES, RESPONSES = "/v1/chat/completions", "/v1/messages", "/v1/responses"
 COUNT = MESSAGES + "/count_tokens"

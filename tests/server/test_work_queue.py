@@ -6,7 +6,7 @@ import threading
 import time
 
 from serve.core.errors import ApiError
-from serve.core.classes import BACKGROUND, INTERACTIVE
+from serve.core.work_classes import BACKGROUND, INTERACTIVE
 from serve.engine.queue import ClientGone, EngineQueue, LostTurn
 
 from test_engine_queue import WAIT, Waiter, wait_until
