@@ -9,11 +9,10 @@ from serve.core.errors import ApiError
 from serve.core.reply import Delta, Reply, Usage
 from serve.core.request import ChatRequest, CompletionRequest, Sampling
 from serve.core.segment import Segment
-from serve.dialects.anthropic import (Exchange as AnthropicExchange, parse_request as
-                                      parse_anthropic_request)
+from serve.dialects.anthropic import MessagesExchange, parse_request as parse_anthropic_request
 from serve.dialects.openai import ChatExchange, CompletionExchange
 from serve.dialects.openai_request import parse_chat_request, parse_completion_request
-from serve.dialects.responses import Exchange as ResponsesExchange
+from serve.dialects.responses import ResponsesExchange
 from serve.engine.api import EngineApi
 from serve.engine.binding import Engine, load_library
 from serve.engine.decode import Decoder
@@ -39,7 +38,7 @@ __all__ = [
     "Usage", "ChatReply", "CompletionReply", "ReplySink",
     # the wire formats
     "parse_chat_request", "parse_completion_request", "parse_anthropic_request",
-    "ChatExchange", "CompletionExchange", "AnthropicExchange", "ResponsesExchange",
+    "ChatExchange", "CompletionExchange", "MessagesExchange", "ResponsesExchange",
     "ResponseStore",
     # the engine
     "EngineApi", "Engine", "EngineConfig", "GenParams", "WasteError", "load_library", "Decoder",

@@ -369,7 +369,7 @@ def _tool_input(arguments: str) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-class Exchange:
+class MessagesExchange:
     """One Messages request: its stream events as the deltas arrive, or its body at the end."""
     framing = SSE
 

@@ -20,7 +20,7 @@ from serve.dialects.sse import sse_named
 from serve.dialects.responses_request import (ECHOED, FIELDS, INCLUDE_REASONING, new_id, parse,
                                               parse_request)
 
-__all__ = ["Exchange", "FIELDS", "parse_request"]
+__all__ = ["ResponsesExchange", "FIELDS", "parse_request"]
 
 
 # ---- replies ----------------------------------------------------------------
@@ -33,7 +33,7 @@ def _usage(prompt: int, cached: int, output: int, reasoning: int) -> dict:
             "total_tokens": prompt + output}
 
 
-class Exchange:
+class ResponsesExchange:
     """One Responses request: its stream events as the deltas arrive, or the Response at the end."""
     framing = SSE
 

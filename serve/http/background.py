@@ -36,7 +36,7 @@ KEPT = KEEP_FINISHED   # keepers held, at most: the finished ones beyond it are 
 class Keeper:
     """One background response: its exchange fed by its job, and every event kept."""
 
-    def __init__(self, exchange: responses.Exchange, job: Job[ChatReply], reader: int, owner: str):
+    def __init__(self, exchange: responses.ResponsesExchange, job: Job[ChatReply], reader: int, owner: str):
         """`reader`: the keeper's number among the job's readers (Jobs.start gave it)."""
         self.exchange, self.job, self.owner = exchange, job, owner
         self._cond = threading.Condition()

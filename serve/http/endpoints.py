@@ -64,19 +64,19 @@ def model(handler: Answering, method: str, model_id: str) -> None:
 # Each exchange is made naming the main model; the handler's generate names the one that
 # answers (serve/service/models.py picks it).
 
-def chat(handler: Answering, method: str, rest: str) -> None:
+def chat_completions(handler: Answering, method: str, rest: str) -> None:
     main, body = handler.server.service.options.model_id, handler.read_json()
     handler.generate(openai.ChatExchange(body, main), _chat_on, body)
 
 
-def complete(handler: Answering, method: str, rest: str) -> None:
+def completions(handler: Answering, method: str, rest: str) -> None:
     main, body = handler.server.service.options.model_id, handler.read_json()
     handler.generate(openai.CompletionExchange(body, main), _complete_on, body)
 
 
 def messages(handler: Answering, method: str, rest: str) -> None:
     body = handler.read_json()
-    exchange = anthropic.Exchange(body, handler.server.service.options.model_id,
+    exchange = anthropic.MessagesExchange(body, handler.server.service.options.model_id,
                                   handler.current.principal.namespace)
     if exchange.billing is not None:
         handler.server.log_once("billing", f"/v1/messages: {exchange.billing} is Claude Code's "
@@ -88,7 +88,7 @@ def messages(handler: Answering, method: str, rest: str) -> None:
 def create_response(handler: Answering, method: str, rest: str) -> None:
     service = handler.server.service
     body = handler.read_json()
-    exchange = responses.Exchange(body, _responses(handler), service.options.model_id)
+    exchange = responses.ResponsesExchange(body, _responses(handler), service.options.model_id)
     if exchange.background:
         return _background(handler, exchange)
     # The id the reply is stored under, for a router to remember this host by: the
@@ -119,9 +119,9 @@ QUOTED = ("chat", "messages", "responses")   # the dialects /v1/quote reads
 def _quoted(handler: Answering, dialect: str, body: dict) -> Exchange[ChatReply]:
     main, owner = handler.server.service.options.model_id, handler.current.principal.namespace
     if dialect == "messages":
-        exchange: Exchange[ChatReply] = anthropic.Exchange(body, main, owner)
+        exchange: Exchange[ChatReply] = anthropic.MessagesExchange(body, main, owner)
     elif dialect == "responses":
-        exchange = responses.Exchange(body, _responses(handler), main)
+        exchange = responses.ResponsesExchange(body, _responses(handler), main)
     else:
         exchange = openai.ChatExchange(body, main)
     exchange.request.owner = owner   # what is restorable is only what its owner left
@@ -183,7 +183,7 @@ def cancel(handler: Answering, method: str, response_id: str) -> None:
                         "background: true can be cancelled")
 
 
-def _background(handler: Answering, exchange: responses.Exchange) -> None:
+def _background(handler: Answering, exchange: responses.ResponsesExchange) -> None:
     """A background response: its job starts, and the answer is at once (its stream, when
     asked, follows it from its first event)."""
     job, _, reader = handler.start_job(exchange, _chat_on, None, lambda: False)

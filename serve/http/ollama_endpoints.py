@@ -40,21 +40,21 @@ def show(handler: Answering, method: str, rest: str) -> None:
     handler.send_json(200, ollama_models.show(_named(handler, body)))
 
 
-def chat(handler: Answering, method: str, rest: str) -> None:
+def api_chat(handler: Answering, method: str, rest: str) -> None:
     body = handler.read_json()
     service = _named(handler, body)
     if loads_only(body, "messages"):
         return _loaded(handler, service, {"message": {"role": "assistant", "content": ""}})
-    exchange = ollama.ChatExchange(body, service.options.model_id, service.engine.info.ctx_max)
+    exchange = ollama.OllamaChatExchange(body, service.options.model_id, service.engine.info.ctx_max)
     handler.generate(exchange, lambda on: on.chat, body)
 
 
-def generate(handler: Answering, method: str, rest: str) -> None:
+def api_generate(handler: Answering, method: str, rest: str) -> None:
     body = handler.read_json()
     service = _named(handler, body)
     if loads_only(body, "prompt"):
         return _loaded(handler, service, {"response": ""})
-    exchange = ollama.GenerateExchange(body, service.options.model_id,
+    exchange = ollama.OllamaGenerateExchange(body, service.options.model_id,
                                        service.engine.info.ctx_max)
     # One exchange writes both replies; each call sees it as the one its reply needs.
     if exchange.raw:

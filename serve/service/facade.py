@@ -185,7 +185,7 @@ class Service:
         self.generation.check_decoding(req.logprobs, req.sampling)
         self.prompts.pieces(list(req.sampling.logit_bias), "logit_bias", indexed=False)
         with StagedImages(self.options.allow_local_images) as staged:
-            early = self.prompts.chat(req, check, staged)
+            early = self.prompts.of_chat(req, check, staged)
             run = self._run(sink)
             unfollowed = self._unfollowed(run, req.request_id)
             run.accepted(check.thinking)
@@ -215,7 +215,7 @@ class Service:
         without the engine, unless serve does not figure its images' positions (silently)."""
         check = self.prompts.check(req)
         with StagedImages(self.options.allow_local_images) as staged:
-            prompt = self.prompts.chat(req, check, staged)
+            prompt = self.prompts.of_chat(req, check, staged)
             if prompt.expanded_length is not None:
                 return prompt.expanded_length
             run = self.new_run(client_gone)   # its events are never taken: the count is the answer
@@ -346,7 +346,7 @@ class Service:
             return halted() or self._stopping.is_set()
 
         with StagedImages(self.options.allow_local_images) as no_images:
-            prompt = self.prompts.chat(req, check, no_images)
+            prompt = self.prompts.of_chat(req, check, no_images)
         ids, held = prompt.ids, len(prompt.history)
         while True:
             with self.queue.idle_turn(patient=True) as yield_now:

@@ -32,7 +32,7 @@ def request(messages, **fields):
 def build(prompts: PromptBuilder, req):
     check = prompts.check(req)
     with StagedImages(None) as staged:
-        return prompts.chat(req, check, staged)
+        return prompts.of_chat(req, check, staged)
 
 
 def test_the_prompt_is_the_rendered_conversation_then_the_generation_prompt():
@@ -113,7 +113,7 @@ def test_images_are_staged_before_the_engine_then_queued_and_expanded():
     req = request(image_message(data_url(tiny_png())))
     check = prompts.check(req)
     with StagedImages(None) as staged:
-        early = prompts.chat(req, check, staged)
+        early = prompts.of_chat(req, check, staged)
         assert engine.queued == [] and early.ids == early.text_ids
         prompt = prompts.with_images(early)
         assert engine.queued == list(prompt.image_paths) and len(prompt.image_paths) == 1
