@@ -65,11 +65,11 @@ STARVE_AFTER_SECONDS = 300.0   # a chore waiting this long runs one step ahead o
 class Waiter(Protocol):
     def queued(self, ahead: int) -> None: ...
 
-    def gone(self) -> bool: ...
+    def should_stop(self) -> bool: ...
 
 
-class ClientGone(Exception):
-    """The client went away while its request waited in line."""
+class ClientLeft(Exception):
+    """The client left while its request waited in line."""
 
 
 class LostTurn(Exception):
@@ -281,7 +281,7 @@ class EngineQueue:
 
         While waiting, `waiter.queued(ahead)` hears the number of requests in
         front (the running one included; 0 behind idle-time work) each time it changes. Raises the 503s
-        of a full line or of shutdown, or ClientGone. `meanwhile()` runs on this thread once
+        of a full line or of shutdown, or ClientLeft. `meanwhile()` runs on this thread once
         the request is in line: work it can do without the engine (finding its snapshot),
         done while those ahead use it. The request keeps its place, and should it come first
         meanwhile the engine waits for it: a few seconds idle, where a request that came later
@@ -361,8 +361,8 @@ class EngineQueue:
                 if ahead is None:
                     return
             # Outside the lock: both may touch the client's socket.
-            if waiter.gone():
-                raise ClientGone()
+            if waiter.should_stop():
+                raise ClientLeft()
             if ahead != told:
                 waiter.queued(ahead)
                 told = ahead

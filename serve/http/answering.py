@@ -92,7 +92,7 @@ class Answering(Protocol):
         ...
 
     @property
-    def hangup(self) -> Hangup:
+    def client_left(self) -> Hangup:
         """Asks whether the client has closed its end."""
         ...
 
@@ -102,7 +102,7 @@ class Answering(Protocol):
         ...
 
     def start_job(self, exchange: Exchange[R], call: Callable[[Service], Callable[[Any, Run], R]],
-                  body: Optional[dict], hung_up: Callable[[], bool]) -> tuple[Job[R], bool, int]:
+                  body: Optional[dict], client_left: Callable[[], bool]) -> tuple[Job[R], bool, int]:
         """The request's job (new, or an identical request's when `body` is given) and the
         caller's reader number in it."""
         ...

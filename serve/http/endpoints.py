@@ -105,7 +105,7 @@ def count_tokens(handler: Answering, method: str, rest: str) -> None:
     translation.request.request_id = handler.request_id
     service = handler.server.models.pick(handler.current.named_model, translation.request)
     try:
-        count = service.count_chat(translation.request, handler.hangup)
+        count = service.count_chat(translation.request, handler.client_left)
         found = quote_chat(service, translation.request)
     except ApiError as e:
         raise translation.error(e) from None
@@ -206,7 +206,7 @@ def _resume(handler: Answering, keeper: Keeper, after: Optional[str]) -> None:
     writer = handler.open_stream(SSE.content_type, lambda: None, failed.set)
     try:
         for batch in keeper.events(start):
-            if failed.is_set() or handler.hangup():
+            if failed.is_set() or handler.client_left():
                 handler.current.status = 499
                 return
             # Not the exchange's in_progress heartbeat, which would take a sequence number.

@@ -68,7 +68,7 @@ class _Key(str):
 
 def start_job(handler: Answering, exchange: Exchange[R],
               call: Callable[[Service], Callable[[Any, Run], R]], body: Optional[dict],
-              hung_up: Callable[[], bool]) -> tuple[Job[R], bool, int]:
+              client_left: Callable[[], bool]) -> tuple[Job[R], bool, int]:
     """The request's job, new or attached to (`body` None: never attached), and the caller's
     reader number in it; its id goes with the reply (X-Serve-Job)."""
     server, current = handler.server, handler.current
@@ -93,6 +93,6 @@ def start_job(handler: Answering, exchange: Exchange[R],
         else new_id("unshared")
     job, attached, reader = server.models.jobs.start(
         key, handler.owner, exchange.model, service.new_run(),
-        lambda run: call(service)(exchange.request, run), hung_up)
+        lambda run: call(service)(exchange.request, run), client_left)
     current.reply_headers["X-Serve-Job"] = job.id
     return job, attached, reader

@@ -20,7 +20,7 @@ from serve.core.hangup import Hangup
 from serve.core.ids import new_id
 from serve.core.errors import ApiError
 from serve.dialects.exchange import R, Exchange
-from serve.engine.queue import ClientGone
+from serve.engine.queue import ClientLeft
 from serve.http import heap, request_line
 from serve.http.answering import Ongoing
 from serve.http.background import Keepers
@@ -175,7 +175,7 @@ class Handler(BaseHTTPRequestHandler):
         self.current = Ongoing(new_id("req"))
         try:
             self._route(self._parse())
-        except ClientGone:
+        except ClientLeft:
             self.current.status = 499  # nginx's code for a client that left before its answer
             self.close_connection = True
         except Exception as e:  # anything unexpected is the server's fault, and must not kill it
@@ -207,7 +207,7 @@ class Handler(BaseHTTPRequestHandler):
                                     f"{self.server.request_timeout:g} seconds",
                                code="request_timeout") from None
             except ConnectionError:
-                raise ClientGone() from None
+                raise ClientLeft() from None
             if not parsed:
                 raise self._refused or request_line.refusal(400, "Bad request syntax")
         except ApiError:
@@ -287,8 +287,8 @@ class Handler(BaseHTTPRequestHandler):
             self.current.status = answer.status
 
     def start_job(self, exchange: Exchange[R], call: Callable[[Service], Callable[[Any, Run], R]],
-                  body: Optional[dict], hung_up: Callable[[], bool]) -> tuple[Job[R], bool, int]:
-        return start_job(self, exchange, call, body, hung_up)
+                  body: Optional[dict], client_left: Callable[[], bool]) -> tuple[Job[R], bool, int]:
+        return start_job(self, exchange, call, body, client_left)
 
     @property
     def owner(self) -> str:
@@ -297,7 +297,7 @@ class Handler(BaseHTTPRequestHandler):
         return f"{self.current.principal.namespace}\n{credential_digest(self.headers)}"
 
     @property
-    def hangup(self) -> Hangup:
+    def client_left(self) -> Hangup:
         """Has the client closed its end? Read by the thread running its request."""
         return self._hangup
 

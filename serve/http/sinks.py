@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Generic, Optional, Protocol
 
 from serve.core.errors import ApiError
-from serve.engine.queue import ClientGone
+from serve.engine.queue import ClientLeft
 from serve.dialects.exchange import R, Exchange
 from serve.service.replies import ReplyStart
 from serve.service.jobs import Job
@@ -60,11 +60,11 @@ FOLLOW_POLL = 0.25   # seconds between two looks at the client while the job is 
 
 class ExchangeSink(Generic[R]):
     def __init__(self, connection: Connection, exchange: Exchange[R], job: Job[R], reader: int,
-                 client_gone: Callable[[], bool]):
+                 client_left: Callable[[], bool]):
         self._connection = connection
         self._job: Job[R] = job
         self._reader = reader   # this sink's number among the job's readers
-        self._client_gone = client_gone
+        self._client_left = client_left
         self._exchange: Exchange[R] = exchange
         self._stream = exchange.request.stream
         self._writer: Optional[EventWriter] = None
@@ -113,7 +113,7 @@ class ExchangeSink(Generic[R]):
 
     def _follow(self) -> R:
         """Take the job's events until it ends, then its reply (or what it raised). Raises
-        ClientGone, and stops following, once the client has left."""
+        ClientLeft, and stops following, once the client has left."""
         run, position = self._job.run, 0
         try:
             while True:
@@ -123,11 +123,11 @@ class ExchangeSink(Generic[R]):
                     self._take(event)
                 # Asked before the end counts as delivered, too: a client that left just before
                 # it must find the job still undelivered when it comes back.
-                if self._failed.is_set() or self._client_gone():
-                    raise ClientGone()
+                if self._failed.is_set() or self._client_left():
+                    raise ClientLeft()
                 if not more:   # read under the log's lock: nothing follows what it gave
                     break
-        except ClientGone:
+        except ClientLeft:
             run.unfollow(self._reader)   # the job goes on by serve/service/detach.py's rule
             raise
         except BaseException:
@@ -156,7 +156,7 @@ class ExchangeSink(Generic[R]):
             if self._writer is None:
                 raise self._exchange.error(e) from None
             return self._fail(e)
-        except ClientGone:
+        except ClientLeft:
             raise
         except Exception as e:
             if self._writer is None:
@@ -164,7 +164,7 @@ class ExchangeSink(Generic[R]):
             return self._fail(e)
         tokens = reply.usage.completion_tokens
         timing = self._timing(reply.usage.waste)
-        if reply.client_gone:
+        if reply.client_left:
             return Answer(499, tokens, timing=timing)
         self._exchange.keep(reply)
         if self._writer is None:

@@ -30,7 +30,7 @@ class DetachRule:
     finish_prefill: bool = True     # a prefill goes on to its end for the prefix cache
 
 
-class Unfollowed:
+class StopCheck:
     """One run's answers to "stop now?", by the rule."""
 
     def __init__(self, run: Run, rule: DetachRule, between: Callable[[], None],
@@ -51,7 +51,7 @@ class Unfollowed:
     def _stop(self, prefill: bool) -> bool:
         run = self._run
         turn = run.turn
-        if not run.gone():
+        if not run.should_stop():
             if turn is not None and turn.idle:
                 turn.reclaim()   # its client came back: a request again
             return False

@@ -31,7 +31,7 @@ from serve.core.request import ChatRequest, CompletionRequest
 from serve.formats.base import ChatFormat
 from serve.engine.api import EngineApi, ImageProbe
 from serve.engine.queue import EngineQueue, LostTurn, shutting_down, STARVE_AFTER_SECONDS
-from serve.service.detach import DEFAULT_KEEP_SECONDS, DetachRule, Unfollowed
+from serve.service.detach import DEFAULT_KEEP_SECONDS, DetachRule, StopCheck
 from serve.service.generation import Generation
 from serve.service.image_positions import Grid, ImagePositions
 from serve.service.images import image_parts, StagedImages
@@ -187,7 +187,7 @@ class Service:
         with StagedImages(self.options.allow_local_images) as staged:
             early = self.prompts.of_chat(req, check, staged)
             run = self._run(sink)
-            unfollowed = self._unfollowed(run, req.request_id)
+            stops = self._stop_check(run, req.request_id)
             run.accepted(check.thinking)
             run.reasoning = ReasoningBudget(self.prompts.budget(req), self.reasoning_end) if check.thinking else None
             with self._turn(run, req.work, early, req.owner) as lookup:
@@ -198,19 +198,19 @@ class Service:
                 outcome = self.generation.run(
                     prompt, req.sampling, run, reader, stop_tokens=self.chat_format.stop_tokens,
                     logprobs=req.logprobs, constraint=constraint, label=req.request_id,
-                    stop=unfollowed.prefill_stop, stop_decoding=unfollowed.decode_stop,
+                    stop=stops.prefill_stop, stop_decoding=stops.decode_stop,
                     pause=self._pause(run, req.work, req.request_id, prompt.scope),
                     max_tokens=self._max_tokens(req.work), lookup=lookup)
                 message = reader.message()
                 outcome.usage.waste["reasoning"] = check.reasoning
                 self._account(outcome.usage, req, run)
-                if not outcome.client_gone:
+                if not outcome.client_left:
                     self.settler.after_reply(prompt, outcome, message)
-        return ChatReply(message, outcome.finish_reason, outcome.usage, outcome.client_gone,
+        return ChatReply(message, outcome.finish_reason, outcome.usage, outcome.client_left,
                          None if outcome.logprobs is None else chat_logprobs(outcome.logprobs),
                          reader.stop_sequence)
 
-    def count_chat(self, req: ChatRequest, client_gone: Callable[[], bool]) -> int:
+    def count_chat(self, req: ChatRequest, client_left: Callable[[], bool]) -> int:
         """The positions a chat request's prompt would take, without generating anything:
         without the engine, unless serve does not figure its images' positions (silently)."""
         check = self.prompts.check(req)
@@ -218,7 +218,7 @@ class Service:
             prompt = self.prompts.of_chat(req, check, staged)
             if prompt.expanded_length is not None:
                 return prompt.expanded_length
-            run = self.new_run(client_gone)   # its events are never taken: the count is the answer
+            run = self.new_run(client_left)   # its events are never taken: the count is the answer
             with self._turn(run, owner=req.owner):
                 expanded = self.prompts.with_images(prompt)
                 self.engine.image_clear()
@@ -230,18 +230,18 @@ class Service:
         self.generation.check_decoding(req.logprobs, req.sampling)
         self.prompts.pieces(list(req.sampling.logit_bias), "logit_bias", indexed=False)
         run = self._run(sink)
-        unfollowed = self._unfollowed(run, req.request_id)
+        stops = self._stop_check(run, req.request_id)
         with self._turn(run, req.work, prompt, req.owner) as lookup:
             reader = TextReader(req.sampling.stop, self.engine.specials.values())
             outcome = self.generation.run(prompt, req.sampling, run, reader,
                                           logprobs=req.logprobs, label=req.request_id,
-                                          stop=unfollowed.prefill_stop,
-                                          stop_decoding=unfollowed.decode_stop,
+                                          stop=stops.prefill_stop,
+                                          stop_decoding=stops.decode_stop,
                                           pause=self._pause(run, req.work, req.request_id,
                                                             prompt.scope),
                                           max_tokens=self._max_tokens(req.work), lookup=lookup)
             self._account(outcome.usage, req, run)
-        return CompletionReply(reader.text, outcome.finish_reason, outcome.usage, outcome.client_gone,
+        return CompletionReply(reader.text, outcome.finish_reason, outcome.usage, outcome.client_left,
                                None if outcome.logprobs is None else completion_logprobs(outcome.logprobs))
 
     def _constraint(self, req: ChatRequest, thinking: bool) -> Optional[str]:
@@ -260,17 +260,17 @@ class Service:
         if cache is None or self._stopping.is_set():
             return None
         tokens, limit = prompt.restorable
-        return tiers.find(cache, self.policy, tokens, limit, stop=run.gone, fetching=run.fetching,
+        return tiers.find(cache, self.policy, tokens, limit, stop=run.should_stop, fetching=run.fetching,
                           scope=prompt.scope)
 
-    def new_run(self, client_gone: Callable[[], bool] = lambda: False) -> Run:
+    def new_run(self, client_left: Callable[[], bool] = lambda: False) -> Run:
         """A Run whose events readers follow (Run.read): a job's (serve/service/jobs.py), which
-        knows its readers, or a caller's that asks `client_gone()`. Cut at shutdown."""
-        return Run(self._stopping, client_gone)
+        knows its readers, or a caller's that asks `client_left()`. Cut at shutdown."""
+        return Run(self._stopping, client_left)
 
     def _run(self, sink: ReplySink | Run) -> Run:
         """The caller's Run, or one that tells an observer each event as it happens."""
-        return sink if isinstance(sink, Run) else Run(self._stopping, sink.gone, sink)
+        return sink if isinstance(sink, Run) else Run(self._stopping, sink.client_left, sink)
 
     @contextmanager
     def _turn(self, run: Run, work: str = INTERACTIVE, prompt: Optional[Prompt] = None,
@@ -317,12 +317,12 @@ class Service:
         usage.waste.update(work=req.work, behind_chores_ms=round(run.turn.behind_chores * 1000, 3))
         self.metrics.person_reply(req.owner, usage)
 
-    def _unfollowed(self, run: Run, label: str) -> Unfollowed:
+    def _stop_check(self, run: Run, label: str) -> StopCheck:
         """What the run's work may do once nobody follows it (serve/service/detach.py)."""
         options = self.options
         rule = DetachRule(options.attach, options.keep_detached,
                           options.finish_abandoned and options.prefix_cache is not None)
-        return Unfollowed(run, rule, self.queue.run_errands, options.log, label)
+        return StopCheck(run, rule, self.queue.run_errands, options.log, label)
 
     # -- idle time ------------------------------------------------------------
 

@@ -39,7 +39,7 @@ class Outcome:
     """How a run ended, and what it generated."""
     finish_reason: str
     usage: Usage
-    client_gone: bool
+    client_left: bool
     tokens: list[int]                      # every generated id
     unevaluated: int                       # of those, how many the state lacks (serve's decoder: the last)
     result: GenResult
@@ -55,7 +55,7 @@ class _Clock:
     first_token_at: float = 0.0
     last_token_at: float = 0.0
     tokens: list[int] = field(default_factory=list)
-    client_gone: bool = False
+    client_left: bool = False
     cached_tokens: int = 0          # prompt positions restored from a snapshot
     saved: int = 0                  # prompt positions the longest snapshot of it holds
 
@@ -117,7 +117,7 @@ class Generation:
                                           room),
                            stop_tokens=tuple(stop_tokens))
         clock = _Clock()
-        halt = stop_decoding or run.gone
+        halt = stop_decoding or run.should_stop
 
         def on_token(info: TokenInfo, piece: bytes) -> bool:
             now = time.monotonic()
@@ -125,7 +125,7 @@ class Generation:
             clock.last_token_at = now
             clock.tokens.append(info.token)
             if halt():
-                clock.client_gone = not run.stopped
+                clock.client_left = not run.stopped
                 return True
             self.between_tokens()
             return reader.feed(info.token, piece, run.emit)   # the Run only keeps it
@@ -136,9 +136,9 @@ class Generation:
         report = decode.Report(constrained=False).waste()
         unevaluated = 0
         try:
-            rest = self._prefill(prompt, clock, run, label, stop or run.gone, halt, pause, lookup)
+            rest = self._prefill(prompt, clock, run, label, stop or run.should_stop, halt, pause, lookup)
         except PrefillCancelled:
-            clock.client_gone = not run.stopped
+            clock.client_left = not run.stopped
             result = GenResult(n_tokens=0, cancelled=True, context_full=False, detail=None)
         else:
             # The one branch: serve decodes itself when the reply needs the logits.
@@ -154,7 +154,7 @@ class Generation:
         ms = (time.monotonic() - clock.started_at) * 1000.0
         after = self.engine.stats()
         self.metrics.engine_stats(after)
-        if not reader.stopped and not clock.client_gone:
+        if not reader.stopped and not clock.client_left:
             reader.finish(run.emit)
         finish = "stop" if run.stopped else _finish_reason(reader, clock.tokens, params, result)
         # The context's end cut the reply: the engine says so, or max_tokens was lowered to
@@ -164,7 +164,7 @@ class Generation:
         usage = self._usage(len(prompt.ids), clock, full, ms, _stats_delta(before, after), report)
         if run.reasoning is not None:
             run.reasoning.account(usage)
-        return Outcome(finish, usage, clock.client_gone, clock.tokens, unevaluated, result,
+        return Outcome(finish, usage, clock.client_left, clock.tokens, unevaluated, result,
                        run.logprobs.entries if run.logprobs is not None else None, clock.saved, full)
 
     # -- decoding in serve (structure, logprobs) --------------------------------------

@@ -77,7 +77,7 @@ class Job(Generic[R]):
         assert self.reply is not None
         if self.run.stopped:
             return "stopped"
-        if self.reply.client_gone or self.reply.finish_reason == "length":
+        if self.reply.client_left or self.reply.finish_reason == "length":
             return "incomplete"
         return "completed"
 
@@ -136,18 +136,18 @@ class Jobs:
         self._by_key: dict[str, Job] = {}                       # the newest job of each key
 
     def start(self, key: str, owner: str, model: str, run: Run, work: Callable[[Run], R],
-              hung_up: Callable[[], bool]) -> tuple[Job[R], bool, int]:
+              client_left: Callable[[], bool]) -> tuple[Job[R], bool, int]:
         """The job an identical request may attach to (True), or a new one running
         `work(run)` on its own thread (False); and the caller's reader number, for it follows
-        the job's run either way (Run.follow, with its client's `hung_up` probe)."""
+        the job's run either way (Run.follow, with its client's `client_left` probe)."""
         with self._lock:
             self._forget_old()
             found = self._by_key.get(key) if self.attach else None
             if found is not None and found.owner == owner and found.model == model \
                     and self._joinable(found):
-                return found, True, found.run.follow(hung_up)
+                return found, True, found.run.follow(client_left)
             job: Job[R] = Job(new_id("job"), key, owner, model, run)
-            reader = run.follow(hung_up)
+            reader = run.follow(client_left)
             self._jobs[job.id] = job
             self._by_key[key] = job
         # Handed over in a box the job's thread empties: a Thread keeps its arguments until
@@ -161,7 +161,7 @@ class Jobs:
         if job.finished_at is None:
             return not (job.run.stopped or job.run.cut or job.run.followed())
         return not job.delivered and job.error is None and not job.run.stopped \
-            and not job.result().client_gone
+            and not job.result().client_left
 
     def get(self, job_id: str, owner: str) -> Optional[Job]:
         """The job with this id, if `owner` made it (another's is as absent as a missing one)."""

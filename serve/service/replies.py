@@ -44,7 +44,7 @@ class ReplySink(Protocol):
     def emit(self, delta: Delta) -> None:
         """One piece of output (a completion's text is its `content`)."""
 
-    def gone(self) -> bool:
+    def client_left(self) -> bool:
         """True once the client has disconnected: generation stops at the next token."""
 
     def queued(self, ahead: int) -> None:
@@ -61,7 +61,7 @@ class ChatReply:
     message: dict
     finish_reason: str
     usage: Usage
-    client_gone: bool
+    client_left: bool
     logprobs: Optional[dict] = None   # choices[].logprobs, when asked for
     stop_sequence: str = ""   # the stop string that ended the reply, if one did
 
@@ -71,5 +71,5 @@ class CompletionReply:
     text: str
     finish_reason: str
     usage: Usage
-    client_gone: bool
+    client_left: bool
     logprobs: Optional[dict] = None

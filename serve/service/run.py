@@ -5,7 +5,7 @@ A `Run` holds
   as a normal finish with what was said so far), or nobody following it any
   more (`detached_for`: its readers all left; serve/service/detach.py decides
   what such work may still do). A caller with no job reads its client's state
-  through a `client_gone` probe instead;
+  through a `client_left` probe instead;
 - the engine turn (serve/engine/queue.py's `Turn`), once the request holds it;
 - the request's events, and the logprobs waiting for the answer text they
   belong to (serve/service/logprobs.py).
@@ -104,10 +104,10 @@ def _never() -> bool:
 
 
 class Run:
-    def __init__(self, stopping: threading.Event, client_gone: Callable[[], bool] = _never,
+    def __init__(self, stopping: threading.Event, client_left: Callable[[], bool] = _never,
                  observer: Optional[ReplySink] = None):
         self._stopping = stopping
-        self._client_gone = client_gone
+        self._client_left = client_left
         self._observer = observer
         self._log: list[Event] = []             # every event made, in order; only appended to
         self._ended = False                     # the call is over: no event follows
@@ -115,8 +115,8 @@ class Run:
         # The readers following the log now, each with its client's hangup probe.
         self._readers: dict[int, Callable[[], bool]] = {}
         self._next_reader = 0
-        self._unfollowed_at: Optional[float] = None   # when the last of them left
-        self.cut = False                        # gone() said yes because of shutdown
+        self._left_at: Optional[float] = None   # when the last of them left
+        self.cut = False                        # should_stop() said yes because of shutdown
         self.stopped = False                    # stopped on purpose: a normal finish
         self.turn: Optional[Turn] = None        # the hold on the engine, once the request has it
         self.logprobs: Optional[LogprobLedger] = None   # when the request asks for logprobs
@@ -125,27 +125,27 @@ class Run:
 
     # -- cancellation ---------------------------------------------------------------------
 
-    def gone(self) -> bool:
+    def should_stop(self) -> bool:
         """Is there a reason to stop at the next token or prefill chunk? Shutdown, a stop,
         or nobody following the run (serve/service/detach.py says whether it goes on)."""
         if self._stopping.is_set():
             self.cut = True
             return True
-        if self.stopped or self._unfollowed_at is not None or self._client_gone():
+        if self.stopped or self._left_at is not None or self._client_left():
             return True
         readers = list(self._readers.values())
-        if readers and all(hung_up() for hung_up in readers):
+        if readers and all(client_left() for client_left in readers):
             # Each reader's client has closed its socket: the readers will see it at their
-            # next look, and the work need not wait for them to count as unfollowed.
+            # next look, and the work need not wait for them to count as detached.
             with self._cond:
-                if self._unfollowed_at is None:
-                    self._unfollowed_at = time.monotonic()
+                if self._left_at is None:
+                    self._left_at = time.monotonic()
             return True
         return False
 
     def followed(self) -> bool:
         """Does a reader follow the log whose client is still there?"""
-        return any(not hung_up() for hung_up in list(self._readers.values()))
+        return any(not client_left() for client_left in list(self._readers.values()))
 
     def stop(self) -> None:
         """End the reply at the next token or prefill chunk, as a normal finish."""
@@ -153,25 +153,25 @@ class Run:
 
     def detached_for(self) -> Optional[float]:
         """Seconds since the last reader left, or None while one follows (or none ever did)."""
-        left = self._unfollowed_at
+        left = self._left_at
         return None if left is None else time.monotonic() - left
 
-    def follow(self, hung_up: Callable[[], bool] = _never) -> int:
+    def follow(self, client_left: Callable[[], bool] = _never) -> int:
         """A reader starts following the log (a client, or a background response's keeper);
-        `hung_up()` asks whether its client has closed its end (serve/core/hangup.py), once per
+        `client_left()` asks whether its client has closed its end (serve/core/hangup.py), once per
         token, so the work learns it at once. Returns the reader's number for unfollow."""
         with self._cond:
             reader, self._next_reader = self._next_reader, self._next_reader + 1
-            self._readers[reader] = hung_up
-            self._unfollowed_at = None
+            self._readers[reader] = client_left
+            self._left_at = None
             return reader
 
     def unfollow(self, reader: int) -> None:
         """A reader stops following: its client left, or it has everything."""
         with self._cond:
             self._readers.pop(reader, None)
-            if not self._readers and not self._ended and self._unfollowed_at is None:
-                self._unfollowed_at = time.monotonic()
+            if not self._readers and not self._ended and self._left_at is None:
+                self._left_at = time.monotonic()
 
     # -- events, from the thread running the request --------------------------------------
 
@@ -229,5 +229,5 @@ class Run:
         """The call returned (or raised): no event follows, and readers stop waiting."""
         with self._cond:
             self._ended = True
-            self._unfollowed_at = None
+            self._left_at = None
             self._cond.notify_all()

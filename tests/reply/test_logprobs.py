@@ -155,7 +155,7 @@ class GoneAfter:
     def emit(self, delta: dict) -> None:
         self.deltas.append(delta)
 
-    def gone(self) -> bool:
+    def client_left(self) -> bool:
         return len(self.deltas) >= self.n
 
 
@@ -165,7 +165,7 @@ def test_the_eval_loop_stops_when_the_client_is_gone(service, extra):
     req = parse_chat_request({"messages": USER, "max_tokens": 50, "temperature": 0, "seed": 1, **extra})
     sink = GoneAfter(3)
     reply = service.chat(req, sink)
-    assert reply.client_gone and len(sink.deltas) == 3
+    assert reply.client_left and len(sink.deltas) == 3
     assert reply.usage.completion_tokens < 50
 
 

@@ -145,22 +145,22 @@ def test_a_failed_send_tells_the_run_once():
 def test_the_run_says_gone_once_nobody_follows_it_it_is_stopped_or_shutdown_began():
     stopping = threading.Event()
     run = Run(stopping)
-    assert not run.gone() and run.detached_for() is None
+    assert not run.should_stop() and run.detached_for() is None
     reader = run.follow()
-    assert not run.gone()
+    assert not run.should_stop()
     run.unfollow(reader)
-    assert run.gone() and not run.cut and run.detached_for() is not None
-    hung_up = threading.Event()
-    run.follow(hung_up.is_set)   # an identical request came back for it
-    assert not run.gone() and run.detached_for() is None
-    hung_up.set()                # its client closed its socket: known before its reader looks
-    assert run.gone() and run.detached_for() is not None
+    assert run.should_stop() and not run.cut and run.detached_for() is not None
+    client_left = threading.Event()
+    run.follow(client_left.is_set)   # an identical request came back for it
+    assert not run.should_stop() and run.detached_for() is None
+    client_left.set()                # its client closed its socket: known before its reader looks
+    assert run.should_stop() and run.detached_for() is not None
     run.follow()
-    assert not run.gone()
+    assert not run.should_stop()
     run.stop()
-    assert run.gone() and run.stopped and not run.cut
+    assert run.should_stop() and run.stopped and not run.cut
     stopping.set()
-    assert run.gone() and run.cut
+    assert run.should_stop() and run.cut
 
 
 def test_an_exchange_that_fails_ends_the_reply_and_a_stream_stops_generating(monkeypatch):

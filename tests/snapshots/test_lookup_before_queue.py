@@ -167,7 +167,7 @@ class Idle:
     def queued(self, ahead: int) -> None:
         pass
 
-    def gone(self) -> bool:
+    def should_stop(self) -> bool:
         return False
 
 
