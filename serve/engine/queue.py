@@ -107,7 +107,7 @@ class _Errand:
         self.result: object = None
         self.error: Optional[BaseException] = None
 
-    def run(self) -> None:
+    def do(self) -> None:
         try:
             self.result = self.work()
         except BaseException as e:  # noqa: BLE001 - handed to the thread that asked
@@ -457,7 +457,7 @@ class EngineQueue:
                 self._cond.wait(POLL_SECONDS)
         if not errand.done:
             try:
-                errand.run()
+                errand.do()
             finally:
                 with self._cond:
                     self._errand_running = False
@@ -474,7 +474,7 @@ class EngineQueue:
                 return
             pending, self._errands = self._errands, []
         for errand in pending:
-            errand.run()
+            errand.do()
         with self._cond:
             for errand in pending:
                 errand.done = True

@@ -18,7 +18,7 @@ from serve.dialects.exchange import R, Exchange
 from serve.service.facade import Service
 from serve.service.models import Models
 from serve.service.jobs import Job
-from serve.service.run import Run
+from serve.service.journal import Journal
 from serve.dialects.sse import EventWriter
 from serve.http.background import Keepers
 
@@ -101,7 +101,7 @@ class Answering(Protocol):
         """Who sent it: a digest of its credentials ("" for none)."""
         ...
 
-    def start_job(self, exchange: Exchange[R], call: Callable[[Service], Callable[[Any, Run], R]],
+    def start_job(self, exchange: Exchange[R], call: Callable[[Service], Callable[[Any, Journal], R]],
                   body: Optional[dict], client_left: Callable[[], bool]) -> tuple[Job[R], bool, int]:
         """The request's job (new, or an identical request's when `body` is given) and the
         caller's reader number in it."""
@@ -112,7 +112,7 @@ class Answering(Protocol):
         """Send an event stream's headers; its bytes then go through the returned writer."""
         ...
 
-    def generate(self, exchange: Exchange[R], call: Callable[[Service], Callable[[Any, Run], R]],
+    def generate(self, exchange: Exchange[R], call: Callable[[Service], Callable[[Any, Journal], R]],
                  body: dict, headers: Optional[dict[str, str]] = None) -> None:
         """Run a generation as a job and answer with it, blocking or streamed as the request
         says; `body` is what an identical request must match to attach to the job."""

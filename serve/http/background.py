@@ -28,7 +28,7 @@ from serve.core.errors import ApiError
 from serve.dialects import responses
 from serve.service.jobs import KEEP_FINISHED, Job
 from serve.service.replies import ChatReply, ReplyStart
-from serve.service.run import Emitted, Prefilling, Started
+from serve.service.journal import Emitted, Prefilling, Started
 
 KEPT = KEEP_FINISHED   # keepers held, at most: the finished ones beyond it are dropped first
 
@@ -95,11 +95,11 @@ class Keeper:
             self._cond.notify_all()
 
     def _keep(self) -> None:
-        run, position = self.job.run, 0
+        journal, position = self.job.journal, 0
         start = ReplyStart()
         opened = False
         while True:
-            events, more = run.read(position)
+            events, more = journal.read(position)
             position += len(events)
             for event in events:
                 if isinstance(event, Started):
@@ -113,7 +113,7 @@ class Keeper:
                     self._add(self.exchange.delta_events(event.delta))
             if not more:
                 break
-        run.unfollow(self._reader)
+        journal.unfollow(self._reader)
         if not opened:
             self._add(self.exchange.opening_events(start))
         try:

@@ -239,7 +239,7 @@ def answer_job(handler: Answering, method: str, job_id: str) -> None:
     token (serve/service/reasoning_budget.py) and the model answers, in the same stream;
     `answering` is false when there is no reasoning left to close."""
     job = _job(handler, job_id)
-    budget = job.run.reasoning
+    budget = job.journal.reasoning
     handler.send_json(200, {**job.describe(),
                             "answering": budget is not None and budget.answer_now()})
 

@@ -21,7 +21,7 @@ from serve.dialects.exchange import R, Exchange
 from serve.http.answering import Answering
 from serve.service.facade import Service
 from serve.service.jobs import Job
-from serve.service.run import Run
+from serve.service.journal import Journal
 
 FRAMING = ("stream", "stream_options")
 _SLICE = 1 << 20   # characters of a text hashed at a time
@@ -67,7 +67,7 @@ class _Key(str):
 
 
 def start_job(handler: Answering, exchange: Exchange[R],
-              call: Callable[[Service], Callable[[Any, Run], R]], body: Optional[dict],
+              call: Callable[[Service], Callable[[Any, Journal], R]], body: Optional[dict],
               client_left: Callable[[], bool]) -> tuple[Job[R], bool, int]:
     """The request's job, new or attached to (`body` None: never attached), and the caller's
     reader number in it; its id goes with the reply (X-Serve-Job)."""
@@ -92,7 +92,7 @@ def start_job(handler: Answering, exchange: Exchange[R],
     key = job_key(current.path, handler.owner, decision.work, body) if body is not None \
         else new_id("unshared")
     job, attached, reader = server.models.jobs.start(
-        key, handler.owner, exchange.model, service.new_run(),
-        lambda run: call(service)(exchange.request, run), client_left)
+        key, handler.owner, exchange.model, service.new_journal(),
+        lambda journal: call(service)(exchange.request, journal), client_left)
     current.reply_headers["X-Serve-Job"] = job.id
     return job, attached, reader

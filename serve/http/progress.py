@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 
-from serve.service.run import Progress
+from serve.service.journal import Progress
 
 
 def prefill_comment(event: Progress, restored: int) -> str:

@@ -36,7 +36,7 @@ from serve.dialects.sse import DEFAULT_HEARTBEAT, EventWriter
 from serve.service.facade import Service
 from serve.service.models import Models
 from serve.service.jobs import Job
-from serve.service.run import Run
+from serve.service.journal import Journal
 
 DEFAULT_REQUEST_TIMEOUT = 60.0  # seconds for a whole request's headers and body, idle time included
 
@@ -268,7 +268,7 @@ class Handler(BaseHTTPRequestHandler):
         self.server.error_log(f"{self.request_id} internal error: {type(error).__name__}: {error}")
         return ApiError(500, f"internal error (request id {self.request_id})", kind="server_error")
 
-    def generate(self, exchange: Exchange[R], call: Callable[[Service], Callable[[Any, Run], R]],
+    def generate(self, exchange: Exchange[R], call: Callable[[Service], Callable[[Any, Journal], R]],
                  body: dict, headers: Optional[dict[str, str]] = None) -> None:
         """One generation, as a job (serve/service/jobs.py): blocking (one JSON body) or
         streamed, as the exchange's request says, by the model the body and its request pick
@@ -286,7 +286,7 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self.current.status = answer.status
 
-    def start_job(self, exchange: Exchange[R], call: Callable[[Service], Callable[[Any, Run], R]],
+    def start_job(self, exchange: Exchange[R], call: Callable[[Service], Callable[[Any, Journal], R]],
                   body: Optional[dict], client_left: Callable[[], bool]) -> tuple[Job[R], bool, int]:
         return start_job(self, exchange, call, body, client_left)
 

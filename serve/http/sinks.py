@@ -1,7 +1,7 @@
 """The sink of every generation request: a job's events, through an exchange, to the client.
 
 The job runs on its own thread (serve/service/jobs.py) and only appends its
-events to its run's log. The sink follows that log on the handler's thread,
+events to its journal. The sink follows that log on the handler's thread,
 from the first event, whether the job is new or one this request attached to:
 a client that comes back gets everything said so far at once, then the rest
 as it comes. So only this thread makes the exchange's bytes, and nothing here
@@ -29,7 +29,7 @@ from serve.engine.queue import ClientLeft
 from serve.dialects.exchange import R, Exchange
 from serve.service.replies import ReplyStart
 from serve.service.jobs import Job
-from serve.service.run import Accepted, Emitted, Event, Fetching, Prefilling, Progress, Queued, Started
+from serve.service.journal import Accepted, Emitted, Event, Fetching, Prefilling, Progress, Queued, Started
 from serve.dialects.sse import EventWriter
 from serve.http.progress import prefill_comment
 
@@ -114,10 +114,10 @@ class ExchangeSink(Generic[R]):
     def _follow(self) -> R:
         """Take the job's events until it ends, then its reply (or what it raised). Raises
         ClientLeft, and stops following, once the client has left."""
-        run, position = self._job.run, 0
+        journal, position = self._job.journal, 0
         try:
             while True:
-                events, more = run.read(position, FOLLOW_POLL)
+                events, more = journal.read(position, FOLLOW_POLL)
                 position += len(events)
                 for event in events:
                     self._take(event)
@@ -128,15 +128,15 @@ class ExchangeSink(Generic[R]):
                 if not more:   # read under the log's lock: nothing follows what it gave
                     break
         except ClientLeft:
-            run.unfollow(self._reader)   # the job goes on by serve/service/detach.py's rule
+            journal.unfollow(self._reader)   # the job goes on by serve/service/detach.py's rule
             raise
         except BaseException:
             # This side broke, not the client: what the job says can reach no one this way.
             self._job.stop()
-            run.unfollow(self._reader)
+            journal.unfollow(self._reader)
             raise
         self._job.delivered = True
-        run.unfollow(self._reader)
+        journal.unfollow(self._reader)
         return self._job.result()
 
     # -- following it --------------------------------------------------------------------
@@ -218,7 +218,7 @@ class ExchangeSink(Generic[R]):
 
     def _fail(self, error: Exception) -> Answer:
         """An error after the stream opened: the format's failure events end it (the writer
-        is closed by run() even when those events cannot be built)."""
+        is closed by follow() even when those events cannot be built)."""
         public = self._exchange.error(self._connection.public_error(error))
         self._events(lambda: self._exchange.failed(public), last=True)
         return Answer(200)

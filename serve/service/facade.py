@@ -47,7 +47,7 @@ from serve.snapshots.scope import Scope
 from serve.snapshots.shared_dir import SharedDir
 from serve.service.prompt import ChatCheck, check_fits, Prompt, PromptBuilder
 from serve.service.replies import ChatReply, CompletionReply, ReplySink
-from serve.service.run import Run
+from serve.service.journal import Journal
 from serve.snapshots.reply_memory import ReplyMemory
 from serve.service.reasoning_budget import closing_ids, ReasoningBudget
 from serve.service.reply_reader import ChatReader, TextReader
@@ -177,7 +177,7 @@ class Service:
 
     # -- requests -------------------------------------------------------------
 
-    def chat(self, req: ChatRequest, sink: ReplySink | Run) -> ChatReply:
+    def chat(self, req: ChatRequest, sink: ReplySink | Journal) -> ChatReply:
         check = self.prompts.check(req)
         # Built before the engine is held: a schema the grammar cannot enforce is a 400
         # before any stream opens, and a large one compiles while others use the engine.
@@ -186,7 +186,7 @@ class Service:
         self.prompts.pieces(list(req.sampling.logit_bias), "logit_bias", indexed=False)
         with StagedImages(self.options.allow_local_images) as staged:
             early = self.prompts.of_chat(req, check, staged)
-            run = self._run(sink)
+            run = self._journal(sink)
             stops = self._stop_check(run, req.request_id)
             run.accepted(check.thinking)
             run.reasoning = ReasoningBudget(self.prompts.budget(req), self.reasoning_end) if check.thinking else None
@@ -195,7 +195,7 @@ class Service:
                 reader = ChatReader(self.chat_format.new_parser(check.thinking), req.sampling.stop,
                                     self.chat_format.stop_tokens,
                                     None if req.parallel_tool_calls else 1, run.reasoning)
-                outcome = self.generation.run(
+                outcome = self.generation.produce(
                     prompt, req.sampling, run, reader, stop_tokens=self.chat_format.stop_tokens,
                     logprobs=req.logprobs, constraint=constraint, label=req.request_id,
                     stop=stops.prefill_stop, stop_decoding=stops.decode_stop,
@@ -218,22 +218,22 @@ class Service:
             prompt = self.prompts.of_chat(req, check, staged)
             if prompt.expanded_length is not None:
                 return prompt.expanded_length
-            run = self.new_run(client_left)   # its events are never taken: the count is the answer
+            run = self.new_journal(client_left)   # its events are never taken: the count is the answer
             with self._turn(run, owner=req.owner):
                 expanded = self.prompts.with_images(prompt)
                 self.engine.image_clear()
                 return len(expanded.ids)
 
-    def complete(self, req: CompletionRequest, sink: ReplySink | Run) -> CompletionReply:
+    def complete(self, req: CompletionRequest, sink: ReplySink | Journal) -> CompletionReply:
         check_fits(self.engine, len(req.prompt), "prompt", self.options.context_beyond)
         prompt = Prompt(self.prompts.text(req.prompt), scope=self.prompts.scope(req))
         self.generation.check_decoding(req.logprobs, req.sampling)
         self.prompts.pieces(list(req.sampling.logit_bias), "logit_bias", indexed=False)
-        run = self._run(sink)
+        run = self._journal(sink)
         stops = self._stop_check(run, req.request_id)
         with self._turn(run, req.work, prompt, req.owner) as lookup:
             reader = TextReader(req.sampling.stop, self.engine.specials.values())
-            outcome = self.generation.run(prompt, req.sampling, run, reader,
+            outcome = self.generation.produce(prompt, req.sampling, run, reader,
                                           logprobs=req.logprobs, label=req.request_id,
                                           stop=stops.prefill_stop,
                                           stop_decoding=stops.decode_stop,
@@ -252,7 +252,7 @@ class Service:
             return None
         return grammar.compile_grammar(fmt.grammar(req, thinking))
 
-    def _look_up(self, prompt: Prompt, run: Run) -> Optional[Lookup]:
+    def _look_up(self, prompt: Prompt, run: Journal) -> Optional[Lookup]:
         """The prompt's snapshot, found (and fetched from the shared tier) while the request
         waits, not on the engine: the engine only brings it up to date (serve/snapshots/lookup.py).
         A client that leaves stops a fetch between two chunks."""
@@ -263,17 +263,17 @@ class Service:
         return tiers.find(cache, self.policy, tokens, limit, stop=run.should_stop, fetching=run.fetching,
                           scope=prompt.scope)
 
-    def new_run(self, client_left: Callable[[], bool] = lambda: False) -> Run:
-        """A Run whose events readers follow (Run.read): a job's (serve/service/jobs.py), which
+    def new_journal(self, client_left: Callable[[], bool] = lambda: False) -> Journal:
+        """A Journal whose events readers follow (Journal.read): a job's (serve/service/jobs.py), which
         knows its readers, or a caller's that asks `client_left()`. Cut at shutdown."""
-        return Run(self._stopping, client_left)
+        return Journal(self._stopping, client_left)
 
-    def _run(self, sink: ReplySink | Run) -> Run:
-        """The caller's Run, or one that tells an observer each event as it happens."""
-        return sink if isinstance(sink, Run) else Run(self._stopping, sink.client_left, sink)
+    def _journal(self, sink: ReplySink | Journal) -> Journal:
+        """The caller's Journal, or one that tells an observer each event as it happens."""
+        return sink if isinstance(sink, Journal) else Journal(self._stopping, sink.client_left, sink)
 
     @contextmanager
-    def _turn(self, run: Run, work: str = INTERACTIVE, prompt: Optional[Prompt] = None,
+    def _turn(self, run: Journal, work: str = INTERACTIVE, prompt: Optional[Prompt] = None,
               owner: str = "") -> Iterator[Optional[Lookup]]:
         """Wait in line for the engine and hold it, empty; a run cut by shutdown ends in its 503.
         Yields the prompt's snapshot, found while the request waits in line, its place kept
@@ -297,7 +297,7 @@ class Service:
 
     # -- classes of work (docs/chores.md) -------------------------------------------
 
-    def _pause(self, run: Run, work: str, label: str, scope: Scope) -> Optional[Preemption]:
+    def _pause(self, run: Journal, work: str, label: str, scope: Scope) -> Optional[Preemption]:
         """A chore's way to step aside for a person (it needs the prefix cache to save to)."""
         cache = self.options.prefix_cache
         if work != BACKGROUND or not self.options.work_classes or cache is None:
@@ -310,14 +310,14 @@ class Service:
         """The default max_tokens of a request of this class (None: the server's)."""
         return self.options.background_max_tokens if work == BACKGROUND else None
 
-    def _account(self, usage: Usage, req: ChatRequest | CompletionRequest, run: Run) -> None:
+    def _account(self, usage: Usage, req: ChatRequest | CompletionRequest, run: Journal) -> None:
         """The reply's class, how long it waited while chores held the engine (the chat page
         shows it: serve/static/chat.html), and its tokens, for its sender."""
         assert run.turn is not None   # asked inside the turn
         usage.waste.update(work=req.work, behind_chores_ms=round(run.turn.behind_chores * 1000, 3))
         self.metrics.person_reply(req.owner, usage)
 
-    def _stop_check(self, run: Run, label: str) -> StopCheck:
+    def _stop_check(self, run: Journal, label: str) -> StopCheck:
         """What the run's work may do once nobody follows it (serve/service/detach.py)."""
         options = self.options
         rule = DetachRule(options.attach, options.keep_detached,
@@ -359,7 +359,7 @@ class Service:
                                   stop=lambda: yield_now() or stopping(), scope=prompt.scope)
                     cached = run.restore(held)
                     before = cached if before is None else before
-                    run.run(held, prompt.snapshot_at)
+                    run.evaluate(held, prompt.snapshot_at)
                     return held, before
                 except PrefillCancelled:
                     if stopping():

@@ -23,7 +23,7 @@ from serve.engine.types import GenParams, GenResult, Stats, TokenInfo
 from serve.engine.api import EngineApi
 from serve.engine.queue import LostTurn
 from serve.service.logprobs import LogprobLedger
-from serve.service.run import Run
+from serve.service.journal import Journal
 from serve.service.metrics import Metrics
 from serve.service.prefill import DEFAULT_CHUNK, Pause, Prefill, PrefillCancelled
 from serve.snapshots.cache import PrefixCache
@@ -81,7 +81,7 @@ class Generation:
         # llguidance's view of the vocabulary, built once per (size, stop tokens)
         self._vocabularies: dict[tuple[int, tuple[int, ...]], grammar.Vocabulary] = {}
 
-    def run(self, prompt: Prompt, sampling: Sampling, run: Run, reader: ReplyReader, *,
+    def produce(self, prompt: Prompt, sampling: Sampling, run: Journal, reader: ReplyReader, *,
             stop_tokens: Sequence[int] = (), logprobs: Optional[int] = None,
             constraint: Optional[str] = None, label: str = "",
             stop: Optional[Callable[[], bool]] = None,
@@ -95,7 +95,7 @@ class Generation:
         (by default, whether the run is gone). A prefill that runs to its end for a
         client that left is snapshotted there, and nothing is generated. `stop_decoding`:
         the same question before each generated token (serve/service/detach.py answers
-        both). A run stopped on purpose (Run.stop) ends as a normal finish. `pause`: a
+        both). A run stopped on purpose (Journal.stop) ends as a normal finish. `pause`: a
         chore's, asked before each engine call (a chore decodes in serve, when it can, so
         that it can step aside between two tokens); `max_tokens`: the default when the
         request sets none (else the server's); `lookup`: the prompt's prefix-cache lookup,
@@ -128,7 +128,7 @@ class Generation:
                 clock.client_left = not run.stopped
                 return True
             self.between_tokens()
-            return reader.feed(info.token, piece, run.emit)   # the Run only keeps it
+            return reader.feed(info.token, piece, run.emit)   # the Journal only keeps it
 
         before = self.engine.stats()
         run.start()
@@ -188,7 +188,7 @@ class Generation:
                                     f"({off}): the engine's sampler cannot apply it; to enable: "
                                     f"{grammar.ENABLE_HINT}", code="decoding_unavailable")
 
-    def _decoder(self, sampling: Sampling, top_logprobs: Optional[int], run: Run,
+    def _decoder(self, sampling: Sampling, top_logprobs: Optional[int], run: Journal,
                  constraint: Optional[str], stop_tokens: Sequence[int],
                  pause: Optional[Callable[[Sequence[int]], None]] = None
                  ) -> Optional[decode.Decoder]:
@@ -218,7 +218,7 @@ class Generation:
 
     # -- prefill --------------------------------------------------------------------------
 
-    def _prefill(self, prompt: Prompt, clock: _Clock, run: Run, label: str,
+    def _prefill(self, prompt: Prompt, clock: _Clock, run: Journal, label: str,
                  stop: Callable[[], bool], halt: Callable[[], bool], pause: Optional[Pause],
                  lookup: Optional[Lookup]) -> list[int]:
         """Restore and evaluate all but the tail of the prompt; returns the tail for generate.
@@ -239,7 +239,7 @@ class Generation:
             run.prefilling(len(prompt.ids), clock.cached_tokens)
             if cache is not None:
                 self.metrics.prefix_lookup(clock.cached_tokens > 0)
-            clock.saved = prefill.run(upto, prompt.snapshot_at).saved
+            clock.saved = prefill.evaluate(upto, prompt.snapshot_at).saved
             if halt():
                 # Evaluated for a client that left (or to the end, for its retry): kept for
                 # whoever sends the same prompt next, and nothing is generated.
@@ -279,7 +279,7 @@ class Generation:
         prefill = Prefill(self.engine, tokens, cache=self.prefix_cache, policy=self.policy,
                           chunk=self.prefill_chunk, insure=False)
         prefill.restore(len(tokens))
-        prefill.run(len(tokens))
+        prefill.evaluate(len(tokens))
 
     # -- accounting -----------------------------------------------------------------------
 

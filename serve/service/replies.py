@@ -1,7 +1,7 @@
 """What a request produces and where its output goes, between the service and the wire formats.
 
 The service runs a request and hands its output, piece by piece, to the
-request's `Run` (serve/service/run.py), which keeps it for the caller's own
+request's `Journal` (serve/service/journal.py), which keeps it for the caller's own
 thread or tells a `ReplySink`; when it is over it returns a `ChatReply` or
 `CompletionReply`.
 The wire formats (serve/dialects/openai.py, serve/dialects/anthropic.py, serve/dialects/responses.py)

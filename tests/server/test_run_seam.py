@@ -1,4 +1,4 @@
-"""The thread running a request hands its events to the request's Run and runs no HTTP code.
+"""The thread running a request hands its events to the request's Journal and runs no HTTP code.
 
 Over real sockets with the scripted engine: every call the thread makes while
 it is inside the service (waiting in line, prefill, generation, reading the
@@ -23,7 +23,7 @@ from serve.core.reply import Delta
 from serve.dialects import openai
 from serve.dialects.sse import EventWriter
 from serve.service.facade import Service
-from serve.service.run import Run
+from serve.service.journal import Journal
 
 SERVE = Path(__file__).resolve().parents[2] / "serve"
 HTTP_SIDE = (str(SERVE / "http") + "/", str(SERVE / "dialects") + "/")
@@ -84,7 +84,7 @@ def test_generation_runs_no_http_code(watched: Watched, path: str, body: dict):
         resp = call(srv.port, "POST", path, body)
     assert resp.status == 200, resp.body
     assert b"Hel" in resp.body and b"lo" in resp.body   # the reply reached the client
-    assert watched.ran("serve/service/run.py") and watched.ran("serve/service/generation.py")
+    assert watched.ran("serve/service/journal.py") and watched.ran("serve/service/generation.py")
     assert watched.http_side() == []
 
 
@@ -144,7 +144,7 @@ def test_a_failed_send_tells_the_run_once():
 
 def test_the_run_says_gone_once_nobody_follows_it_it_is_stopped_or_shutdown_began():
     stopping = threading.Event()
-    run = Run(stopping)
+    run = Journal(stopping)
     assert not run.should_stop() and run.detached_for() is None
     reader = run.follow()
     assert not run.should_stop()
@@ -188,7 +188,7 @@ def test_an_exchange_that_fails_ends_the_reply_and_a_stream_stops_generating(mon
         blocking = call(srv.port, "POST", CHAT, {"messages": USER})
         after = call(srv.port, "POST", CHAT, {"messages": USER, "max_tokens": 3})
     # The stream: the failure event ends it, and generation stopped (at the next token the
-    # engine's thread began after the sse-events thread told the Run).
+    # engine's thread began after the sse-events thread told the Journal).
     assert streamed.status == 200
     events = streamed.events()
     assert events[-1] == "[DONE]" and events[-2]["error"]["type"] == "server_error"

@@ -1,6 +1,6 @@
 """One request as it runs: the one object the service and its generation loop speak to.
 
-A `Run` holds
+A `Journal` holds
 - cancellation: shutdown (`cut`), an explicit stop (`stopped`: the reply ends
   as a normal finish with what was said so far), or nobody following it any
   more (`detached_for`: its readers all left; serve/service/detach.py decides
@@ -10,7 +10,7 @@ A `Run` holds
 - the request's events, and the logprobs waiting for the answer text they
   belong to (serve/service/logprobs.py).
 
-The thread running the request only appends its events to the Run's log and
+The thread running the request only appends its events to the Journal's log and
 never calls out. The log is append-only: any number of readers follow it,
 each from a position of its own (`read`), so a client that comes back gets
 everything said so far at once, and a reader that stops reading blocks no one.
@@ -103,7 +103,7 @@ def _never() -> bool:
     return False
 
 
-class Run:
+class Journal:
     def __init__(self, stopping: threading.Event, client_left: Callable[[], bool] = _never,
                  observer: Optional[ReplySink] = None):
         self._stopping = stopping
