@@ -24,7 +24,8 @@ from serve.formats.xtml.grammar import Markup, xtml_grammar
 from serve.formats.xtml.render import build_chat_segments
 from serve.service.facade import Service, ServiceOptions
 from serve.service.image_check import check_pixels, Undecodable
-from serve.service.replies import ChatReply, CompletionReply, ReplySink
+from serve.service.journal import Event, Emitted, Listener
+from serve.service.replies import ChatReply, CompletionReply
 from serve.service.response_store import ResponseStore
 from serve.snapshots.cache import PrefixCache
 from serve.snapshots.policy import Costs, SnapshotPolicy
@@ -35,7 +36,7 @@ from serve.tokenizer.vocabulary import load as load_vocabulary
 __all__ = [
     # the request, the reply, errors
     "ApiError", "ChatRequest", "CompletionRequest", "Sampling", "Segment", "Delta", "Reply",
-    "Usage", "ChatReply", "CompletionReply", "ReplySink",
+    "Usage", "ChatReply", "CompletionReply", "Event", "Emitted", "Listener",
     # the wire formats
     "parse_chat_request", "parse_completion_request", "parse_anthropic_request",
     "ChatExchange", "CompletionExchange", "MessagesExchange", "ResponsesExchange",

@@ -46,8 +46,8 @@ from serve.snapshots.lookup import Lookup
 from serve.snapshots.scope import Scope
 from serve.snapshots.shared_dir import SharedDir
 from serve.service.prompt import ChatCheck, check_fits, Prompt, PromptBuilder
-from serve.service.replies import ChatReply, CompletionReply, ReplySink
-from serve.service.journal import Journal
+from serve.service.replies import ChatReply, CompletionReply
+from serve.service.journal import Accepted, Fetching, Journal, Listener
 from serve.snapshots.reply_memory import ReplyMemory
 from serve.service.reasoning_budget import closing_ids, ReasoningBudget
 from serve.service.reply_reader import ChatReader, TextReader
@@ -177,7 +177,7 @@ class Service:
 
     # -- requests -------------------------------------------------------------
 
-    def chat(self, req: ChatRequest, sink: ReplySink | Journal) -> ChatReply:
+    def chat(self, req: ChatRequest, sink: Listener | Journal) -> ChatReply:
         check = self.prompts.check(req)
         # Built before the engine is held: a schema the grammar cannot enforce is a 400
         # before any stream opens, and a large one compiles while others use the engine.
@@ -188,7 +188,7 @@ class Service:
             early = self.prompts.of_chat(req, check, staged)
             run = self._journal(sink)
             stops = self._stop_check(run, req.request_id)
-            run.accepted(check.thinking)
+            run.post(Accepted(check.thinking))
             run.reasoning = ReasoningBudget(self.prompts.budget(req), self.reasoning_end) if check.thinking else None
             with self._turn(run, req.work, early, req.owner) as lookup:
                 prompt = self.prompts.with_images(early)
@@ -224,7 +224,7 @@ class Service:
                 self.engine.image_clear()
                 return len(expanded.ids)
 
-    def complete(self, req: CompletionRequest, sink: ReplySink | Journal) -> CompletionReply:
+    def complete(self, req: CompletionRequest, sink: Listener | Journal) -> CompletionReply:
         check_fits(self.engine, len(req.prompt), "prompt", self.options.context_beyond)
         prompt = Prompt(self.prompts.text(req.prompt), scope=self.prompts.scope(req))
         self.generation.check_decoding(req.logprobs, req.sampling)
@@ -260,7 +260,8 @@ class Service:
         if cache is None or self._stopping.is_set():
             return None
         tokens, limit = prompt.restorable
-        return tiers.find(cache, self.policy, tokens, limit, stop=run.should_stop, fetching=run.fetching,
+        return tiers.find(cache, self.policy, tokens, limit, stop=run.should_stop,
+                          fetching=lambda positions: run.post(Fetching(positions)),
                           scope=prompt.scope)
 
     def new_journal(self, client_left: Callable[[], bool] = lambda: False) -> Journal:
@@ -268,8 +269,8 @@ class Service:
         knows its readers, or a caller's that asks `client_left()`. Cut at shutdown."""
         return Journal(self._stopping, client_left)
 
-    def _journal(self, sink: ReplySink | Journal) -> Journal:
-        """The caller's Journal, or one that tells an observer each event as it happens."""
+    def _journal(self, sink: Listener | Journal) -> Journal:
+        """The caller's Journal, or one that hands a Listener each event as it is made."""
         return sink if isinstance(sink, Journal) else Journal(self._stopping, sink.client_left, sink)
 
     @contextmanager

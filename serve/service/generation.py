@@ -23,7 +23,7 @@ from serve.engine.types import GenParams, GenResult, Stats, TokenInfo
 from serve.engine.api import EngineApi
 from serve.engine.queue import LostTurn
 from serve.service.logprobs import LogprobLedger
-from serve.service.journal import Journal
+from serve.service.journal import Journal, Prefilling, Progress, Started
 from serve.service.metrics import Metrics
 from serve.service.prefill import DEFAULT_CHUNK, Pause, Prefill, PrefillCancelled
 from serve.snapshots.cache import PrefixCache
@@ -131,7 +131,7 @@ class Generation:
             return reader.feed(info.token, piece, run.emit)   # the Journal only keeps it
 
         before = self.engine.stats()
-        run.start()
+        run.post(Started())
         clock.started_at = time.monotonic()
         report = decode.Report(constrained=False).waste()
         unevaluated = 0
@@ -228,7 +228,7 @@ class Generation:
         def progress(done: int, total: int) -> None:
             if total <= chunk:
                 return  # one chunk is over before anyone could be waiting on it
-            run.progress(done, total, self.policy.costs.token_seconds)   # as of this chunk
+            run.post(Progress(done, total, self.policy.costs.token_seconds))   # as of this chunk
             if log is not None:
                 log(f"{label} prefill {done}/{total}")
 
@@ -236,7 +236,7 @@ class Generation:
             prefill = Prefill(self.engine, tokens, cache=cache, policy=self.policy, chunk=chunk,
                               progress=progress, stop=stop, pause=pause, scope=prompt.scope)
             clock.cached_tokens = prefill.restore(upto, lookup)
-            run.prefilling(len(prompt.ids), clock.cached_tokens)
+            run.post(Prefilling(len(prompt.ids), clock.cached_tokens))
             if cache is not None:
                 self.metrics.prefix_lookup(clock.cached_tokens > 0)
             clock.saved = prefill.evaluate(upto, prompt.snapshot_at).saved
@@ -260,7 +260,7 @@ class Generation:
                 # Nothing found while it waited (a snapshot stored since holds at most a chunk).
                 if cache is not None and lookup is not None:
                     cache.counted(lookup)
-                run.prefilling(len(prompt.ids), 0)
+                run.post(Prefilling(len(prompt.ids), 0))
                 return prompt.ids
             self.engine.image_clear()
             run_prefill(ids, upto)

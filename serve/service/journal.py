@@ -14,89 +14,87 @@ The thread running the request only appends its events to the Journal's log and
 never calls out. The log is append-only: any number of readers follow it,
 each from a position of its own (`read`), so a client that comes back gets
 everything said so far at once, and a reader that stops reading blocks no one.
-A caller with no thread of its own (a test, a benchmark) gives an observer
-instead, a `ReplySink` that hears each event as it happens.
+A caller with no thread of its own (a test, a benchmark) gives a `Listener`
+instead, which takes each event as it is made.
 """
 from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
-from typing import Callable, Optional
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Protocol
 
 from serve.core.reply import Delta
 from serve.engine.queue import Turn
 from serve.service.logprobs import LogprobLedger
 from serve.service.reasoning_budget import ReasoningBudget
-from serve.service.replies import ReplySink
 
 
-# -- the events, in the order a request makes them --------------------------------------
+# -- the events, in the order a request makes them: each defined here once --------------
+# The thread running the request makes them (`Journal.post`); every reader (the sinks in
+# serve/http/sinks.py, a background response's keeper, a job's description, a Listener)
+# dispatches on these types.
 
 @dataclass(frozen=True)
 class Event:
-    at: float   # time.monotonic() when it happened: the taker may see it later
-
-    def to(self, observer: ReplySink) -> None:
-        """Tell `observer` of it, through the ReplySink method it stands for."""
-        raise NotImplementedError
+    # time.monotonic() when it happened: the taker may see it later
+    at: float = field(default_factory=time.monotonic, kw_only=True)
 
 
 @dataclass(frozen=True)
 class Accepted(Event):
-    thinking: bool
-
-    def to(self, observer: ReplySink) -> None:
-        observer.accepted(self.thinking)
+    """The request passed its checks and will wait for the engine."""
+    thinking: bool   # its reply opens in the think channel
 
 
 @dataclass(frozen=True)
 class Queued(Event):
+    """It waits for the engine behind `ahead` others (the running one included); made again
+    when that number changes."""
     ahead: int
-
-    def to(self, observer: ReplySink) -> None:
-        observer.queued(self.ahead)
 
 
 @dataclass(frozen=True)
 class Fetching(Event):
+    """Before it waits, it copies a snapshot of `positions` positions from the team's shared
+    tier (seconds, or minutes on a slow share, for a long conversation)."""
     positions: int
-
-    def to(self, observer: ReplySink) -> None:
-        observer.fetching(self.positions)
 
 
 @dataclass(frozen=True)
 class Started(Event):
-    def to(self, observer: ReplySink) -> None:
-        observer.start()
+    """It holds the engine and generation begins; errors after this are mid-reply."""
 
 
 @dataclass(frozen=True)
 class Prefilling(Event):
+    """Prefill begins, once, before its first chunk: `cached_tokens` of the prompt's
+    `prompt_tokens` positions were restored from a snapshot."""
     prompt_tokens: int
     cached_tokens: int
-
-    def to(self, observer: ReplySink) -> None:
-        observer.prefilling(self.prompt_tokens, self.cached_tokens)
 
 
 @dataclass(frozen=True)
 class Progress(Event):
+    """Prefill has evaluated `done` of `total` prompt positions."""
     done: int
     total: int
     seconds_per_position: Optional[float] = None   # the measured prefill rate, as it stands
 
-    def to(self, observer: ReplySink) -> None:
-        observer.progress(self.done, self.total)
-
 
 @dataclass(frozen=True)
 class Emitted(Event):
+    """One piece of output (a completion's text is its `content`)."""
     delta: Delta
 
-    def to(self, observer: ReplySink) -> None:
-        observer.emit(self.delta)
+
+class Listener(Protocol):
+    """A caller with no thread of its own (a test, a benchmark): takes each event as it is
+    made, on the thread making it, and says when its client left."""
+
+    def take(self, event: Event) -> None: ...
+
+    def client_left(self) -> bool: ...
 
 
 def _never() -> bool:
@@ -105,10 +103,10 @@ def _never() -> bool:
 
 class Journal:
     def __init__(self, stopping: threading.Event, client_left: Callable[[], bool] = _never,
-                 observer: Optional[ReplySink] = None):
+                 listener: Optional[Listener] = None):
         self._stopping = stopping
         self._client_left = client_left
-        self._observer = observer
+        self._listener = listener
         self._log: list[Event] = []             # every event made, in order; only appended to
         self._ended = False                     # the call is over: no event follows
         self._cond = threading.Condition()
@@ -175,36 +173,25 @@ class Journal:
 
     # -- events, from the thread running the request --------------------------------------
 
-    def accepted(self, thinking: bool) -> None:
-        self._post(Accepted(time.monotonic(), thinking))
-
-    def queued(self, ahead: int) -> None:
-        self._post(Queued(time.monotonic(), ahead))
-
-    def fetching(self, positions: int) -> None:
-        self._post(Fetching(time.monotonic(), positions))
-
-    def start(self) -> None:
-        self._post(Started(time.monotonic()))
-
-    def prefilling(self, prompt_tokens: int, cached_tokens: int) -> None:
-        self._post(Prefilling(time.monotonic(), prompt_tokens, cached_tokens))
-
-    def progress(self, done: int, total: int, seconds_per_position: Optional[float] = None) -> None:
-        self._post(Progress(time.monotonic(), done, total, seconds_per_position))
-
-    def emit(self, delta: Delta) -> None:
-        if self.logprobs is not None:
-            delta = self.logprobs.attach(delta)
-        self._post(Emitted(time.monotonic(), delta))
-
-    def _post(self, event: Event) -> None:
-        if self._observer is not None:
-            event.to(self._observer)
+    def post(self, event: Event) -> None:
+        """Append an event to the log (or hand it to the listener), for every reader."""
+        if self._listener is not None:
+            self._listener.take(event)
             return
         with self._cond:
             self._log.append(event)
             self._cond.notify_all()
+
+    def emit(self, delta: Delta) -> None:
+        """A reply reader's output (serve/service/reply_reader.py's Emit), with the logprobs
+        of its text attached."""
+        if self.logprobs is not None:
+            delta = self.logprobs.attach(delta)
+        self.post(Emitted(delta))
+
+    def queued(self, ahead: int) -> None:
+        """The engine queue's Waiter (serve/engine/queue.py, which knows no events)."""
+        self.post(Queued(ahead))
 
     # -- events, to readers ---------------------------------------------------------------
 
