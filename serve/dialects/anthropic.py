@@ -411,7 +411,10 @@ class MessagesExchange:
                          + [{"type": "ping"}])
 
     def delta(self, delta: Delta) -> bytes:
-        return sse_named([event for step in self._blocks.feed(delta) for event in self._events(*step)])
+        steps = self._blocks.feed(delta)   # the blocks both the stream and the body are made of
+        if not self.request.stream:
+            return b""
+        return sse_named([event for step in steps for event in self._events(*step)])
 
     def closing(self, reply: ChatReply) -> bytes:
         events = [event for step in self._blocks.finish() for event in self._events(*step)]

@@ -10,10 +10,11 @@ ever waits for the engine.
 A streamed reply opens its event stream as soon as the request is accepted or
 waits in line, and from then on every byte goes through the stream's writer;
 a blocking reply sends one body at the end. Both feed the exchange the same
-deltas. The exchange's opening events wait until the prompt's size is known,
-so they can say it, unless a heartbeat is due first. While it follows, the
-sink watches its client: a client that closed its end, or a send that failed,
-stops the following (the job goes on by serve/service/detach.py's rule). The
+deltas, into the one accumulation its stream and its body come from (a
+blocking reply's are encoded as nothing). The exchange's opening events wait
+until the prompt's size is known, so they can say it, unless a heartbeat is
+due first. While it follows, the sink watches its client: a client that closed
+its end, or a send that failed, stops the following (the job goes on by serve/service/detach.py's rule). The
 sink knows the connection only through `Connection`: it never writes a
 response itself, and tells the handler what to log.
 """
@@ -109,7 +110,10 @@ class ExchangeSink(Generic[R]):
             if self._first_at is None:
                 self._first_at = max(event.at, self._began)
             delta = event.delta
-            self._events(lambda: self._exchange.delta(delta))
+            if self._writer is None:   # a blocking reply: the delta goes into its body only
+                self._exchange.delta(delta)
+            else:
+                self._events(lambda: self._exchange.delta(delta))
 
     def _follow(self) -> R:
         """Take the job's events until it ends, then its reply (or what it raised). Raises
@@ -191,11 +195,9 @@ class ExchangeSink(Generic[R]):
 
     def _events(self, make: Callable[[], bytes], last: bool = False) -> None:
         """The exchange's bytes from `make()`, queued after its opening events; nothing after
-        its `last` ones. A blocking reply sends nothing, but `make()` still runs: its body
-        may be built from the deltas."""
+        its `last` ones, and nothing at all for a blocking reply."""
         with self._lock:
             if self._writer is None:
-                make()
                 return
             if self._ended:
                 return
