@@ -4,12 +4,12 @@ Each is called as `endpoint(handler, method, rest)`: `method` is the request's
 (HEAD already GET), `rest` what its route matched (serve/http/routes.py: an id,
 the path after a prefix, or ""). An endpoint sends one response through the
 handler, or raises an ApiError the handler sends in its place; a generation
-goes through the handler's `generate`.
+goes through serve/http/job_start.py's `generate`.
 """
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Optional
+from typing import Optional
 from urllib.parse import parse_qsl
 
 from serve.service import metrics
@@ -21,11 +21,11 @@ from serve.dialects.input_items import listing
 from serve.dialects.framing import SSE
 from serve.dialects.sse import sse_comment, sse_named
 from serve.http.background import Keeper
+from serve.http.job_start import generate, start_job
 from serve.service.jobs import Job
 from serve.core.request import ChatRequest
-from serve.service.facade import Service
 from serve.service.quote import quote_chat
-from serve.service.replies import ChatReply, CompletionReply
+from serve.service.replies import ChatReply
 from serve.service.response_store import OwnedResponses, Stored
 from serve.http.page import CONTENT_TYPE as PAGE_TYPE, chat_page
 
@@ -61,17 +61,17 @@ def model(handler: Answering, method: str, model_id: str) -> None:
     handler.send_json(200, found.model())
 
 
-# Each exchange is made naming the main model; the handler's generate names the one that
+# Each exchange is made naming the main model; job_start names the one that
 # answers (serve/service/models.py picks it).
 
 def chat_completions(handler: Answering, method: str, rest: str) -> None:
     main, body = handler.server.service.options.model_id, handler.read_json()
-    handler.generate(openai.ChatExchange(body, main), _chat_on, body)
+    generate(handler, openai.ChatExchange(body, main), body)
 
 
 def completions(handler: Answering, method: str, rest: str) -> None:
     main, body = handler.server.service.options.model_id, handler.read_json()
-    handler.generate(openai.CompletionExchange(body, main), _complete_on, body)
+    generate(handler, openai.CompletionExchange(body, main), body)
 
 
 def messages(handler: Answering, method: str, rest: str) -> None:
@@ -82,7 +82,7 @@ def messages(handler: Answering, method: str, rest: str) -> None:
         handler.server.log_once("billing", f"/v1/messages: {exchange.billing} is Claude Code's "
                                 "billing header, which changes on every request: it is left out "
                                 "of the prompt (logged once)")
-    handler.generate(exchange, _chat_on, anthropic.without_billing(body))
+    generate(handler, exchange, anthropic.without_billing(body))
 
 
 def create_response(handler: Answering, method: str, rest: str) -> None:
@@ -93,7 +93,7 @@ def create_response(handler: Answering, method: str, rest: str) -> None:
         return _background(handler, exchange)
     # The id the reply is stored under, for a router to remember this host by: the
     # response's next turn and its retrieval find it only here (docs/serving-a-team.md).
-    handler.generate(exchange, _chat_on, body,
+    generate(handler, exchange, body,
                      {"X-Serve-Response-Id": exchange.id} if exchange.stored else {})
 
 
@@ -186,7 +186,7 @@ def cancel(handler: Answering, method: str, response_id: str) -> None:
 def _background(handler: Answering, exchange: responses.ResponsesExchange) -> None:
     """A background response: its job starts, and the answer is at once (its stream, when
     asked, follows it from its first event)."""
-    job, _, reader = handler.start_job(exchange, _chat_on, None, lambda: False)
+    job, _, reader = start_job(handler, exchange, None, lambda: False)
     keeper = Keeper(exchange, job, reader, handler.owner)
     handler.server.background.add(keeper)
     if exchange.request.stream:
@@ -261,14 +261,6 @@ def _stored(handler: Answering, response_id: str) -> Stored:
     if stored is None:
         raise _not_stored(response_id)
     return stored
-
-
-def _chat_on(service: Service) -> Callable[[Any, Any], ChatReply]:
-    return service.chat   # looked up on the service: a test may replace it on the instance
-
-
-def _complete_on(service: Service) -> Callable[[Any, Any], CompletionReply]:
-    return service.complete
 
 
 def _not_stored(response_id: str) -> ApiError:

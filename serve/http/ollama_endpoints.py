@@ -14,6 +14,7 @@ from serve.dialects import ollama, ollama_models
 from serve.dialects.exchange import Exchange
 from serve.dialects.ollama_request import loads_only, model_name
 from serve.http.answering import Answering
+from serve.http.job_start import generate
 from serve.service.facade import Service
 from serve.service.replies import ChatReply, CompletionReply
 
@@ -46,7 +47,7 @@ def api_chat(handler: Answering, method: str, rest: str) -> None:
     if loads_only(body, "messages"):
         return _loaded(handler, service, {"message": {"role": "assistant", "content": ""}})
     exchange = ollama.OllamaChatExchange(body, service.options.model_id, service.engine.info.ctx_max)
-    handler.generate(exchange, lambda on: on.chat, body)
+    generate(handler, exchange, body)
 
 
 def api_generate(handler: Answering, method: str, rest: str) -> None:
@@ -59,10 +60,10 @@ def api_generate(handler: Answering, method: str, rest: str) -> None:
     # One exchange writes both replies; each call sees it as the one its reply needs.
     if exchange.raw:
         completion: Exchange[CompletionReply] = exchange
-        handler.generate(completion, lambda on: on.complete, body)
+        generate(handler, completion, body)
     else:
         chat_reply: Exchange[ChatReply] = exchange
-        handler.generate(chat_reply, lambda on: on.chat, body)
+        generate(handler, chat_reply, body)
 
 
 def elsewhere(handler: Answering, method: str, rest: str) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from serve.core.reply import Delta, Usage
+from serve.core.reply import Usage
 
 
 @dataclass(frozen=True)
