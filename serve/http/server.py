@@ -111,7 +111,8 @@ class Handler(BaseHTTPRequestHandler):
        endpoint (serve/http/endpoints.py), which reads the body (`read_json`) and answers
        with `send` or `send_json`, or runs a generation through
        serve/http/job_start.py's `generate`: the job starts, and its sink
-       (serve/http/sinks.py) writes through `open_stream`, down to the socket; nothing below calls back up into the endpoints.
+       (serve/http/sinks.py) writes through `open_stream`, down to the socket;
+       nothing below calls back up into the endpoints.
     5. Whatever is raised becomes an error response in the shape of the route's API
        (`current.shape`), or ends a stream already open; then, always, one log line,
        one count in /metrics, and the heap trimmed after a large body.
