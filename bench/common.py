@@ -17,23 +17,19 @@ from typing import Iterator, Optional
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from serve import Engine, EngineConfig, GenParams, build_chat_segments, load_library  # noqa: E402
+from serve import (Engine, EngineConfig, Event, GenParams, build_chat_segments,  # noqa: E402
+                   load_library)
 
 DEMO = ROOT / "build" / "demo.waste"
 
 
 class Quiet:
-    """A ReplySink that reads nothing until the end, as a blocking request does: the reply is
+    """A Listener that reads nothing until the end, as a blocking request does: the reply is
     what the service returns."""
 
-    def accepted(self, thinking: bool) -> None: ...
-    def start(self) -> None: ...
-    def prefilling(self, prompt_tokens: int, cached_tokens: int) -> None: ...
-    def progress(self, done: int, total: int) -> None: ...
-    def emit(self, delta: dict) -> None: ...
-    def queued(self, ahead: int) -> None: ...
-    def fetching(self, positions: int) -> None: ...
-    def gone(self) -> bool:
+    def take(self, event: Event) -> None: ...
+
+    def client_left(self) -> bool:
         return False
 
 

@@ -36,9 +36,9 @@ from common import DEMO, ROOT, Quiet, machine
 sys.path.insert(0, str(ROOT))
 from serve import (Engine, EngineConfig, PrefixCache, Service, ServiceOptions,  # noqa: E402
                    load_library, parse_chat_request, resolve_chat_format)
-from serve.core.classes import BACKGROUND, INTERACTIVE  # noqa: E402
+from serve.core.work_classes import BACKGROUND, INTERACTIVE  # noqa: E402
 from serve.snapshots import shared_dir  # noqa: E402
-from serve.snapshots.shared import SharedTier  # noqa: E402
+from serve.snapshots.shared_tier import SharedTier  # noqa: E402
 
 IDENTITY = '{"bench": "lookup_before_queue"}'
 TEXT = "The harbour master kept a ledger of every ship that passed the breakwater. "

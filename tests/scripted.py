@@ -23,12 +23,12 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from serve.formats.choice import resolve_chat_format
+from serve.formats.format_choice import resolve_chat_format
 from serve.engine.binding import (Engine, EngineConfig, GenParams, GenResult, MemPlan, ModelInfo, Stats,
                           TokenInfo, WasteError, load_library)
 from serve.http.server import Server
 from serve.snapshots.cache import PrefixCache
-from serve.tokenizer.choice import choose as choose_tokenizer
+from serve.tokenizer.tokenizer_choice import choose as choose_tokenizer
 from serve.core.segment import Segment
 from serve.service.facade import Service, ServiceOptions
 from serve.service.image_positions import read_grid

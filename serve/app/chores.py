@@ -21,9 +21,9 @@ from serve.app.budget import Split, gib, split_budget
 from serve.app.context import beyond
 from serve.engine.binding import Engine, Library
 from serve.engine.types import EngineConfig, WasteError
-from serve.formats.choice import resolve_chat_format
+from serve.formats.format_choice import resolve_chat_format
 from serve.service.facade import Service, ServiceOptions
-from serve.tokenizer.choice import choose as choose_tokenizer
+from serve.tokenizer.tokenizer_choice import choose as choose_tokenizer
 from serve.snapshots.cache import PrefixCache, PrefixCacheError
 from serve.snapshots.policy import SnapshotPolicy
 from serve.snapshots.reply_memory import ReplyMemory

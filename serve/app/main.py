@@ -16,7 +16,7 @@ from serve.engine import decode
 
 from serve.formats import grammar
 from serve.formats.base import ChatFormat
-from serve.formats.choice import resolve_chat_format
+from serve.formats.format_choice import resolve_chat_format
 from serve.engine.binding import Engine, Library, LibraryNotFound, load_library
 from serve.engine.types import EngineConfig, MemPlan, WasteError
 from serve.http.connections import DEFAULT_MAX_CONNECTIONS, stderr_log
@@ -39,7 +39,7 @@ from serve.service.response_store import ResponseStore
 from serve.app import job_flags, records, team_flags, work_flags
 from serve.http.auth import Keys
 from serve.http.keyring import KeyFileError
-from serve.tokenizer.choice import Choice, choose as choose_tokenizer
+from serve.tokenizer.tokenizer_choice import Choice, choose as choose_tokenizer
 from serve.version import version
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")

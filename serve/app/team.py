@@ -1,6 +1,6 @@
 """`--shared-cache DIR`: the team's tier, a directory every host of a team reads and writes.
 
-It holds the snapshots hosts publish (serve/snapshots/shared.py), the ids of
+It holds the snapshots hosts publish (serve/snapshots/shared_tier.py), the ids of
 the replies they wrote (serve/snapshots/reply_memory.py) and their stored
 Responses (serve/service/response_store.py), each a file of its own,
 written atomically and checked when read (serve/snapshots/shared_dir.py):
@@ -20,7 +20,7 @@ from pathlib import Path
 from serve.dialects import seal
 from serve.service.response_store import SHARED_BYTES
 from serve.snapshots.cache import PrefixCache
-from serve.snapshots.shared import SharedTier
+from serve.snapshots.shared_tier import SharedTier
 from serve.snapshots.shared_dir import SharedDir
 
 REPLIES_BYTES = 1 << 30

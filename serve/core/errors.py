@@ -2,7 +2,7 @@
 
 Its shape is OpenAI's (`{"error": {message, type, param, code}}`); the other
 dialects rename its fields and re-shape it on their way out
-(serve/dialects/shared.py's `renamed`, serve/dialects/anthropic.py).
+(serve/dialects/translation.py's `renamed`, serve/dialects/anthropic.py).
 """
 from __future__ import annotations
 

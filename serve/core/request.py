@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from serve.core.classes import INTERACTIVE, Hints
+from serve.core.work_classes import INTERACTIVE, Hints
 from serve.core.client_json import Json
 
 # Every reasoning effort a client may name -> the K3 release encoder's nearest level (low,

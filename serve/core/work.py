@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from serve.core.errors import ApiError
-from serve.core.classes import BACKGROUND, CLASSES, INTERACTIVE, Hints
+from serve.core.work_classes import BACKGROUND, CLASSES, INTERACTIVE, Hints
 from serve.core.agents import agent_chore, message_text
 from serve.core.openwebui import task_kind
 

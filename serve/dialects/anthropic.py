@@ -32,7 +32,7 @@ from serve.core.reply import Delta
 from serve.dialects import fields, seal
 from serve.core.errors import ApiError, invalid
 from serve.dialects.openai_request import parse_hints, parse_reasoning_effort, unknown_fields
-from serve.dialects.shared import (Block, Blocks, Conversation, Parts, Translation, chat_request,
+from serve.dialects.translation import (Block, Blocks, Conversation, Parts, Translation, chat_request,
                       string_field, tool_call)
 from serve.service.replies import ChatReply, ReplyStart
 from serve.dialects.framing import SSE
@@ -369,7 +369,7 @@ def _tool_input(arguments: str) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-class Exchange:
+class MessagesExchange:
     """One Messages request: its stream events as the deltas arrive, or its body at the end."""
     framing = SSE
 
@@ -411,7 +411,10 @@ class Exchange:
                          + [{"type": "ping"}])
 
     def delta(self, delta: Delta) -> bytes:
-        return sse_named([event for step in self._blocks.feed(delta) for event in self._events(*step)])
+        steps = self._blocks.feed(delta)   # the blocks both the stream and the body are made of
+        if not self.request.stream:
+            return b""
+        return sse_named([event for step in steps for event in self._events(*step)])
 
     def closing(self, reply: ChatReply) -> bytes:
         events = [event for step in self._blocks.finish() for event in self._events(*step)]

@@ -41,8 +41,9 @@ class Exchange(Protocol[R]):
         due while the request still waits, whatever comes first); `start` says what is known."""
 
     def delta(self, delta: Delta) -> bytes:
-        """One delta of the service's output. Called streaming or not: a blocking reply's
-        body may be built from the deltas too."""
+        """One delta of the service's output, taken into what the exchange accumulates (the
+        one accumulation its stream and its blocking body both come from); the stream's bytes
+        for it, or b"" for a blocking reply, for which nothing is encoded."""
 
     def heartbeat(self, start: ReplyStart) -> bytes:
         """A sign of life in a form the format's clients count, sent after the opening when

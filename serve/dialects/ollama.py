@@ -31,7 +31,7 @@ from serve.dialects.framing import NDJSON, ndjson_line
 from serve.dialects.ollama_request import (CHAT_FIELDS, GENERATE_FIELDS, Completion, parse_chat,
                                            parse_generate, unread_options)
 from serve.dialects.openai_request import unknown_fields
-from serve.dialects.shared import Translation
+from serve.dialects.translation import Translation
 from serve.service.replies import ChatReply, CompletionReply, ReplyStart
 
 TAG = ":latest"   # Ollama's tag for a name that gives none
@@ -93,7 +93,7 @@ def _calls(calls: list[ToolCall]) -> list[dict]:
     return [c for c in made if c is not None]
 
 
-class _Exchange:
+class _OllamaExchange:
     """What chat and generate share: NDJSON pieces, the final object, errors."""
     framing = NDJSON
     left_out: list[str] = []   # Ollama has no server-side tools
@@ -152,7 +152,7 @@ class _Exchange:
         raise NotImplementedError
 
 
-class ChatExchange(_Exchange):
+class OllamaChatExchange(_OllamaExchange):
     """One /api/chat request: `message` pieces, a tool call whole when its last piece is in."""
     _text = "content"
 
@@ -204,7 +204,7 @@ class ChatExchange(_Exchange):
         return {**self._head(), "message": message, **self._done(reply)}
 
 
-class GenerateExchange(_Exchange):
+class OllamaGenerateExchange(_OllamaExchange):
     """One /api/generate request: `response` pieces (a raw prompt's are a completion's)."""
 
     def __init__(self, body: dict, model: str, context: int):

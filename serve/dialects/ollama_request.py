@@ -28,7 +28,7 @@ from serve.core.client_json import Json
 from serve.core.errors import ApiError, invalid
 from serve.core.request import CompletionRequest
 from serve.dialects.openai_request import parse_completion_request, parse_reasoning_effort
-from serve.dialects.shared import Conversation, Parts, Translation, chat_request, renamed, string_field
+from serve.dialects.translation import Conversation, Parts, Translation, chat_request, renamed, string_field
 
 ROLES = ("system", "user", "assistant", "tool")
 THINK_LEVELS = ("low", "medium", "high", "max")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from serve.core.classes import Hints
+from serve.core.work_classes import Hints
 from serve.core.client_json import Json
 from serve.core.errors import invalid
 from serve.dialects import fields

@@ -11,7 +11,7 @@ from serve.core.reply import Delta
 from serve.dialects import seal
 from serve.core.errors import ApiError, invalid
 from serve.dialects.openai_request import unknown_fields
-from serve.dialects.shared import Block, Blocks
+from serve.dialects.translation import Block, Blocks
 from serve.dialects.input_items import stored_items
 from serve.service.response_store import OwnedResponses
 from serve.service.replies import ChatReply, ReplyStart
@@ -20,7 +20,7 @@ from serve.dialects.sse import sse_named
 from serve.dialects.responses_request import (ECHOED, FIELDS, INCLUDE_REASONING, new_id, parse,
                                               parse_request)
 
-__all__ = ["Exchange", "FIELDS", "parse_request"]
+__all__ = ["ResponsesExchange", "FIELDS", "parse_request"]
 
 
 # ---- replies ----------------------------------------------------------------
@@ -33,7 +33,7 @@ def _usage(prompt: int, cached: int, output: int, reasoning: int) -> dict:
             "total_tokens": prompt + output}
 
 
-class Exchange:
+class ResponsesExchange:
     """One Responses request: its stream events as the deltas arrive, or the Response at the end."""
     framing = SSE
 
@@ -89,7 +89,10 @@ class Exchange:
             "in_progress", output, self._usage_at(start)))])
 
     def delta(self, delta: Delta) -> bytes:
-        return sse_named(self.delta_events(delta))
+        steps = self._feed(delta)
+        if not self.request.stream:
+            return b""
+        return sse_named(self._step_events(steps))
 
     def keep(self, reply: ChatReply) -> None:
         """Store the Response before the client sees it, so its next request can name it."""
@@ -119,8 +122,20 @@ class Exchange:
                 self._event("response.in_progress", response=response)]
 
     def delta_events(self, delta: Delta) -> list[dict]:
+        return self._step_events(self._feed(delta))
+
+    def _feed(self, delta: Delta) -> list[tuple[str, Block, str]]:
+        """One delta into the blocks and logprobs that both the stream and the Response are
+        made of; the steps it took, for a stream's events."""
         self._piece_logprobs = delta.logprobs or []
-        return [event for step in self._blocks.feed(delta) for event in self._events(*step)]
+        steps = self._blocks.feed(delta)
+        for step, block, _ in steps:
+            if step == "add" and block.kind == "text":
+                self._logprobs.setdefault(block.index, []).extend(self._piece_logprobs)
+        return steps
+
+    def _step_events(self, steps: list[tuple[str, Block, str]]) -> list[dict]:
+        return [event for step in steps for event in self._events(*step)]
 
     def closing_events(self, reply: ChatReply, status: Optional[str] = None) -> list[dict]:
         """The last events; `status` overrides the final one (a background response
@@ -259,7 +274,6 @@ class Exchange:
             if block.kind == "reasoning":
                 return [self._event("response.reasoning_text.delta", **where, content_index=0,
                                     delta=piece)]
-            self._logprobs.setdefault(block.index, []).extend(self._piece_logprobs)
             return [self._event("response.output_text.delta", **where, content_index=0,
                                 delta=piece, logprobs=self._piece_logprobs)]
         if block.kind == "tool":

@@ -28,7 +28,7 @@ from serve.core.client_json import Json
 from serve.dialects import fields, seal
 from serve.core.errors import ApiError, invalid
 from serve.dialects.openai_request import parse_budget, parse_hints, parse_reasoning_effort
-from serve.dialects.shared import (Conversation, Parts, Translation, chat_request, string_field,
+from serve.dialects.translation import (Conversation, Parts, Translation, chat_request, string_field,
                                    tool_call)
 from serve.service.response_store import OwnedResponses, Stored
 

@@ -4,7 +4,7 @@ The engine runs one thing at a time, and this is the only way to it. A plain
 lock hands it to whichever waiting thread the scheduler wakes first, so under
 load a request could wait without bound; here each request takes a ticket and
 the engine goes to the oldest interactive one, and only when none waits to the
-oldest background one (a chore: serve/core/classes.py). The line has a fixed
+oldest background one (a chore: serve/core/work_classes.py). The line has a fixed
 length: beyond it a request is refused at once (503 with Retry-After) instead
 of waiting for hours behind a slow model.
 
@@ -55,7 +55,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional, Protocol, TypeVar
 
-from serve.core.classes import BACKGROUND, CLASSES, INTERACTIVE
+from serve.core.work_classes import BACKGROUND, CLASSES, INTERACTIVE
 from serve.core.errors import ApiError
 from serve.engine.worker import Call
 
@@ -69,11 +69,11 @@ STARVE_AFTER_SECONDS = 300.0   # a chore waiting this long runs one step ahead o
 class Waiter(Protocol):
     def queued(self, ahead: int) -> None: ...
 
-    def gone(self) -> bool: ...
+    def should_stop(self) -> bool: ...
 
 
-class ClientGone(Exception):
-    """The client went away while its request waited in line."""
+class ClientLeft(Exception):
+    """The client left while its request waited in line."""
 
 
 class LostTurn(Exception):
@@ -277,7 +277,7 @@ class EngineQueue:
 
         While waiting, `waiter.queued(ahead)` hears the number of requests in
         front (the running one included; 0 behind idle-time work) each time it changes. Raises the 503s
-        of a full line or of shutdown, or ClientGone. `meanwhile()` runs on this thread once
+        of a full line or of shutdown, or ClientLeft. `meanwhile()` runs on this thread once
         the request is in line: work it can do without the engine (finding its snapshot),
         done while those ahead use it. The request keeps its place, and should it come first
         meanwhile the engine waits for it: a few seconds idle, where a request that came later
@@ -357,8 +357,8 @@ class EngineQueue:
                 if ahead is None:
                     return
             # Outside the lock: both may touch the client's socket.
-            if waiter.gone():
-                raise ClientGone()
+            if waiter.should_stop():
+                raise ClientLeft()
             if ahead != told:
                 waiter.queued(ahead)
                 told = ahead
@@ -455,7 +455,7 @@ class EngineQueue:
                 self._cond.wait(POLL_SECONDS)
         if not errand.done:
             try:
-                errand.run()
+                errand.do()
             finally:
                 with self._cond:
                     self._errand_running = False
@@ -470,7 +470,7 @@ class EngineQueue:
                 return
             pending, self._errands = self._errands, []
         for errand in pending:
-            errand.run()
+            errand.do()
         with self._cond:
             for errand in pending:
                 errand.done = True

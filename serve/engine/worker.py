@@ -42,7 +42,7 @@ class Call(Generic[T]):
         self.error: Optional[BaseException] = None
         self.away: Optional[Call] = None   # what the worker asks the caller to run meanwhile
 
-    def run(self) -> None:
+    def do(self) -> None:
         try:
             self.result = self.fn()
         except BaseException as e:  # noqa: BLE001 - raised again on the thread that asked
@@ -95,7 +95,7 @@ class EngineWorker:
                     return task.outcome()
                 away = task.away
             assert away is not None   # what it was woken for
-            away.run()   # outside the lock: the worker serves others meanwhile
+            away.do()   # outside the lock: the worker serves others meanwhile
             with self._cond:
                 task.away, away.done = None, True
                 self._cond.notify_all()
@@ -125,7 +125,7 @@ class EngineWorker:
                 task = self._tasks.popleft()
             self._stack.append(task)
             try:
-                task.run()
+                task.do()
             finally:
                 self._stack.pop()
                 with self._cond:

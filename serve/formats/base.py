@@ -5,7 +5,7 @@ tokenized on its own), says how the model's turn opens and ends, reads the
 reply back from token ids, and writes the grammar that holds a reply to the
 shape a request asks for. XTML (serve/formats/xtml/format.py) and a container's
 chat.json (serve/formats/template/format.py, its tools in serve/formats/template/tools.py) implement it; a container with neither
-gets `NoChatFormat` (serve/formats/choice.py), which refuses every chat request
+gets `NoChatFormat` (serve/formats/format_choice.py), which refuses every chat request
 with its reasons. The service asks the format, never which format it is.
 """
 from __future__ import annotations

@@ -14,11 +14,8 @@ from typing import Any, Callable, Optional, Protocol
 from serve.core.errors import ApiError
 from serve.core.hangup import Hangup
 from serve.http.auth import ANYONE, Principal
-from serve.dialects.exchange import R, Exchange
 from serve.service.facade import Service
 from serve.service.models import Models
-from serve.service.jobs import Job
-from serve.service.run import Run
 from serve.dialects.sse import EventWriter
 from serve.http.background import Keepers
 
@@ -92,7 +89,7 @@ class Answering(Protocol):
         ...
 
     @property
-    def hangup(self) -> Hangup:
+    def client_left(self) -> Hangup:
         """Asks whether the client has closed its end."""
         ...
 
@@ -101,21 +98,13 @@ class Answering(Protocol):
         """Who sent it: a digest of its credentials ("" for none)."""
         ...
 
-    def start_job(self, exchange: Exchange[R], call: Callable[[Service], Callable[[Any, Run], R]],
-                  body: Optional[dict], hung_up: Callable[[], bool]) -> tuple[Job[R], bool, int]:
-        """The request's job (new, or an identical request's when `body` is given) and the
-        caller's reader number in it."""
-        ...
-
     def open_stream(self, content_type: str, on_silence: Callable[[], None],
                     on_failed: Callable[[], None]) -> EventWriter:
         """Send an event stream's headers; its bytes then go through the returned writer."""
         ...
 
-    def generate(self, exchange: Exchange[R], call: Callable[[Service], Callable[[Any, Run], R]],
-                 body: dict, headers: Optional[dict[str, str]] = None) -> None:
-        """Run a generation as a job and answer with it, blocking or streamed as the request
-        says; `body` is what an identical request must match to attach to the job."""
+    def public_error(self, error: Exception) -> ApiError:
+        """What the client may be told of an error (the details of a server's own go to its log)."""
         ...
 
     def send_json(self, status: int, payload: Any, headers: Optional[dict[str, str]] = None) -> None:

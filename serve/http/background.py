@@ -36,7 +36,7 @@ from serve.service.background_records import Record, Records
 from serve.service.eta import prefill_report
 from serve.service.jobs import KEEP_FINISHED, Job
 from serve.service.replies import ChatReply, ReplyStart
-from serve.service.run import Emitted, Prefilling, Started
+from serve.service.journal import Emitted, Prefilling, Started
 
 KEPT = KEEP_FINISHED   # keepers held, at most: the finished ones beyond it are dropped first
 RECORD_EVERY = 15.0    # seconds between records of a running response: what a kill loses
@@ -45,7 +45,7 @@ RECORD_EVERY = 15.0    # seconds between records of a running response: what a k
 class Keeper:
     """One background response: its exchange fed by its job, and every event kept."""
 
-    def __init__(self, exchange: responses.Exchange, job: Job[ChatReply], reader: int, owner: str,
+    def __init__(self, exchange: responses.ResponsesExchange, job: Job[ChatReply], reader: int, owner: str,
                  records: Optional[Records] = None):
         """`reader`: the keeper's number among the job's readers (Jobs.start gave it);
         `records`: where it is recorded, when the server has a disk for them."""
@@ -83,7 +83,7 @@ class Keeper:
             response, done = self.exchange.snapshot(self._status()), self._done
         if done:
             return response
-        events, _ = self.job.run.read(0, 0)
+        events, _ = self.job.journal.read(0, 0)
         return {**response, "waste": {**response.get("waste", {}),
                                       "prefill": prefill_report(events)}}
 
@@ -122,11 +122,11 @@ class Keeper:
             self._records.write(now, self.owner, count)
 
     def _keep(self) -> None:
-        run, position = self.job.run, 0
+        journal, position = self.job.journal, 0
         start = ReplyStart()
         opened = False
         while True:
-            events, more = run.read(position)
+            events, more = journal.read(position)
             position += len(events)
             for event in events:
                 if isinstance(event, Started):
@@ -140,7 +140,7 @@ class Keeper:
                     self._add(self.exchange.delta_events(event.delta))
             if not more:
                 break
-        run.unfollow(self._reader)
+        journal.unfollow(self._reader)
         if not opened:
             self._add(self.exchange.opening_events(start))
         try:

@@ -4,12 +4,12 @@ Each is called as `endpoint(handler, method, rest)`: `method` is the request's
 (HEAD already GET), `rest` what its route matched (serve/http/routes.py: an id,
 the path after a prefix, or ""). An endpoint sends one response through the
 handler, or raises an ApiError the handler sends in its place; a generation
-goes through the handler's `generate`.
+goes through serve/http/job_start.py's `generate`.
 """
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Optional
+from typing import Optional
 from urllib.parse import parse_qsl
 
 from serve.service import metrics
@@ -22,11 +22,11 @@ from serve.dialects.framing import SSE
 from serve.dialects.sse import sse_comment, sse_named
 from serve.http.background import Keeper
 from serve.service.background_records import Record
+from serve.http.job_start import generate, start_job
 from serve.service.jobs import Job
 from serve.core.request import ChatRequest
-from serve.service.facade import Service
 from serve.service.quote import quote_chat
-from serve.service.replies import ChatReply, CompletionReply
+from serve.service.replies import ChatReply
 from serve.service.response_store import OwnedResponses, Stored
 from serve.http.page import CONTENT_TYPE as PAGE_TYPE, chat_page
 
@@ -62,39 +62,39 @@ def model(handler: Answering, method: str, model_id: str) -> None:
     handler.send_json(200, found.model())
 
 
-# Each exchange is made naming the main model; the handler's generate names the one that
+# Each exchange is made naming the main model; job_start names the one that
 # answers (serve/service/models.py picks it).
 
-def chat(handler: Answering, method: str, rest: str) -> None:
+def chat_completions(handler: Answering, method: str, rest: str) -> None:
     main, body = handler.server.service.options.model_id, handler.read_json()
-    handler.generate(openai.ChatExchange(body, main), _chat_on, body)
+    generate(handler, openai.ChatExchange(body, main), body)
 
 
-def complete(handler: Answering, method: str, rest: str) -> None:
+def completions(handler: Answering, method: str, rest: str) -> None:
     main, body = handler.server.service.options.model_id, handler.read_json()
-    handler.generate(openai.CompletionExchange(body, main), _complete_on, body)
+    generate(handler, openai.CompletionExchange(body, main), body)
 
 
 def messages(handler: Answering, method: str, rest: str) -> None:
     body = handler.read_json()
-    exchange = anthropic.Exchange(body, handler.server.service.options.model_id,
+    exchange = anthropic.MessagesExchange(body, handler.server.service.options.model_id,
                                   handler.current.principal.namespace)
     if exchange.billing is not None:
         handler.server.log_once("billing", f"/v1/messages: {exchange.billing} is Claude Code's "
                                 "billing header, which changes on every request: it is left out "
                                 "of the prompt (logged once)")
-    handler.generate(exchange, _chat_on, anthropic.without_billing(body))
+    generate(handler, exchange, anthropic.without_billing(body))
 
 
 def create_response(handler: Answering, method: str, rest: str) -> None:
     service = handler.server.service
     body = handler.read_json()
-    exchange = responses.Exchange(body, _responses(handler), service.options.model_id)
+    exchange = responses.ResponsesExchange(body, _responses(handler), service.options.model_id)
     if exchange.background:
         return _background(handler, exchange)
     # The id the reply is stored under, for a router to remember this host by: the
     # response's next turn and its retrieval find it only here (docs/serving-a-team.md).
-    handler.generate(exchange, _chat_on, body,
+    generate(handler, exchange, body,
                      {"X-Serve-Response-Id": exchange.id} if exchange.stored else {})
 
 
@@ -106,7 +106,7 @@ def count_tokens(handler: Answering, method: str, rest: str) -> None:
     translation.request.request_id = handler.request_id
     service = handler.server.models.pick(handler.current.named_model, translation.request)
     try:
-        count = service.count_chat(translation.request, handler.hangup)
+        count = service.count_chat(translation.request, handler.client_left)
         found = quote_chat(service, translation.request)
     except ApiError as e:
         raise translation.error(e) from None
@@ -120,9 +120,9 @@ QUOTED = ("chat", "messages", "responses")   # the dialects /v1/quote reads
 def _quoted(handler: Answering, dialect: str, body: dict) -> Exchange[ChatReply]:
     main, owner = handler.server.service.options.model_id, handler.current.principal.namespace
     if dialect == "messages":
-        exchange: Exchange[ChatReply] = anthropic.Exchange(body, main, owner)
+        exchange: Exchange[ChatReply] = anthropic.MessagesExchange(body, main, owner)
     elif dialect == "responses":
-        exchange = responses.Exchange(body, _responses(handler), main)
+        exchange = responses.ResponsesExchange(body, _responses(handler), main)
     else:
         exchange = openai.ChatExchange(body, main)
     exchange.request.owner = owner   # what is restorable is only what its owner left
@@ -192,10 +192,10 @@ def cancel(handler: Answering, method: str, response_id: str) -> None:
                         "background: true can be cancelled")
 
 
-def _background(handler: Answering, exchange: responses.Exchange) -> None:
+def _background(handler: Answering, exchange: responses.ResponsesExchange) -> None:
     """A background response: its job starts, and the answer is at once (its stream, when
     asked, follows it from its first event)."""
-    job, _, reader = handler.start_job(exchange, _chat_on, None, lambda: False)
+    job, _, reader = start_job(handler, exchange, None, lambda: False)
     keeper = Keeper(exchange, job, reader, handler.owner, handler.server.background.records)
     handler.server.background.add(keeper)
     if exchange.request.stream:
@@ -215,7 +215,7 @@ def _resume(handler: Answering, keeper: Keeper | Record, after: Optional[str]) -
     writer = handler.open_stream(SSE.content_type, lambda: None, failed.set)
     try:
         for batch in keeper.events(start):
-            if failed.is_set() or handler.hangup():
+            if failed.is_set() or handler.client_left():
                 handler.current.status = 499
                 return
             # Not the exchange's in_progress heartbeat, which would take a sequence number.
@@ -248,7 +248,7 @@ def answer_job(handler: Answering, method: str, job_id: str) -> None:
     token (serve/service/reasoning_budget.py) and the model answers, in the same stream;
     `answering` is false when there is no reasoning left to close."""
     job = _job(handler, job_id)
-    budget = job.run.reasoning
+    budget = job.journal.reasoning
     handler.send_json(200, {**job.describe(),
                             "answering": budget is not None and budget.answer_now()})
 
@@ -270,14 +270,6 @@ def _stored(handler: Answering, response_id: str) -> Stored:
     if stored is None:
         raise _not_stored(response_id)
     return stored
-
-
-def _chat_on(service: Service) -> Callable[[Any, Any], ChatReply]:
-    return service.chat   # looked up on the service: a test may replace it on the instance
-
-
-def _complete_on(service: Service) -> Callable[[Any, Any], CompletionReply]:
-    return service.complete
 
 
 def _not_stored(response_id: str) -> ApiError:

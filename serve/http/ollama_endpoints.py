@@ -14,6 +14,7 @@ from serve.dialects import ollama, ollama_models
 from serve.dialects.exchange import Exchange
 from serve.dialects.ollama_request import loads_only, model_name
 from serve.http.answering import Answering
+from serve.http.job_start import generate
 from serve.service.facade import Service
 from serve.service.replies import ChatReply, CompletionReply
 
@@ -40,29 +41,29 @@ def show(handler: Answering, method: str, rest: str) -> None:
     handler.send_json(200, ollama_models.show(_named(handler, body)))
 
 
-def chat(handler: Answering, method: str, rest: str) -> None:
+def api_chat(handler: Answering, method: str, rest: str) -> None:
     body = handler.read_json()
     service = _named(handler, body)
     if loads_only(body, "messages"):
         return _loaded(handler, service, {"message": {"role": "assistant", "content": ""}})
-    exchange = ollama.ChatExchange(body, service.options.model_id, service.engine.info.ctx_max)
-    handler.generate(exchange, lambda on: on.chat, body)
+    exchange = ollama.OllamaChatExchange(body, service.options.model_id, service.engine.info.ctx_max)
+    generate(handler, exchange, body)
 
 
-def generate(handler: Answering, method: str, rest: str) -> None:
+def api_generate(handler: Answering, method: str, rest: str) -> None:
     body = handler.read_json()
     service = _named(handler, body)
     if loads_only(body, "prompt"):
         return _loaded(handler, service, {"response": ""})
-    exchange = ollama.GenerateExchange(body, service.options.model_id,
+    exchange = ollama.OllamaGenerateExchange(body, service.options.model_id,
                                        service.engine.info.ctx_max)
     # One exchange writes both replies; each call sees it as the one its reply needs.
     if exchange.raw:
         completion: Exchange[CompletionReply] = exchange
-        handler.generate(completion, lambda on: on.complete, body)
+        generate(handler, completion, body)
     else:
         chat_reply: Exchange[ChatReply] = exchange
-        handler.generate(chat_reply, lambda on: on.chat, body)
+        generate(handler, chat_reply, body)
 
 
 def elsewhere(handler: Answering, method: str, rest: str) -> None:

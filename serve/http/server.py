@@ -19,25 +19,20 @@ from typing import Any, Callable, Optional
 from serve.core.hangup import Hangup
 from serve.core.ids import new_id
 from serve.core.errors import ApiError
-from serve.dialects.exchange import R, Exchange
-from serve.engine.queue import ClientGone
+from serve.engine.queue import ClientLeft
 from serve.http import heap, request_line
 from serve.http.answering import Ongoing
 from serve.http.background import Keepers
 from serve.http.auth import ANYONE, Keys, credential_digest, unauthorized
-from serve.http.job_start import start_job
 from serve.http.connections import DEFAULT_MAX_CONNECTIONS, ConnectionServer
 from serve.http.json_body import parse_body
 from serve.http.request_body import DeadlineReader, declared_length, has_body, read_exactly
 from serve.http.request_line import ASTERISK, MAX_LINE, ROUTED_METHODS, SERVER_METHODS, origin_form
 from serve.http.routes import allowed, endpoint_label, find_route, nearest_route, needs_key
-from serve.http.sinks import Answer, ExchangeSink
 from serve.dialects.sse import DEFAULT_HEARTBEAT, EventWriter
 from serve.service.background_records import Records
 from serve.service.facade import Service
 from serve.service.models import Models
-from serve.service.jobs import Job
-from serve.service.run import Run
 
 DEFAULT_REQUEST_TIMEOUT = 60.0  # seconds for a whole request's headers and body, idle time included
 
@@ -115,8 +110,10 @@ class Handler(BaseHTTPRequestHandler):
     4. `_route` finds the route (serve/http/routes.py), checks the API key and the
        method (the key's person: `current.principal`, serve/http/auth.py), and calls its
        endpoint (serve/http/endpoints.py), which reads the body (`read_json`) and answers
-       with `send` or `send_json`, or runs a generation through `generate`, whose sink
-       (serve/http/sinks.py) calls back `open_stream` and `public_error`.
+       with `send` or `send_json`, or runs a generation through
+       serve/http/job_start.py's `generate`: the job starts, and its sink
+       (serve/http/sinks.py) writes through `open_stream`, down to the socket;
+       nothing below calls back up into the endpoints.
     5. Whatever is raised becomes an error response in the shape of the route's API
        (`current.shape`), or ends a stream already open; then, always, one log line,
        one count in /metrics, and the heap trimmed after a large body.
@@ -176,7 +173,7 @@ class Handler(BaseHTTPRequestHandler):
         self.current = Ongoing(new_id("req"))
         try:
             self._route(self._parse())
-        except ClientGone:
+        except ClientLeft:
             self.current.status = 499  # nginx's code for a client that left before its answer
             self.close_connection = True
         except Exception as e:  # anything unexpected is the server's fault, and must not kill it
@@ -208,7 +205,7 @@ class Handler(BaseHTTPRequestHandler):
                                     f"{self.server.request_timeout:g} seconds",
                                code="request_timeout") from None
             except ConnectionError:
-                raise ClientGone() from None
+                raise ClientLeft() from None
             if not parsed:
                 raise self._refused or request_line.refusal(400, "Bad request syntax")
         except ApiError:
@@ -269,28 +266,6 @@ class Handler(BaseHTTPRequestHandler):
         self.server.error_log(f"{self.request_id} internal error: {type(error).__name__}: {error}")
         return ApiError(500, f"internal error (request id {self.request_id})", kind="server_error")
 
-    def generate(self, exchange: Exchange[R], call: Callable[[Service], Callable[[Any, Run], R]],
-                 body: dict, headers: Optional[dict[str, str]] = None) -> None:
-        """One generation, as a job (serve/service/jobs.py): blocking (one JSON body) or
-        streamed, as the exchange's request says, by the model the body and its request pick
-        (`call(service)` runs it on the job's thread). An identical request (`body`, as the
-        job key reads it) attaches to a job nobody follows, or to one whose reply never
-        reached its client. `headers` go with the reply, not with an error in its place."""
-        self.current.reply_headers = dict(headers or {})
-        job, attached, reader = start_job(self, exchange, call, body, self._hangup)
-        if attached:
-            self.server.log_line(f"{self.request_id} attached to {job.id}, the same request's job")
-        answer: Answer = ExchangeSink(self, exchange, job, reader, self._hangup).follow()
-        self.current.tokens, self.current.timing = answer.tokens, answer.timing
-        if answer.body is not None:
-            self.send_json(answer.status, answer.body, self.current.reply_headers)
-        else:
-            self.current.status = answer.status
-
-    def start_job(self, exchange: Exchange[R], call: Callable[[Service], Callable[[Any, Run], R]],
-                  body: Optional[dict], hung_up: Callable[[], bool]) -> tuple[Job[R], bool, int]:
-        return start_job(self, exchange, call, body, hung_up)
-
     @property
     def owner(self) -> str:
         """Who may reach what the request starts (a job, a background response): its person,
@@ -298,7 +273,7 @@ class Handler(BaseHTTPRequestHandler):
         return f"{self.current.principal.namespace}\n{credential_digest(self.headers)}"
 
     @property
-    def hangup(self) -> Hangup:
+    def client_left(self) -> Hangup:
         """Has the client closed its end? Read by the thread running its request."""
         return self._hangup
 

@@ -1,7 +1,7 @@
 """The sink of every generation request: a job's events, through an exchange, to the client.
 
 The job runs on its own thread (serve/service/jobs.py) and only appends its
-events to its run's log. The sink follows that log on the handler's thread,
+events to its journal. The sink follows that log on the handler's thread,
 from the first event, whether the job is new or one this request attached to:
 a client that comes back gets everything said so far at once, then the rest
 as it comes. So only this thread makes the exchange's bytes, and nothing here
@@ -10,10 +10,11 @@ ever waits for the engine.
 A streamed reply opens its event stream as soon as the request is accepted or
 waits in line, and from then on every byte goes through the stream's writer;
 a blocking reply sends one body at the end. Both feed the exchange the same
-deltas. The exchange's opening events wait until the prompt's size is known,
-so they can say it, unless a heartbeat is due first. While it follows, the
-sink watches its client: a client that closed its end, or a send that failed,
-stops the following (the job goes on by serve/service/detach.py's rule). The
+deltas, into the one accumulation its stream and its body come from (a
+blocking reply's are encoded as nothing). The exchange's opening events wait
+until the prompt's size is known, so they can say it, unless a heartbeat is
+due first. While it follows, the sink watches its client: a client that closed
+its end, or a send that failed, stops the following (the job goes on by serve/service/detach.py's rule). The
 sink knows the connection only through `Connection`: it never writes a
 response itself, and tells the handler what to log.
 """
@@ -25,12 +26,12 @@ from dataclasses import dataclass, replace
 from typing import Callable, Generic, Optional, Protocol
 
 from serve.core.errors import ApiError
-from serve.engine.queue import ClientGone
+from serve.engine.queue import ClientLeft
 from serve.dialects.exchange import R, Exchange
 from serve.service.replies import ReplyStart
 from serve.service.eta import PrefillState, advance
 from serve.service.jobs import Job
-from serve.service.run import Accepted, Emitted, Event, Fetching, Prefilling, Progress, Queued, Started
+from serve.service.journal import Accepted, Emitted, Event, Fetching, Prefilling, Progress, Queued, Started
 from serve.dialects.sse import EventWriter
 from serve.http.progress import prefill_comment
 
@@ -61,11 +62,11 @@ FOLLOW_POLL = 0.25   # seconds between two looks at the client while the job is 
 
 class ExchangeSink(Generic[R]):
     def __init__(self, connection: Connection, exchange: Exchange[R], job: Job[R], reader: int,
-                 client_gone: Callable[[], bool]):
+                 client_left: Callable[[], bool]):
         self._connection = connection
         self._job: Job[R] = job
         self._reader = reader   # this sink's number among the job's readers
-        self._client_gone = client_gone
+        self._client_left = client_left
         self._exchange: Exchange[R] = exchange
         self._stream = exchange.request.stream
         self._writer: Optional[EventWriter] = None
@@ -113,34 +114,37 @@ class ExchangeSink(Generic[R]):
             if self._first_at is None:
                 self._first_at = max(event.at, self._began)
             delta = event.delta
-            self._events(lambda: self._exchange.delta(delta))
+            if self._writer is None:   # a blocking reply: the delta goes into its body only
+                self._exchange.delta(delta)
+            else:
+                self._events(lambda: self._exchange.delta(delta))
 
     def _follow(self) -> R:
         """Take the job's events until it ends, then its reply (or what it raised). Raises
-        ClientGone, and stops following, once the client has left."""
-        run, position = self._job.run, 0
+        ClientLeft, and stops following, once the client has left."""
+        journal, position = self._job.journal, 0
         try:
             while True:
-                events, more = run.read(position, FOLLOW_POLL)
+                events, more = journal.read(position, FOLLOW_POLL)
                 position += len(events)
                 for event in events:
                     self._take(event)
                 # Asked before the end counts as delivered, too: a client that left just before
                 # it must find the job still undelivered when it comes back.
-                if self._failed.is_set() or self._client_gone():
-                    raise ClientGone()
+                if self._failed.is_set() or self._client_left():
+                    raise ClientLeft()
                 if not more:   # read under the log's lock: nothing follows what it gave
                     break
-        except ClientGone:
-            run.unfollow(self._reader)   # the job goes on by serve/service/detach.py's rule
+        except ClientLeft:
+            journal.unfollow(self._reader)   # the job goes on by serve/service/detach.py's rule
             raise
         except BaseException:
             # This side broke, not the client: what the job says can reach no one this way.
             self._job.stop()
-            run.unfollow(self._reader)
+            journal.unfollow(self._reader)
             raise
         self._job.delivered = True
-        run.unfollow(self._reader)
+        journal.unfollow(self._reader)
         return self._job.result()
 
     # -- following it --------------------------------------------------------------------
@@ -160,7 +164,7 @@ class ExchangeSink(Generic[R]):
             if self._writer is None:
                 raise self._exchange.error(e) from None
             return self._fail(e)
-        except ClientGone:
+        except ClientLeft:
             raise
         except Exception as e:
             if self._writer is None:
@@ -168,7 +172,7 @@ class ExchangeSink(Generic[R]):
             return self._fail(e)
         tokens = reply.usage.completion_tokens
         timing = self._timing(reply.usage.waste)
-        if reply.client_gone:
+        if reply.client_left:
             return Answer(499, tokens, timing=timing)
         self._exchange.keep(reply)
         if self._writer is None:
@@ -195,11 +199,9 @@ class ExchangeSink(Generic[R]):
 
     def _events(self, make: Callable[[], bytes], last: bool = False) -> None:
         """The exchange's bytes from `make()`, queued after its opening events; nothing after
-        its `last` ones. A blocking reply sends nothing, but `make()` still runs: its body
-        may be built from the deltas."""
+        its `last` ones, and nothing at all for a blocking reply."""
         with self._lock:
             if self._writer is None:
-                make()
                 return
             if self._ended:
                 return
@@ -227,7 +229,7 @@ class ExchangeSink(Generic[R]):
 
     def _fail(self, error: Exception) -> Answer:
         """An error after the stream opened: the format's failure events end it (the writer
-        is closed by run() even when those events cannot be built)."""
+        is closed by follow() even when those events cannot be built)."""
         public = self._exchange.error(self._connection.public_error(error))
         self._events(lambda: self._exchange.failed(public), last=True)
         return Answer(200)

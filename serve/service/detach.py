@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from serve.service.run import Run
+from serve.service.journal import Journal
 
 DEFAULT_KEEP_SECONDS = 1800.0   # a detached job's work goes on this long for its client to return
 
@@ -30,12 +30,12 @@ class DetachRule:
     finish_prefill: bool = True     # a prefill goes on to its end for the prefix cache
 
 
-class Unfollowed:
-    """One run's answers to "stop now?", by the rule."""
+class StopCheck:
+    """One journal's answers to "stop now?", by the rule."""
 
-    def __init__(self, run: Run, rule: DetachRule, between: Callable[[], None],
+    def __init__(self, journal: Journal, rule: DetachRule, between: Callable[[], None],
                  log: Optional[Callable[[str], None]] = None, label: str = ""):
-        self._run, self._rule, self._between = run, rule, between
+        self._journal, self._rule, self._between = journal, rule, between
         self._log, self._label = log, label
         self._told = False
 
@@ -49,15 +49,15 @@ class Unfollowed:
         return self._stop(prefill=False)
 
     def _stop(self, prefill: bool) -> bool:
-        run = self._run
-        turn = run.turn
-        if not run.gone():
+        journal = self._journal
+        turn = journal.turn
+        if not journal.should_stop():
             if turn is not None and turn.idle:
                 turn.reclaim()   # its client came back: a request again
             return False
-        if run.cut or run.stopped:
+        if journal.cut or journal.stopped:
             return True
-        away = run.detached_for()
+        away = journal.detached_for()
         kept = (self._rule.attach and away is not None and away < self._rule.keep_seconds) \
             or (prefill and self._rule.finish_prefill)
         if not kept or turn is None:

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Iterable, Optional
 
-from serve.service.run import Emitted, Event, Prefilling, Progress
+from serve.service.journal import Emitted, Event, Prefilling, Progress
 
 
 @dataclass(frozen=True)

@@ -29,14 +29,14 @@ from serve.core.ids import now
 
 from serve.formats import grammar
 from serve.core.activity import Activity, ClassActivity
-from serve.core.classes import BACKGROUND, INTERACTIVE
+from serve.core.work_classes import BACKGROUND, INTERACTIVE
 from serve.core.work import Classifier
 from serve.core.request import ChatRequest, CompletionRequest
 from serve.formats.base import ChatFormat
 from serve.engine.api import EngineApi, ImageProbe
 from serve.engine.queue import EngineQueue, LostTurn, shutting_down, STARVE_AFTER_SECONDS
 from serve.engine.worker import EngineWorker
-from serve.service.detach import DEFAULT_KEEP_SECONDS, DetachRule, Unfollowed
+from serve.service.detach import DEFAULT_KEEP_SECONDS, DetachRule, StopCheck
 from serve.service.generation import Generation
 from serve.service.image_positions import Grid, ImagePositions
 from serve.service.images import StagedImages
@@ -51,8 +51,8 @@ from serve.snapshots.lookup import Lookup
 from serve.snapshots.scope import Scope
 from serve.snapshots.shared_dir import SharedDir
 from serve.service.prompt import check_fits, Prompt, PromptBuilder
-from serve.service.replies import ChatReply, CompletionReply, ReplySink
-from serve.service.run import Run
+from serve.service.replies import ChatReply, CompletionReply
+from serve.service.journal import Accepted, Fetching, Journal, Listener
 from serve.snapshots.reply_memory import ReplyMemory
 from serve.service.reasoning_budget import closing_ids, ReasoningBudget
 from serve.service.reply_reader import ChatReader, TextReader
@@ -60,7 +60,7 @@ from serve.service.response_store import ResponseStore
 from serve.service.settle import Settler
 from serve.snapshots.policy import SnapshotPolicy
 from serve.tokenizer.api import Tokenizer, at_once
-from serve.tokenizer.choice import engine_bos
+from serve.tokenizer.tokenizer_choice import engine_bos
 from serve.tokenizer.engine_side import EngineTokenizer
 
 T = TypeVar("T")
@@ -92,7 +92,7 @@ class ServiceOptions:
     chore_max_wait: float = STARVE_AFTER_SECONDS   # a chore waiting this long runs one step
     background_models: tuple[str, ...] = ()    # model names that mean "a chore"
     background_match: tuple[str, ...] = ()     # patterns on the prompt that mean "a chore"
-    tokenizer: Optional[Tokenizer] = None   # serve's own, equal to the engine's (tokenizer/choice.py);
+    tokenizer: Optional[Tokenizer] = None   # serve's own, equal to the engine's (tokenizer/tokenizer_choice.py);
                                             # None: the engine's, between its calls
     bos: Optional[Sequence[int]] = None     # add_bos's ids (choice.py); None: asked of the engine
     image_grid: Optional[Grid] = None       # the engine's rule for images' positions
@@ -186,7 +186,7 @@ class Service:
 
     # -- requests -------------------------------------------------------------
 
-    def chat(self, req: ChatRequest, sink: ReplySink | Run) -> ChatReply:
+    def chat(self, req: ChatRequest, sink: Listener | Journal) -> ChatReply:
         check = self.prompts.check(req)
         # Built before the engine is held: a schema the grammar cannot enforce is a 400
         # before any stream opens, and a large one compiles while others use the engine.
@@ -194,10 +194,10 @@ class Service:
         self.generation.check_decoding(req.logprobs, req.sampling)
         self.prompts.pieces(list(req.sampling.logit_bias), "logit_bias", indexed=False)
         with StagedImages(self.options.allow_local_images) as staged:
-            early = self.prompts.chat(req, check, staged)
-            run = self._run(sink)
-            unfollowed = self._unfollowed(run, req.request_id)
-            run.accepted(check.thinking)
+            early = self.prompts.of_chat(req, check, staged)
+            run = self._journal(sink)
+            stops = self._stop_check(run, req.request_id)
+            run.post(Accepted(check.thinking))
             run.reasoning = ReasoningBudget(self.prompts.budget(req), self.reasoning_end) if check.thinking else None
 
             def held(lookup: Optional[Lookup]) -> ChatReply:
@@ -205,32 +205,32 @@ class Service:
                 reader = ChatReader(self.chat_format.new_parser(check.thinking), req.sampling.stop,
                                     self.chat_format.stop_tokens,
                                     None if req.parallel_tool_calls else 1, run.reasoning)
-                outcome = self.generation.run(
+                outcome = self.generation.produce(
                     prompt, req.sampling, run, reader, stop_tokens=self.chat_format.stop_tokens,
                     logprobs=req.logprobs, constraint=constraint, label=req.request_id,
-                    stop=unfollowed.prefill_stop, stop_decoding=unfollowed.decode_stop,
+                    stop=stops.prefill_stop, stop_decoding=stops.decode_stop,
                     pause=self._pause(run, req.work, req.request_id, prompt.scope),
                     max_tokens=self._max_tokens(req.work), lookup=lookup)
                 message = reader.message()
                 outcome.usage.waste["reasoning"] = check.reasoning
                 self._account(outcome.usage, req, run)
-                if not outcome.client_gone:
+                if not outcome.client_left:
                     self.settler.after_reply(prompt, outcome, message)
                 return ChatReply(message, outcome.finish_reason, outcome.usage,
-                                 outcome.client_gone,
+                                 outcome.client_left,
                                  None if outcome.logprobs is None else chat_logprobs(outcome.logprobs),
                                  reader.stop_sequence)
             return self._on_engine(run, held, req.work, early, req.owner)
 
-    def count_chat(self, req: ChatRequest, client_gone: Callable[[], bool]) -> int:
+    def count_chat(self, req: ChatRequest, client_left: Callable[[], bool]) -> int:
         """The positions a chat request's prompt would take, without generating anything:
         without the engine, unless serve does not figure its images' positions (silently)."""
         check = self.prompts.check(req)
         with StagedImages(self.options.allow_local_images) as staged:
-            prompt = self.prompts.chat(req, check, staged)
+            prompt = self.prompts.of_chat(req, check, staged)
             if prompt.expanded_length is not None:
                 return prompt.expanded_length
-            run = self.new_run(client_gone)   # its events are never taken: the count is the answer
+            run = self.new_journal(client_left)   # its events are never taken: the count is the answer
 
             def held(_: Optional[Lookup]) -> int:
                 expanded = self.prompts.with_images(prompt)
@@ -238,26 +238,26 @@ class Service:
                 return len(expanded.ids)
             return self._on_engine(run, held, owner=req.owner)
 
-    def complete(self, req: CompletionRequest, sink: ReplySink | Run) -> CompletionReply:
+    def complete(self, req: CompletionRequest, sink: Listener | Journal) -> CompletionReply:
         check_fits(self.engine, len(req.prompt), "prompt", self.options.context_beyond)
         prompt = Prompt(self.prompts.text(req.prompt), scope=self.prompts.scope(req))
         self.generation.check_decoding(req.logprobs, req.sampling)
         self.prompts.pieces(list(req.sampling.logit_bias), "logit_bias", indexed=False)
-        run = self._run(sink)
-        unfollowed = self._unfollowed(run, req.request_id)
+        run = self._journal(sink)
+        stops = self._stop_check(run, req.request_id)
 
         def held(lookup: Optional[Lookup]) -> CompletionReply:
             reader = TextReader(req.sampling.stop, self.engine.specials.values())
-            outcome = self.generation.run(prompt, req.sampling, run, reader,
+            outcome = self.generation.produce(prompt, req.sampling, run, reader,
                                           logprobs=req.logprobs, label=req.request_id,
-                                          stop=unfollowed.prefill_stop,
-                                          stop_decoding=unfollowed.decode_stop,
+                                          stop=stops.prefill_stop,
+                                          stop_decoding=stops.decode_stop,
                                           pause=self._pause(run, req.work, req.request_id,
                                                             prompt.scope),
                                           max_tokens=self._max_tokens(req.work), lookup=lookup)
             self._account(outcome.usage, req, run)
             return CompletionReply(reader.text, outcome.finish_reason, outcome.usage,
-                                   outcome.client_gone, None if outcome.logprobs is None
+                                   outcome.client_left, None if outcome.logprobs is None
                                    else completion_logprobs(outcome.logprobs))
         return self._on_engine(run, held, req.work, prompt, req.owner)
 
@@ -269,7 +269,7 @@ class Service:
             return None
         return grammar.compile_grammar(fmt.grammar(req, thinking))
 
-    def _look_up(self, prompt: Prompt, run: Run) -> Optional[Lookup]:
+    def _look_up(self, prompt: Prompt, run: Journal) -> Optional[Lookup]:
         """The prompt's snapshot, found (and fetched from the shared tier) while the request
         waits, not on the engine: the engine only brings it up to date (serve/snapshots/lookup.py).
         A client that leaves stops a fetch between two chunks."""
@@ -277,7 +277,8 @@ class Service:
         if cache is None or self._stopping.is_set():
             return None
         tokens, limit = prompt.restorable
-        return tiers.find(cache, self.policy, tokens, limit, stop=run.gone, fetching=run.fetching,
+        return tiers.find(cache, self.policy, tokens, limit, stop=run.should_stop,
+                          fetching=lambda positions: run.post(Fetching(positions)),
                           scope=prompt.scope)
 
     @property
@@ -285,16 +286,16 @@ class Service:
         """stop() was called: work that only spares later requests time ends."""
         return self._stopping.is_set()
 
-    def new_run(self, client_gone: Callable[[], bool] = lambda: False) -> Run:
-        """A Run whose events readers follow (Run.read): a job's (serve/service/jobs.py), which
-        knows its readers, or a caller's that asks `client_gone()`. Cut at shutdown."""
-        return Run(self._stopping, client_gone)
+    def new_journal(self, client_left: Callable[[], bool] = lambda: False) -> Journal:
+        """A Journal whose events readers follow (Journal.read): a job's (serve/service/jobs.py), which
+        knows its readers, or a caller's that asks `client_left()`. Cut at shutdown."""
+        return Journal(self._stopping, client_left)
 
-    def _run(self, sink: ReplySink | Run) -> Run:
-        """The caller's Run, or one that tells an observer each event as it happens."""
-        return sink if isinstance(sink, Run) else Run(self._stopping, sink.gone, sink)
+    def _journal(self, sink: Listener | Journal) -> Journal:
+        """The caller's Journal, or one that hands a Listener each event as it is made."""
+        return sink if isinstance(sink, Journal) else Journal(self._stopping, sink.client_left, sink)
 
-    def _on_engine(self, run: Run, body: Callable[[Optional[Lookup]], T], work: str = INTERACTIVE,
+    def _on_engine(self, run: Journal, body: Callable[[Optional[Lookup]], T], work: str = INTERACTIVE,
                    prompt: Optional[Prompt] = None, owner: str = "") -> T:
         """Wait in line for the engine on this thread, then run `body` on the engine's worker,
         the engine empty, and return what it returns; a run cut by shutdown ends in its 503.
@@ -328,7 +329,7 @@ class Service:
 
     # -- classes of work (docs/chores.md) -------------------------------------------
 
-    def _pause(self, run: Run, work: str, label: str, scope: Scope) -> Optional[Preemption]:
+    def _pause(self, run: Journal, work: str, label: str, scope: Scope) -> Optional[Preemption]:
         """A chore's way to step aside for a person (it needs the prefix cache to save to)."""
         cache = self.options.prefix_cache
         if work != BACKGROUND or not self.options.work_classes or cache is None:
@@ -341,19 +342,19 @@ class Service:
         """The default max_tokens of a request of this class (None: the server's)."""
         return self.options.background_max_tokens if work == BACKGROUND else None
 
-    def _account(self, usage: Usage, req: ChatRequest | CompletionRequest, run: Run) -> None:
+    def _account(self, usage: Usage, req: ChatRequest | CompletionRequest, run: Journal) -> None:
         """The reply's class, how long it waited while chores held the engine (the chat page
         shows it: serve/static/chat.html), and its tokens, for its sender."""
         assert run.turn is not None   # asked inside the turn
         usage.waste.update(work=req.work, behind_chores_ms=round(run.turn.behind_chores * 1000, 3))
         self.metrics.person_reply(req.owner, usage)
 
-    def _unfollowed(self, run: Run, label: str) -> Unfollowed:
+    def _stop_check(self, run: Journal, label: str) -> StopCheck:
         """What the run's work may do once nobody follows it (serve/service/detach.py)."""
         options = self.options
         rule = DetachRule(options.attach, options.keep_detached,
                           options.finish_abandoned and options.prefix_cache is not None)
-        return Unfollowed(run, rule, self.queue.run_errands, options.log, label)
+        return StopCheck(run, rule, self.queue.run_errands, options.log, label)
 
     # -- idle time ------------------------------------------------------------
 

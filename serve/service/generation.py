@@ -23,7 +23,7 @@ from serve.engine.types import GenParams, GenResult, Stats, TokenInfo
 from serve.engine.api import EngineApi
 from serve.engine.queue import LostTurn
 from serve.service.logprobs import LogprobLedger
-from serve.service.run import Run
+from serve.service.journal import Journal, Prefilling, Progress, Started
 from serve.service.metrics import Metrics
 from serve.service.prefill import DEFAULT_CHUNK, Pause, Prefill, PrefillCancelled
 from serve.snapshots.cache import PrefixCache
@@ -39,7 +39,7 @@ class Outcome:
     """How a run ended, and what it generated."""
     finish_reason: str
     usage: Usage
-    client_gone: bool
+    client_left: bool
     tokens: list[int]                      # every generated id
     unevaluated: int                       # of those, how many the state lacks (serve's decoder: the last)
     result: GenResult
@@ -55,7 +55,7 @@ class _Clock:
     first_token_at: float = 0.0
     last_token_at: float = 0.0
     tokens: list[int] = field(default_factory=list)
-    client_gone: bool = False
+    client_left: bool = False
     cached_tokens: int = 0          # prompt positions restored from a snapshot
     saved: int = 0                  # prompt positions the longest snapshot of it holds
 
@@ -81,7 +81,7 @@ class Generation:
         # llguidance's view of the vocabulary, built once per (size, stop tokens)
         self._vocabularies: dict[tuple[int, tuple[int, ...]], grammar.Vocabulary] = {}
 
-    def run(self, prompt: Prompt, sampling: Sampling, run: Run, reader: ReplyReader, *,
+    def produce(self, prompt: Prompt, sampling: Sampling, journal: Journal, reader: ReplyReader, *,
             stop_tokens: Sequence[int] = (), logprobs: Optional[int] = None,
             constraint: Optional[str] = None, label: str = "",
             stop: Optional[Callable[[], bool]] = None,
@@ -92,14 +92,14 @@ class Generation:
         `logprobs`: passed by check_decoding already, before the request waited;
         `constraint`: a compiled grammar the reply must follow; `label` names the
         request in log lines; `stop`: asked between prefill chunks whether to stop
-        (by default, whether the run is gone). A prefill that runs to its end for a
+        (by default, whether the journal should stop). A prefill that runs to its end for a
         client that left is snapshotted there, and nothing is generated. `stop_decoding`:
         the same question before each generated token (serve/service/detach.py answers
-        both). A run stopped on purpose (Run.stop) ends as a normal finish. `pause`: a
+        both). A journal stopped on purpose (Journal.stop) ends as a normal finish. `pause`: a
         chore's, asked before each engine call (a chore decodes in serve, when it can, so
         that it can step aside between two tokens); `max_tokens`: the default when the
         request sets none (else the server's); `lookup`: the prompt's prefix-cache lookup,
-        made while the request waited (tiers.find). The run's `reasoning` says when the think
+        made while the request waited (tiers.find). The journal's `reasoning` says when the think
         channel is closed for the model (serve/service/steer.py)."""
         if prompt.image_paths:
             pause = None   # snapshots never reach past images
@@ -107,7 +107,7 @@ class Generation:
             pause_at: Optional[Callable[[Sequence[int]], None]] = _pause_at(pause, prompt.ids)
         else:
             pause_at = None
-        decoder = self._decoder(sampling, logprobs, run, constraint, stop_tokens, pause_at)
+        decoder = self._decoder(sampling, logprobs, journal, constraint, stop_tokens, pause_at)
         check_room(len(prompt.ids), self.engine.info.ctx_max, "messages", self.context_beyond)
         room = self.engine.info.ctx_max - len(prompt.ids)
         params = GenParams(temperature=sampling.temperature, top_p=sampling.top_p,
@@ -117,7 +117,7 @@ class Generation:
                                           room),
                            stop_tokens=tuple(stop_tokens))
         clock = _Clock()
-        halt = stop_decoding or run.gone
+        halt = stop_decoding or journal.should_stop
 
         def on_token(info: TokenInfo, piece: bytes) -> bool:
             now = time.monotonic()
@@ -125,47 +125,47 @@ class Generation:
             clock.last_token_at = now
             clock.tokens.append(info.token)
             if halt():
-                clock.client_gone = not run.stopped
+                clock.client_left = not journal.stopped
                 return True
             self.between_tokens()
-            return reader.feed(info.token, piece, run.emit)   # the Run only keeps it
+            return reader.feed(info.token, piece, journal.emit)   # the Journal only keeps it
 
         before = self.engine.stats()
-        run.start()
+        journal.post(Started())
         clock.started_at = time.monotonic()
         report = decode.Report(constrained=False).waste()
         unevaluated = 0
         try:
-            rest = self._prefill(prompt, clock, run, label, stop or run.gone, halt, pause, lookup)
+            rest = self._prefill(prompt, clock, journal, label, stop or journal.should_stop, halt, pause, lookup)
         except PrefillCancelled:
-            clock.client_gone = not run.stopped
+            clock.client_left = not journal.stopped
             result = GenResult(n_tokens=0, cancelled=True, context_full=False, detail=None)
         else:
             # The one branch: serve decodes itself when the reply needs the logits.
             rebuild = None if prompt.image_paths else (
                 lambda generated: self._rebuild([*prompt.ids, *generated]))
-            if run.reasoning is not None:
-                run.reasoning.anytime = decoder is not None or rebuild is not None
+            if journal.reasoning is not None:
+                journal.reasoning.anytime = decoder is not None or rebuild is not None
             result = steer.generate(self.engine, decoder, rest, params, on_token, reader,
-                                    run.reasoning, rebuild)
+                                    journal.reasoning, rebuild)
             if decoder is not None:
                 report = decoder.report.waste()
                 unevaluated = 1 if clock.tokens else 0
         ms = (time.monotonic() - clock.started_at) * 1000.0
         after = self.engine.stats()
         self.metrics.engine_stats(after)
-        if not reader.stopped and not clock.client_gone:
-            reader.finish(run.emit)
-        finish = "stop" if run.stopped else _finish_reason(reader, clock.tokens, params, result)
+        if not reader.stopped and not clock.client_left:
+            reader.finish(journal.emit)
+        finish = "stop" if journal.stopped else _finish_reason(reader, clock.tokens, params, result)
         # The context's end cut the reply: the engine says so, or max_tokens was lowered to
         # the room left and the reply used all of it.
         full = result.context_full or (finish == "length" and params.max_tokens == room
                                        and len(clock.tokens) >= room)
         usage = self._usage(len(prompt.ids), clock, full, ms, _stats_delta(before, after), report)
-        if run.reasoning is not None:
-            run.reasoning.account(usage)
-        return Outcome(finish, usage, clock.client_gone, clock.tokens, unevaluated, result,
-                       run.logprobs.entries if run.logprobs is not None else None, clock.saved, full)
+        if journal.reasoning is not None:
+            journal.reasoning.account(usage)
+        return Outcome(finish, usage, clock.client_left, clock.tokens, unevaluated, result,
+                       journal.logprobs.entries if journal.logprobs is not None else None, clock.saved, full)
 
     # -- decoding in serve (structure, logprobs) --------------------------------------
 
@@ -188,21 +188,21 @@ class Generation:
                                     f"({off}): the engine's sampler cannot apply it; to enable: "
                                     f"{grammar.ENABLE_HINT}", code="decoding_unavailable")
 
-    def _decoder(self, sampling: Sampling, top_logprobs: Optional[int], run: Run,
+    def _decoder(self, sampling: Sampling, top_logprobs: Optional[int], journal: Journal,
                  constraint: Optional[str], stop_tokens: Sequence[int],
                  pause: Optional[Callable[[Sequence[int]], None]] = None
                  ) -> Optional[decode.Decoder]:
-        """Serve's own decoder, its logprobs kept on the run when they are asked for;
+        """Serve's own decoder, its logprobs kept on the journal when they are asked for;
         no decoder (waste_generate) when nothing needs the logits or a pause."""
         if constraint is None and top_logprobs is None and pause is None \
                 and sampling.adjusted is None:
             return None
         if top_logprobs is not None:
-            run.logprobs = LogprobLedger(frozenset(self.engine.specials.values()))
+            journal.logprobs = LogprobLedger(frozenset(self.engine.specials.values()))
         matcher = None if constraint is None else self._matcher(constraint, tuple(stop_tokens))
         return decode.Decoder(self.engine, temperature=sampling.temperature, top_k=sampling.top_k,
                               top_p=sampling.top_p, grammar=matcher, top_logprobs=top_logprobs,
-                              listener=run.logprobs, pause=pause,
+                              listener=journal.logprobs, pause=pause,
                               adjust=decode.Adjustment(sampling.logit_bias,
                                                        sampling.frequency_penalty,
                                                        sampling.presence_penalty))
@@ -218,7 +218,7 @@ class Generation:
 
     # -- prefill --------------------------------------------------------------------------
 
-    def _prefill(self, prompt: Prompt, clock: _Clock, run: Run, label: str,
+    def _prefill(self, prompt: Prompt, clock: _Clock, journal: Journal, label: str,
                  stop: Callable[[], bool], halt: Callable[[], bool], pause: Optional[Pause],
                  lookup: Optional[Lookup]) -> list[int]:
         """Restore and evaluate all but the tail of the prompt; returns the tail for generate.
@@ -228,7 +228,7 @@ class Generation:
         def progress(done: int, total: int) -> None:
             if total <= chunk:
                 return  # one chunk is over before anyone could be waiting on it
-            run.progress(done, total, self.policy.costs.token_seconds)   # as of this chunk
+            journal.post(Progress(done, total, self.policy.costs.token_seconds))   # as of this chunk
             if log is not None:
                 log(f"{label} prefill {done}/{total}")
 
@@ -236,10 +236,11 @@ class Generation:
             prefill = Prefill(self.engine, tokens, cache=cache, policy=self.policy, chunk=chunk,
                               progress=progress, stop=stop, pause=pause, scope=prompt.scope)
             clock.cached_tokens = prefill.restore(upto, lookup)
-            run.prefilling(len(prompt.ids), clock.cached_tokens, self.policy.costs.token_seconds)
+            journal.post(Prefilling(len(prompt.ids), clock.cached_tokens,
+                                    self.policy.costs.token_seconds))
             if cache is not None:
                 self.metrics.prefix_lookup(clock.cached_tokens > 0)
-            clock.saved = prefill.run(upto, prompt.snapshot_at).saved
+            clock.saved = prefill.evaluate(upto, prompt.snapshot_at).saved
             if halt():
                 # Evaluated for a client that left (or to the end, for its retry): kept for
                 # whoever sends the same prompt next, and nothing is generated.
@@ -260,7 +261,7 @@ class Generation:
                 # Nothing found while it waited (a snapshot stored since holds at most a chunk).
                 if cache is not None and lookup is not None:
                     cache.counted(lookup)
-                run.prefilling(len(prompt.ids), 0)
+                journal.post(Prefilling(len(prompt.ids), 0))
                 return prompt.ids
             self.engine.image_clear()
             run_prefill(ids, upto)
@@ -279,7 +280,7 @@ class Generation:
         prefill = Prefill(self.engine, tokens, cache=self.prefix_cache, policy=self.policy,
                           chunk=self.prefill_chunk, insure=False)
         prefill.restore(len(tokens))
-        prefill.run(len(tokens))
+        prefill.evaluate(len(tokens))
 
     # -- accounting -----------------------------------------------------------------------
 

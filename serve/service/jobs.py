@@ -3,8 +3,8 @@ that asked for it.
 
 On K3 one turn is hours of engine time, so it cannot belong to one HTTP
 connection. A `Job` runs its request (Service.chat or Service.complete) on its
-own thread; its events go to its Run's append-only log, which any number of
-readers follow, each from its own position (serve/service/run.py). A client that
+own thread; its events go to its Journal's append-only log, which any number of
+readers follow, each from its own position (serve/service/journal.py). A client that
 leaves only stops reading: what the work may still do then is
 serve/service/detach.py's rule.
 
@@ -33,7 +33,7 @@ from typing import Callable, Generic, Optional, TypeVar
 from serve.core.ids import new_id
 from serve.service.eta import prefill_report
 from serve.service.replies import ChatReply, CompletionReply
-from serve.service.run import Emitted, Queued, Run, Started
+from serve.service.journal import Emitted, Queued, Journal, Started
 
 R = TypeVar("R", ChatReply, CompletionReply)
 
@@ -49,7 +49,7 @@ class Job(Generic[R]):
     key: str                     # identical requests have the same key
     owner: str                   # who may reach it by id (a digest of the credentials)
     model: str
-    run: Run
+    journal: Journal
     created: float = field(default_factory=time.time)
     reply: Optional[R] = None
     error: Optional[BaseException] = None
@@ -57,7 +57,7 @@ class Job(Generic[R]):
     delivered: bool = False               # a reader followed it to its end
 
     def result(self) -> R:
-        """The reply, or what the request raised. Only once the run has ended."""
+        """The reply, or what the request raised. Only once its journal has ended."""
         if self.error is not None:
             raise self.error
         assert self.reply is not None
@@ -65,26 +65,26 @@ class Job(Generic[R]):
 
     def stop(self) -> None:
         """End it at its next token or prefill chunk, as a normal finish with what was said."""
-        self.run.stop()
+        self.journal.stop()
 
     def status(self) -> str:
         """queued, in_progress, completed, stopped, incomplete (cut by its limit or by its
         client leaving) or failed."""
         if self.finished_at is None:
-            events, _ = self.run.read(0, 0)
+            events, _ = self.journal.read(0, 0)
             return "in_progress" if any(isinstance(e, Started) for e in events) else "queued"
         if self.error is not None:
             return "failed"
         assert self.reply is not None
-        if self.run.stopped:
+        if self.journal.stopped:
             return "stopped"
-        if self.reply.client_gone or self.reply.finish_reason == "length":
+        if self.reply.client_left or self.reply.finish_reason == "length":
             return "incomplete"
         return "completed"
 
     def describe(self) -> dict:
         """What GET /v1/jobs/{id} shows: its state, its prefill, and its output so far."""
-        events, _ = self.run.read(0, 0)
+        events, _ = self.journal.read(0, 0)
         ahead = 0
         reasoning, content, calls = [], [], 0
         for event in events:
@@ -95,7 +95,7 @@ class Job(Generic[R]):
                 content.append(event.delta.content)
                 calls += int(bool(event.delta.tool_call and "id" in event.delta.tool_call))
         status = self.status()
-        away = self.run.detached_for()
+        away = self.journal.detached_for()
         out = {"id": self.id, "object": "job", "status": status, "model": self.model,
                "created_at": int(self.created),
                "followed": away is None and self.finished_at is None,
@@ -130,33 +130,34 @@ class Jobs:
         self._jobs: "OrderedDict[str, Job]" = OrderedDict()   # by id, oldest first
         self._by_key: dict[str, Job] = {}                       # the newest job of each key
 
-    def start(self, key: str, owner: str, model: str, run: Run, work: Callable[[Run], R],
-              hung_up: Callable[[], bool]) -> tuple[Job[R], bool, int]:
+    def start(self, key: str, owner: str, model: str, journal: Journal,
+              work: Callable[[Journal], R],
+              client_left: Callable[[], bool]) -> tuple[Job[R], bool, int]:
         """The job an identical request may attach to (True), or a new one running
-        `work(run)` on its own thread (False); and the caller's reader number, for it follows
-        the job's run either way (Run.follow, with its client's `hung_up` probe)."""
+        `work(journal)` on its own thread (False); and the caller's reader number, for it follows
+        the job's journal either way (Journal.follow, with its client's `client_left` probe)."""
         with self._lock:
             self._forget_old()
             found = self._by_key.get(key) if self.attach else None
             if found is not None and found.owner == owner and found.model == model \
                     and self._joinable(found):
-                return found, True, found.run.follow(hung_up)
-            job: Job[R] = Job(new_id("job"), key, owner, model, run)
-            reader = run.follow(hung_up)
+                return found, True, found.journal.follow(client_left)
+            job: Job[R] = Job(new_id("job"), key, owner, model, journal)
+            reader = journal.follow(client_left)
             self._jobs[job.id] = job
             self._by_key[key] = job
         # Handed over in a box the job's thread empties: a Thread keeps its arguments until
-        # after its run ends, and the work holds the request (tens of megabytes, for some).
-        threading.Thread(target=self._run, args=(job, [work]), name=f"job-{job.id}",
+        # after its run() ends, and the work holds the request (tens of megabytes, for some).
+        threading.Thread(target=self._execute, args=(job, [work]), name=f"job-{job.id}",
                          daemon=True).start()
         return job, False, reader
 
     @staticmethod
     def _joinable(job: Job) -> bool:
         if job.finished_at is None:
-            return not (job.run.stopped or job.run.cut or job.run.followed())
-        return not job.delivered and job.error is None and not job.run.stopped \
-            and not job.result().client_gone
+            return not (job.journal.stopped or job.journal.cut or job.journal.followed())
+        return not job.delivered and job.error is None and not job.journal.stopped \
+            and not job.result().client_left
 
     def get(self, job_id: str, owner: str) -> Optional[Job]:
         """The job with this id, if `owner` made it (another's is as absent as a missing one)."""
@@ -169,18 +170,18 @@ class Jobs:
         with self._lock:
             return [job for job in self._jobs.values() if job.owner == owner]
 
-    def _run(self, job: Job[R], box: list[Callable[[Run], R]]) -> None:
+    def _execute(self, job: Job[R], box: list[Callable[[Journal], R]]) -> None:
         self._work(job, box.pop())   # the request goes with the work, before the end is told
         job.finished_at = time.monotonic()
-        job.run.end()
+        job.journal.end()
         if job.error is not None:   # nothing to attach to: only its readers hold it
             with self._lock:
                 self._drop(job)
 
     @staticmethod
-    def _work(job: Job[R], work: Callable[[Run], R]) -> None:
+    def _work(job: Job[R], work: Callable[[Journal], R]) -> None:
         try:
-            job.reply = work(job.run)
+            job.reply = work(job.journal)
         except BaseException as e:  # noqa: BLE001 - handed to the job's readers
             # Its frames would hold the request for as long as the error is kept: the
             # readers re-raise it from where they are.
@@ -191,13 +192,13 @@ class Jobs:
         """Finished jobs past their time or beyond the count, oldest first. Under _lock."""
         now = time.monotonic()
         finished = [job for job in self._jobs.values() if job.finished_at is not None]
-        events = sum(job.run.size for job in finished)
+        events = sum(job.journal.size for job in finished)
         for n, job in enumerate(finished):
             assert job.finished_at is not None
             if now - job.finished_at < self.keep_seconds and len(finished) - n <= self.keep_count \
                     and events <= KEEP_EVENTS:
                 continue
-            events -= job.run.size
+            events -= job.journal.size
             self._drop(job)
 
     def _drop(self, job: Job) -> None:

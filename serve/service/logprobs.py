@@ -1,8 +1,8 @@
 """Logprobs on the stream of deltas, and their OpenAI shapes.
 
 The decoder (serve/engine/decode.py) hands each token's entry to the request's
-`LogprobLedger` before the token is reported; the request's Run
-(serve/service/run.py) has the ledger put the entries of the tokens behind a
+`LogprobLedger` before the token is reported; the request's Journal
+(serve/service/journal.py) has the ledger put the entries of the tokens behind a
 piece of answer text on the delta that carries it, as `Delta.logprobs`: a list
 of entries in the shape of
 OpenAI chat's `choices[].logprobs.content[]`:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from serve.core.classes import BACKGROUND
+from serve.core.work_classes import BACKGROUND
 from serve.core.request import ChatRequest, CompletionRequest
 
 from serve.service import metrics

@@ -60,7 +60,7 @@ class Preemption:
         resume = Prefill(self.engine, tokens, cache=self.cache, policy=self.policy,
                          chunk=self.chunk, insure=False, scope=self.scope)
         resume.restore(held)
-        resume.run(held)   # nothing, unless the snapshot was evicted meanwhile
+        resume.evaluate(held)   # nothing, unless the snapshot was evicted meanwhile
         if self.log is not None:
             self.log(f"{self.label} chore resumed at position {held}")
         return True

@@ -139,7 +139,7 @@ class Prefill:
         self.pos = self.cached = self.saved = snap.n_tokens
         return self.cached
 
-    def run(self, upto: int, snapshot_at: Sequence[int] = ()) -> Prefilled:
+    def evaluate(self, upto: int, snapshot_at: Sequence[int] = ()) -> Prefilled:
         """Evaluate up to `upto`, snapshotting the checkpoints in `snapshot_at` and the
         progress in between where the policy says they pay. Raises PrefillCancelled when
         stop() says so between two chunks, after snapshotting what it has if that pays."""
@@ -201,4 +201,4 @@ def prefill(engine: EngineApi, tokens: Sequence[int], upto: int, *,
     run = Prefill(engine, tokens, cache=cache, policy=policy or SnapshotPolicy(), chunk=chunk,
                   progress=progress, stop=stop)
     run.restore(upto)
-    return run.run(upto, snapshot_at)
+    return run.evaluate(upto, snapshot_at)

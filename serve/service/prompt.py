@@ -227,7 +227,7 @@ class PromptBuilder:
             return "off"
         return req.thinking_effort or "on"
 
-    def chat(self, req: ChatRequest, check: ChatCheck, staged: StagedImages,
+    def of_chat(self, req: ChatRequest, check: ChatCheck, staged: StagedImages,
              fit: bool = True) -> Prompt:
         """Render once and tokenize, before the engine is held; images are measured here
         and encoded on the engine (with_images). `fit`: refuse a prompt that leaves the

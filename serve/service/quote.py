@@ -79,7 +79,7 @@ def quote_chat(service: Service, req: ChatRequest) -> Quote:
     their placeholders only (its `positions` are then a floor)."""
     check = service.prompts.check(req)
     with StagedImages(service.options.allow_local_images) as staged:
-        prompt = service.prompts.chat(req, check, staged)
+        prompt = service.prompts.of_chat(req, check, staged)
     expanded = prompt.expanded_length
     queue = service.queue
     return quote(prompt, len(prompt.ids) if expanded is None else expanded,

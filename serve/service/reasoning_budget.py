@@ -1,6 +1,6 @@
 """When a reply's reasoning ends: its token budget, or "answer now" from outside the run.
 
-One `ReasoningBudget` per chat run that thinks (the Run holds it as `reasoning`). The
+One `ReasoningBudget` per chat run that thinks (the Journal holds it as `reasoning`). The
 reply reader counts the think-channel tokens the format's parser reports (`count`),
 and generation asks after each token whether to close the channel (`due`): the budget
 is spent, or another thread called `answer_now()`. Generation then hands the engine

@@ -1,8 +1,8 @@
 """What a request produces and where its output goes, between the service and the wire formats.
 
 The service runs a request and hands its output, piece by piece, to the
-request's `Run` (serve/service/run.py), which keeps it for the caller's own
-thread or tells a `ReplySink`; when it is over it returns a `ChatReply` or
+request's `Journal` (serve/service/journal.py), which keeps it for the caller's own
+thread or tells a `Listener`; when it is over it returns a `ChatReply` or
 `CompletionReply`.
 The wire formats (serve/dialects/openai.py, serve/dialects/anthropic.py, serve/dialects/responses.py)
 read these and nothing else of the service.
@@ -10,9 +10,9 @@ read these and nothing else of the service.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Protocol
+from typing import Optional
 
-from serve.core.reply import Delta, Usage
+from serve.core.reply import Usage
 
 
 @dataclass(frozen=True)
@@ -23,45 +23,12 @@ class ReplyStart:
     cached_tokens: int = 0                # of those, restored from a snapshot, as known before prefill
 
 
-class ReplySink(Protocol):
-    """The observer of a caller with no thread of its own (a test, a benchmark): told each
-    event as it happens, on the thread running the request, and asked if its client left."""
-
-    def accepted(self, thinking: bool) -> None:
-        """The request passed its checks and will wait for the engine; `thinking`: its reply
-        opens in the think channel."""
-
-    def start(self) -> None:
-        """The request was accepted and generation begins; errors after this are mid-reply."""
-
-    def prefilling(self, prompt_tokens: int, cached_tokens: int) -> None:
-        """Prefill begins: the prompt holds `prompt_tokens` positions, `cached_tokens` of them
-        restored from a snapshot. Called once, before the first chunk is evaluated."""
-
-    def progress(self, done: int, total: int) -> None:
-        """Prefill has evaluated `done` of `total` prompt positions."""
-
-    def emit(self, delta: Delta) -> None:
-        """One piece of output (a completion's text is its `content`)."""
-
-    def gone(self) -> bool:
-        """True once the client has disconnected: generation stops at the next token."""
-
-    def queued(self, ahead: int) -> None:
-        """The request waits for the engine behind `ahead` others (the running one included);
-        called again when that number changes."""
-
-    def fetching(self, positions: int) -> None:
-        """Before it waits, the request copies a snapshot of `positions` positions from the
-        team's shared tier (seconds, or minutes on a slow share, for a long conversation)."""
-
-
 @dataclass
 class ChatReply:
     message: dict
     finish_reason: str
     usage: Usage
-    client_gone: bool
+    client_left: bool
     logprobs: Optional[dict] = None   # choices[].logprobs, when asked for
     stop_sequence: str = ""   # the stop string that ended the reply, if one did
 
@@ -71,5 +38,5 @@ class CompletionReply:
     text: str
     finish_reason: str
     usage: Usage
-    client_gone: bool
+    client_left: bool
     logprobs: Optional[dict] = None

@@ -142,7 +142,7 @@ class Settler:
                           chunk=SETTLE_CHUNK, stop=lambda: yield_now() or self._closed,
                           insure=False, scope=job.scope)
             run.restore(len(tokens))
-            run.run(len(tokens))
+            run.evaluate(len(tokens))
             run.snapshot("reply")
         except (PrefillCancelled, UnencodableText, WasteError, OSError):
             pass   # the snapshot only spares the next turn work; that turn goes on without it

@@ -44,7 +44,7 @@ def chat_ids(service: Service, req: ChatRequest, *, generation_prompt: bool, bos
                              "its positions when it encodes it; /v1/messages/count_tokens "
                              "counts a conversation with images")
     with StagedImages(service.options.allow_local_images) as staged:
-        prompt = service.prompts.chat(req, check, staged, fit=False)
+        prompt = service.prompts.of_chat(req, check, staged, fit=False)
     ids = prompt.ids if generation_prompt else prompt.history
     return (service.prompts.bos if bos else []) + ids
 

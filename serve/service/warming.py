@@ -35,7 +35,7 @@ def warm(service: Service, req: ChatRequest, progress: Callable[[int, int], None
         return halted() or service.stopping
 
     with StagedImages(service.options.allow_local_images) as no_images:
-        prompt = prompts.chat(req, check, no_images)
+        prompt = prompts.of_chat(req, check, no_images)
     ids, held = prompt.ids, len(prompt.history)
 
     def prefill(yield_now: Callable[[], bool]) -> Optional[tuple[int, int]]:
@@ -48,7 +48,7 @@ def warm(service: Service, req: ChatRequest, progress: Callable[[int, int], None
                           stop=lambda: yield_now() or stopping(), scope=prompt.scope)
             cached = run.restore(held)
             before = cached if before is None else before
-            run.run(held, prompt.snapshot_at)
+            run.evaluate(held, prompt.snapshot_at)
             return held, before
         except PrefillCancelled:
             if stopping():

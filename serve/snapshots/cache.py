@@ -25,7 +25,7 @@ serve/snapshots/keys.py); an entry's files are described in
 serve/snapshots/entry_format.py. RAM per entry is a few hundred bytes, never
 its token list. A request looks up (find) while it waits for the engine, and
 the engine only rechecks what it found (serve/snapshots/lookup.py). This is the fast, local tier: `shared`, when set, is the
-team's tier behind it (serve/snapshots/shared.py).
+team's tier behind it (serve/snapshots/shared_tier.py).
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ from serve.snapshots.snapshot import Snapshot
 from serve.snapshots.keys import BLOCK, anchors, key_of, probe, raw_ids, scoped, seed
 
 if TYPE_CHECKING:
-    from serve.snapshots.shared import SharedTier
+    from serve.snapshots.shared_tier import SharedTier
 
 __all__ = ["BLOCK", "DEFAULT_MAX_ENTRIES", "PrefixCache", "PrefixCacheError", "Snapshot",
            "default_directory"]

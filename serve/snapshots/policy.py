@@ -29,7 +29,7 @@ snapshot of the same prefix, at the measured cost) against them:
   its latest progress snapshot: the next snapshot of the same prompt holds
   all it does.
 
-With a shared tier (--shared-cache, serve/snapshots/shared.py), a snapshot
+With a shared tier (--shared-cache, serve/snapshots/shared_tier.py), a snapshot
 saved locally is also published when the prefill it would spare another host
 (the positions past the longest snapshot of it published already) costs
 more than the publish plus that host's fetch and load, all measured; and a

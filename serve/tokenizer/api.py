@@ -4,7 +4,7 @@ Two things meet it: the off-engine tokenizer (serve/tokenizer/encoder.py), a
 pure function of the container's files that any thread may call, and the
 engine's own (waste_tokenize, waste_tokenize_markup, waste_detokenize) through
 serve/tokenizer/engine_side.py, when the off-engine one is not equal to it
-(serve/tokenizer/choice.py decides at start). Before a request holds the engine,
+(serve/tokenizer/tokenizer_choice.py decides at start). Before a request holds the engine,
 a Runner runs its whole tokenizing: at once, or as one errand of the engine
 queue, between engine calls.
 """

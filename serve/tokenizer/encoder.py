@@ -7,7 +7,7 @@ merged (serve/tokenizer/bpe.py). Pieces repeat (words, indentation), so their
 ids are kept in a bounded memo.
 
 The pre-tokenizer is the container's, or for a WARP container one of the
-candidates serve/tokenizer/choice.py tries ("warp", then "kimi"). With the
+candidates serve/tokenizer/tokenizer_choice.py tries ("warp", then "kimi"). With the
 optional `tiktoken` package, the "kimi" candidate's plain text goes through
 tiktoken instead: it is the library the Kimi releases tokenize with, reads
 exactly their rank file, and is several times faster. The reference

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from serve.tokenizer import warp_split
-from serve.tokenizer.classes import HAN, WHITE_SPACE, body, category, minus
+from serve.tokenizer.unicode_classes import HAN, WHITE_SPACE, body, category, minus
 
 NAMES = ("default", "smollm", "kimi", "warp")
 

@@ -12,7 +12,7 @@ A container that is not the reference engine's ("format": "waste-ref") is WARP's
 whose manifest names no pre-tokenizer: WARP splits text with a scanner of its own
 (serve/tokenizer/warp_split.py), close to but not the Kimi family's tiktoken
 pattern, so such a container has two candidates, "warp" then "kimi", and the
-start-up probe (serve/tokenizer/choice.py) keeps the first equal to the engine.
+start-up probe (serve/tokenizer/tokenizer_choice.py) keeps the first equal to the engine.
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ import pytest
 
 from scripted import (KIMI_LINEAR_SPECIALS, ScriptedEngine, ScriptedLibrary, assert_error, call,
                       engine, scripted_service, server, serving, xtml_answer)
-from serve.formats.choice import NoChatFormat
+from serve.formats.format_choice import NoChatFormat
 from serve.service.facade import Service, ServiceOptions
 from test_tool_calls import TOOLS
 

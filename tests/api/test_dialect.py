@@ -1,11 +1,11 @@
-"""serve/dialects/shared.py on its own: what the Anthropic and Responses translations share."""
+"""serve/dialects/translation.py on its own: what the Anthropic and Responses translations share."""
 from __future__ import annotations
 
 import pytest
 
 from serve.core.errors import ApiError, invalid
 from serve.core.reply import Delta
-from serve.dialects.shared import (Blocks, chat_request, Conversation, Parts, renamed, string_field,
+from serve.dialects.translation import (Blocks, chat_request, Conversation, Parts, renamed, string_field,
                                    tool_call)
 
 

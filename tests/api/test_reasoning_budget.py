@@ -19,7 +19,7 @@ from scripted import ScriptedEngine, call, real_service, scripted_service, servi
 from serve.core.request import ChatRequest, Sampling
 from serve.formats.xtml import render as xtml
 from serve.service.reasoning_budget import ANSWER_NOW, BUDGET, MODEL
-from serve.service.run import Emitted
+from serve.service.journal import Emitted
 
 DELAY_MS = "2"     # per evaluated token: a scaled clock, not a fast one
 BUDGET_TOKENS = 64
@@ -239,7 +239,7 @@ def test_the_servers_budget_applies_when_a_request_sets_none(lib_path, k3_contai
 @pytest.mark.parametrize("logprobs", [None, 1], ids=["waste_generate", "serve's decoder"])
 def test_answer_now_closes_the_reasoning_at_the_next_token(k3, logprobs):
     service, _ = k3
-    run = service.new_run(lambda: False)
+    run = service.new_journal(lambda: False)
     request = ChatRequest(messages=ASK, sampling=Sampling(temperature=0.0, max_tokens=ROOM),
                           logprobs=logprobs)
     replies: list = []
@@ -279,13 +279,13 @@ def test_answer_now_closes_the_reasoning_at_the_next_token(k3, logprobs):
 
 def test_answer_now_after_the_reasoning_ended_says_so(k3):
     service, _ = k3
-    run = service.new_run(lambda: False)
+    run = service.new_journal(lambda: False)
     reply = service.chat(ChatRequest(messages=ASK, sampling=Sampling(temperature=0.0,
                                                                      max_tokens=40),
                                      thinking_token_budget=4), run)
     assert reply.usage.waste["reasoning_ended"] == BUDGET
     assert run.reasoning is not None and not run.reasoning.answer_now()
-    off = service.new_run(lambda: False)
+    off = service.new_journal(lambda: False)
     service.chat(ChatRequest(messages=ASK, sampling=Sampling(max_tokens=2), thinking=False), off)
     assert off.reasoning is None   # a reply that does not think has nothing to close
 

@@ -107,7 +107,7 @@ def slow_server(lib_path, container, tmp_path: Path, delay_ms: int, heartbeat: f
                                  time.monotonic())
                     seen.append(entry)
                     reply = chat(req, _Noting(sink, entry))
-                    entry.answered = not reply.client_gone
+                    entry.answered = not reply.client_left
                     return reply
 
                 service.chat = noted

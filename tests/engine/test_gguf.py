@@ -23,7 +23,7 @@ from gguf_reference import Reference
 from gguf_writer import MISSING_BYTES, SPECIALS, tiny_llama, vocabulary
 from tokenizer_reference import hf_tokenizer, random_texts
 from test_container_fuzz import E_FORMAT, damaged_copy, drop_key, open_in_child, set_key
-from serve.formats.choice import resolve_chat_format
+from serve.formats.format_choice import resolve_chat_format
 from serve.formats.template.format import TemplateFormat
 from serve.engine.binding import Engine, EngineConfig
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from serve.engine.binding import Engine, EngineConfig
-from serve.formats.choice import resolve_chat_format
+from serve.formats.format_choice import resolve_chat_format
 from serve.formats.template.tools import (DECLARATION, EXAMPLE_CALL, RESULT_HEADER, call_text,
                                           TemplateReplyParser)
 from serve.formats.base import PromptError

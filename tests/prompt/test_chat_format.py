@@ -8,7 +8,7 @@ import pytest
 
 from serve.formats.xtml import render as xtml
 from serve.formats.base import ChatFormatError
-from serve.formats.choice import NoChatFormat, resolve_chat_format
+from serve.formats.format_choice import NoChatFormat, resolve_chat_format
 from serve.formats.template.format import TemplateFormat
 from serve.formats.template.tools import TemplateReplyParser
 from serve.formats.xtml.format import XtmlFormat

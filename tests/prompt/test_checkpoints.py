@@ -5,7 +5,7 @@ from scripted import ScriptedEngine
 from serve.snapshots.checkpoints import preamble_ends, spaced
 
 SPACING = 4096
-from serve.formats.choice import resolve_chat_format
+from serve.formats.format_choice import resolve_chat_format
 from serve.formats.template.format import TemplateFormat
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]

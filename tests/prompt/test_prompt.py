@@ -7,7 +7,7 @@ from scripted import (IMAGE_POSITIONS, ScriptedEngine, ScriptedLibrary, Scripted
                       image_message, tiny_png)
 from serve.core.errors import ApiError
 from serve.dialects.openai_request import parse_chat_request
-from serve.formats.choice import NoChatFormat, resolve_chat_format
+from serve.formats.format_choice import NoChatFormat, resolve_chat_format
 from serve.service.images import StagedImages
 from serve.service.prompt import check_fits, PromptBuilder
 from serve.snapshots.reply_memory import ReplyMemory
@@ -32,7 +32,7 @@ def request(messages, **fields):
 def build(prompts: PromptBuilder, req):
     check = prompts.check(req)
     with StagedImages(None) as staged:
-        return prompts.chat(req, check, staged)
+        return prompts.of_chat(req, check, staged)
 
 
 def test_the_prompt_is_the_rendered_conversation_then_the_generation_prompt():
@@ -113,7 +113,7 @@ def test_images_are_staged_before_the_engine_then_queued_and_expanded():
     req = request(image_message(data_url(tiny_png())))
     check = prompts.check(req)
     with StagedImages(None) as staged:
-        early = prompts.chat(req, check, staged)
+        early = prompts.of_chat(req, check, staged)
         assert engine.queued == [] and early.ids == early.text_ids
         prompt = prompts.with_images(early)
         assert engine.queued == list(prompt.image_paths) and len(prompt.image_paths) == 1

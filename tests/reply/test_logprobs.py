@@ -10,6 +10,7 @@ from scripted import assert_error, call, real_service, serving
 from serve.dialects.openai_request import parse_chat_request
 from serve.engine.decode import token_text
 from serve.engine.binding import Engine, EngineConfig
+from serve.service.journal import Emitted, Event
 
 CHAT = "/v1/chat/completions"
 USER = [{"role": "user", "content": "Why is the sky blue?"}]
@@ -134,38 +135,27 @@ def test_bad_logprobs_fields_are_a_400(k3, path, body, param):
     assert_error(call(k3.port, "POST", path, {**base, "max_tokens": 2, **body}), 400, param=param)
 
 
-class GoneAfter:
-    """A sink whose client disappears after `n` deltas."""
+class LeavesAfter:
+    """A Listener whose client leaves after `n` deltas."""
 
     def __init__(self, n: int):
         self.n, self.deltas = n, []
 
-    def accepted(self, thinking: bool) -> None:
-        pass
+    def take(self, event: Event) -> None:
+        if isinstance(event, Emitted):
+            self.deltas.append(event.delta)
 
-    def start(self) -> None:
-        pass
-
-    def prefilling(self, prompt_tokens: int, cached_tokens: int) -> None:
-        pass
-
-    def progress(self, done: int, total: int) -> None:
-        pass
-
-    def emit(self, delta: dict) -> None:
-        self.deltas.append(delta)
-
-    def gone(self) -> bool:
+    def client_left(self) -> bool:
         return len(self.deltas) >= self.n
 
 
 @pytest.mark.parametrize("extra", [{"logprobs": True},
                                    {"response_format": {"type": "json_object"}}])
-def test_the_eval_loop_stops_when_the_client_is_gone(service, extra):
+def test_the_eval_loop_stops_when_the_client_left(service, extra):
     req = parse_chat_request({"messages": USER, "max_tokens": 50, "temperature": 0, "seed": 1, **extra})
-    sink = GoneAfter(3)
+    sink = LeavesAfter(3)
     reply = service.chat(req, sink)
-    assert reply.client_gone and len(sink.deltas) == 3
+    assert reply.client_left and len(sink.deltas) == 3
     assert reply.usage.completion_tokens < 50
 
 

@@ -11,7 +11,7 @@ import pytest
 from agent_prompts import ASK, CLIENTS, HISTORY, OPENCODE_TURN, Case, chores, codex_title, waited_on
 from scripted import ScriptedEngine, call, scripted_service, serving, xtml_answer
 from serve.core.agents import agent_chore
-from serve.core.classes import BACKGROUND, INTERACTIVE, Hints
+from serve.core.work_classes import BACKGROUND, INTERACTIVE, Hints
 from serve.core.request import ChatRequest, Sampling
 from serve.core.work import Classifier
 from test_work_classes import ORDINARY

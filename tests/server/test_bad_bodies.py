@@ -13,7 +13,7 @@ from scripted import (ScriptedEngine, assert_error, call, real_service, scripted
                       serving, xtml_answer)
 from serve.engine.binding import Engine, EngineConfig, load_library
 from serve.service.facade import Service, ServiceOptions
-from serve.formats.choice import resolve_chat_format
+from serve.formats.format_choice import resolve_chat_format
 
 CHAT, MESSAGES, RESPONSES = "/v1/chat/completions", "/v1/messages", "/v1/responses"
 COUNT = MESSAGES + "/count_tokens"
@@ -306,7 +306,7 @@ def test_a_stream_whose_failure_cannot_be_told_still_ends_whole(monkeypatch):
 
     def cannot(self, error):
         raise UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed")
-    monkeypatch.setattr(responses.Exchange, "failed", cannot)
+    monkeypatch.setattr(responses.ResponsesExchange, "failed", cannot)
     engine = ScriptedEngine([xtml_answer("a", "b", "c")])
     engine.before_token = failing_at_token(1)
     lines: list[str] = []

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from serve.core.errors import ApiError
-from serve.engine.queue import ClientGone, EngineQueue
+from serve.engine.queue import ClientLeft, EngineQueue
 
 WAIT = 30   # seconds: generous, for a busy machine; nothing here should take more than a moment
 
@@ -22,7 +22,7 @@ class Waiter:
     def queued(self, ahead: int) -> None:
         self.told.append(ahead)
 
-    def gone(self) -> bool:
+    def should_stop(self) -> bool:
         return self.left.is_set()
 
 
@@ -34,7 +34,7 @@ def hold(queue: EngineQueue, waiter: Waiter, inside: threading.Event, release: t
                 order.append(name)
                 inside.set()
                 release.wait(WAIT)
-        except (ApiError, ClientGone) as e:
+        except (ApiError, ClientLeft) as e:
             errors.append((name, e))
     thread = threading.Thread(target=run)
     thread.start()
@@ -112,7 +112,7 @@ def test_a_waiter_whose_client_left_gives_up_its_place():
     running, gone = line.running(), line.waiting("gone", leaving)
     leaving.left.set()
     gone.join(WAIT)
-    assert line.errors and line.errors[0][0] == "gone" and isinstance(line.errors[0][1], ClientGone)
+    assert line.errors and line.errors[0][0] == "gone" and isinstance(line.errors[0][1], ClientLeft)
     assert len(line.queue) == 0
     line.release.set()
     running.join(WAIT)

@@ -21,12 +21,12 @@ import pytest
 
 from scripted import call, post_open, read_all, read_until, serving, sse_data, wait_idle
 from serve.app.warm import parse_body
-from serve.core.classes import BACKGROUND, INTERACTIVE
+from serve.core.work_classes import BACKGROUND, INTERACTIVE
 from serve.core.errors import ApiError
 from serve.engine.binding import Engine, EngineConfig, load_library
 from serve.engine.queue import EngineQueue, shutting_down
 from serve.engine.worker import EngineWorker
-from serve.formats.choice import resolve_chat_format
+from serve.formats.format_choice import resolve_chat_format
 from serve.service.facade import Service, ServiceOptions
 from serve.service.warming import warm
 from serve.snapshots.cache import PrefixCache

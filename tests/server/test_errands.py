@@ -16,7 +16,7 @@ WAIT = 30   # seconds: generous, for a busy machine
 class Quiet:
     def queued(self, ahead: int) -> None: ...
 
-    def gone(self) -> bool:
+    def should_stop(self) -> bool:
         return False
 
 

@@ -7,14 +7,14 @@ import threading
 from serve.core.reply import Delta
 from serve.service import jobs
 from serve.service.jobs import Jobs
-from serve.service.run import Run
+from serve.service.journal import Journal
 
 
 def _finish(registry: Jobs, key: str, events: int) -> jobs.Job:
     """A job whose work makes `events` deltas and returns at once; its reader then leaves."""
-    run = Run(threading.Event())
+    run = Journal(threading.Event())
 
-    def work(r: Run) -> str:
+    def work(r: Journal) -> str:
         for _ in range(events):
             r.emit(Delta(content="x"))
         return "reply"

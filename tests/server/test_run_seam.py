@@ -1,4 +1,4 @@
-"""The threads running a request hand its events to the request's Run and run no HTTP code.
+"""The threads running a request hand its events to the request's Journal and run no HTTP code.
 
 Over real sockets with the scripted engine: every call the request's thread makes
 while it is inside the service (waiting in line, reading the reply back), and
@@ -25,7 +25,7 @@ from serve.dialects import openai
 from serve.dialects.sse import EventWriter
 from serve.engine.worker import EngineWorker
 from serve.service.facade import Service
-from serve.service.run import Run
+from serve.service.journal import Journal
 
 SERVE = Path(__file__).resolve().parents[2] / "serve"
 HTTP_SIDE = (str(SERVE / "http") + "/", str(SERVE / "dialects") + "/")
@@ -89,7 +89,7 @@ def test_generation_runs_no_http_code(watched: Watched, path: str, body: dict):
         resp = call(srv.port, "POST", path, body)
     assert resp.status == 200, resp.body
     assert b"Hel" in resp.body and b"lo" in resp.body   # the reply reached the client
-    assert watched.ran("serve/service/run.py") and watched.ran("serve/service/generation.py")
+    assert watched.ran("serve/service/journal.py") and watched.ran("serve/service/generation.py")
     assert watched.http_side() == []
 
 
@@ -149,23 +149,23 @@ def test_a_failed_send_tells_the_run_once():
 
 def test_the_run_says_gone_once_nobody_follows_it_it_is_stopped_or_shutdown_began():
     stopping = threading.Event()
-    run = Run(stopping)
-    assert not run.gone() and run.detached_for() is None
+    run = Journal(stopping)
+    assert not run.should_stop() and run.detached_for() is None
     reader = run.follow()
-    assert not run.gone()
+    assert not run.should_stop()
     run.unfollow(reader)
-    assert run.gone() and not run.cut and run.detached_for() is not None
-    hung_up = threading.Event()
-    run.follow(hung_up.is_set)   # an identical request came back for it
-    assert not run.gone() and run.detached_for() is None
-    hung_up.set()                # its client closed its socket: known before its reader looks
-    assert run.gone() and run.detached_for() is not None
+    assert run.should_stop() and not run.cut and run.detached_for() is not None
+    client_left = threading.Event()
+    run.follow(client_left.is_set)   # an identical request came back for it
+    assert not run.should_stop() and run.detached_for() is None
+    client_left.set()                # its client closed its socket: known before its reader looks
+    assert run.should_stop() and run.detached_for() is not None
     run.follow()
-    assert not run.gone()
+    assert not run.should_stop()
     run.stop()
-    assert run.gone() and run.stopped and not run.cut
+    assert run.should_stop() and run.stopped and not run.cut
     stopping.set()
-    assert run.gone() and run.cut
+    assert run.should_stop() and run.cut
 
 
 def test_an_exchange_that_fails_ends_the_reply_and_a_stream_stops_generating(monkeypatch):
@@ -193,7 +193,7 @@ def test_an_exchange_that_fails_ends_the_reply_and_a_stream_stops_generating(mon
         blocking = call(srv.port, "POST", CHAT, {"messages": USER})
         after = call(srv.port, "POST", CHAT, {"messages": USER, "max_tokens": 3})
     # The stream: the failure event ends it, and generation stopped (at the next token the
-    # engine's thread began after the sse-events thread told the Run).
+    # engine's thread began after the sse-events thread told the Journal).
     assert streamed.status == 200
     events = streamed.events()
     assert events[-1] == "[DONE]" and events[-2]["error"]["type"] == "server_error"

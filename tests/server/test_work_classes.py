@@ -11,7 +11,7 @@ from scripted import ScriptedEngine, assert_error, call, held_engine, scrape, sc
     serving, xtml_answer
 from served import serve
 from serve.core.request import ChatRequest, CompletionRequest, Sampling
-from serve.core.classes import BACKGROUND, INTERACTIVE, Hints
+from serve.core.work_classes import BACKGROUND, INTERACTIVE, Hints
 from serve.core.openwebui import task_kind
 from serve.core.work import Classifier
 from test_engine_queue import wait_until

@@ -6,8 +6,8 @@ import threading
 import time
 
 from serve.core.errors import ApiError
-from serve.core.classes import BACKGROUND, INTERACTIVE
-from serve.engine.queue import ClientGone, EngineQueue, LostTurn
+from serve.core.work_classes import BACKGROUND, INTERACTIVE
+from serve.engine.queue import ClientLeft, EngineQueue, LostTurn
 
 from test_engine_queue import WAIT, Waiter, wait_until
 
@@ -38,7 +38,7 @@ class Requests:
                     if inside is not None:
                         inside(turn)
                     self.go[name].wait(WAIT)
-            except (ApiError, ClientGone) as e:
+            except (ApiError, ClientLeft) as e:
                 self.errors.append((name, e))
         thread = threading.Thread(target=run)
         thread.start()
@@ -200,7 +200,7 @@ def test_a_chore_that_steps_aside_and_whose_client_leaves_lets_go_of_its_place()
         try:
             turn.step_aside(waiter)
         except LostTurn as lost:   # nothing may touch the engine on the way out
-            raised.append(isinstance(lost.cause, ClientGone))
+            raised.append(isinstance(lost.cause, ClientLeft))
 
     r.start("chore", BACKGROUND, waiter, inside=chore)
     r.start("person", INTERACTIVE)

@@ -26,7 +26,7 @@ from serve.formats.xtml import render as xtml
 from serve.snapshots import cache as cache_module, lookup, shared_dir, tiers
 from serve.snapshots.cache import PrefixCache
 from serve.snapshots.policy import SnapshotPolicy
-from serve.snapshots.shared import SharedTier
+from serve.snapshots.shared_tier import SharedTier
 from serve.snapshots.snapshot import Snapshot
 
 CHAT = "/v1/chat/completions"
@@ -168,7 +168,7 @@ class Idle:
     def queued(self, ahead: int) -> None:
         pass
 
-    def gone(self) -> bool:
+    def should_stop(self) -> bool:
         return False
 
 

@@ -18,7 +18,7 @@ from serve.snapshots import tiers
 from serve.snapshots.cache import PrefixCache
 from serve.snapshots.policy import SnapshotPolicy
 from serve.snapshots.publishing import Publisher
-from serve.snapshots.shared import SharedTier
+from serve.snapshots.shared_tier import SharedTier
 from serve.snapshots.shared_dir import SharedDir
 
 IDENTITY = '{"model": "test"}'
@@ -136,7 +136,7 @@ def test_a_drain_publishes_what_waits_within_its_time(host, monkeypatch):
 
 def test_a_drain_out_of_time_leaves_no_partial_file(host, monkeypatch):
     copying = threading.Event()
-    monkeypatch.setattr("serve.snapshots.shared.CHUNK", 4096)
+    monkeypatch.setattr("serve.snapshots.shared_tier.CHUNK", 4096)
     publish = SharedDir.publish
 
     def slow(d: SharedDir, name: str, kind: str, extra: dict, body: Any, n: int) -> bool:

@@ -25,7 +25,7 @@ from serve.snapshots.cache import PrefixCache
 from serve.snapshots.keys import BLOCK
 from serve.snapshots.policy import SnapshotPolicy
 from serve.snapshots.reply_memory import ReplyMemory
-from serve.snapshots.shared import SharedTier
+from serve.snapshots.shared_tier import SharedTier
 from serve.snapshots.shared_dir import DIGEST, Rejected, SharedDir
 from serve.core.segment import Segment
 

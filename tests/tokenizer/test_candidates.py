@@ -14,7 +14,7 @@ from typing import Sequence
 
 import pytest
 
-from serve.tokenizer.choice import PROBE, choose, difference
+from serve.tokenizer.tokenizer_choice import PROBE, choose, difference
 from serve.tokenizer.encoder import BpeTokenizer
 from serve.tokenizer.split import pattern
 from serve.tokenizer.vocabulary import load

@@ -18,7 +18,7 @@ from hypothesis import given, settings, strategies as st
 
 from serve.engine.binding import Engine
 from serve.engine.types import EngineConfig, UnencodableText
-from serve.tokenizer.choice import PROBE, choose, difference
+from serve.tokenizer.tokenizer_choice import PROBE, choose, difference
 from serve.tokenizer.encoder import BpeTokenizer
 from serve.tokenizer.split import KIMI_TIKTOKEN, pattern
 from serve.tokenizer.vocabulary import VocabularyError, load
