@@ -22,13 +22,26 @@ SEND_GAP = 0.01  # seconds between two sends of one stream, at most (see EventWr
 DEFAULT_HEARTBEAT = 10.0
 SSE_DONE = b"data: [DONE]\n\n"
 
-_JSON = json.JSONEncoder(ensure_ascii=False)  # built once: json.dumps builds one per call
+_JSON = json.JSONEncoder(ensure_ascii=False)
+# JSONEncoder.encode builds its C encoder anew on each call, which costs twice the encoding of
+# a token's event; this one is built once (no circular check: a payload is a tree of plain
+# values), and gives the same text.
+_ENCODE = json.encoder.c_make_encoder(  # type: ignore[attr-defined]
+    None, _JSON.default, json.encoder.encode_basestring, None, ": ", ", ", False, False, True
+) if json.encoder.c_make_encoder is not None else None  # type: ignore[attr-defined]
 # Stands where the varying part of a chunk goes, to cut the chunk's encoding in two.
 _PLACEHOLDER = {"\u0000placeholder": 0}
 
 
+def json_text(payload: Any) -> str:
+    """`json.dumps(payload, ensure_ascii=False)`, at the cost of the encoding alone."""
+    if _ENCODE is None or isinstance(payload, str):
+        return _JSON.encode(payload)
+    return "".join(_ENCODE(payload, 0))
+
+
 def sse_event(payload: Any) -> bytes:
-    return b"data: " + _JSON.encode(payload).encode() + b"\n\n"
+    return b"data: " + json_text(payload).encode() + b"\n\n"
 
 
 def sse_named(events: list[dict]) -> bytes:
@@ -47,8 +60,8 @@ def sse_encoder(chunk: Callable[[Any], dict]) -> Callable[[Any], bytes]:
     A stream's chunks differ only in one value (a chat delta, a completion's
     text), and this runs once per token.
     """
-    head, tail = sse_event(chunk(_PLACEHOLDER)).split(_JSON.encode(_PLACEHOLDER).encode())
-    return lambda part: head + _JSON.encode(part).encode() + tail
+    head, tail = sse_event(chunk(_PLACEHOLDER)).split(json_text(_PLACEHOLDER).encode())
+    return lambda part: head + json_text(part).encode() + tail
 
 
 class EventWriter(threading.Thread):
