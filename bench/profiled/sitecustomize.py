@@ -5,18 +5,19 @@ import cProfile
 import os
 import threading
 
-_run = threading.Thread.run
+# Wrapped below run(), which thread classes of serve's own (the stream's writer) override.
+_bootstrap = threading.Thread._bootstrap_inner  # type: ignore[attr-defined]
 
 
-def _profiled_run(self):
+def _profiled(self):
     profile = cProfile.Profile()
     profile.enable()
     try:
-        _run(self)
+        _bootstrap(self)
     finally:
         profile.disable()
         profile.dump_stats(os.path.join(os.environ["SERVE_PROFILE_DIR"],
                                         f"{self.name}-{threading.get_ident()}.prof"))
 
 
-threading.Thread.run = _profiled_run
+threading.Thread._bootstrap_inner = _profiled  # type: ignore[attr-defined]
