@@ -10,9 +10,9 @@ The server runs in its own process, as in production; the client reads each
 stream as a client would. Decode rate counts from the first streamed token to
 the last, so prefill is excluded on both sides, and all run the same number of
 prompt positions (the chat template rendered with thinking off; the completion's
-raw prompt padded to as many). A round runs the bare loop, then each dialect, in
-an order that turns each round; each dialect's rate is divided by its round's
-bare rate, so drift in the machine's speed cancels out of the ratio, and the
+raw prompt padded to as many). A round runs each dialect, in an order that
+turns each round, right after a bare run of its own; each stream's rate is
+divided by that bare rate, so drift in the machine's speed cancels out of the ratio, and the
 table gives the median and the range of those paired ratios.
 With --before, a second server runs another checkout's serve (say `git worktree
 add /tmp/before main`) on the same library, streamed each round too, so that
@@ -101,7 +101,7 @@ def main() -> None:
     where, messages = machine(), [{"role": "user", "content": QUESTION}]
     server_cpus, client_cpus = cpu_split(args.cpus)
     flags = ("--ctx", "4096", "--no-prefix-cache", "--threads", str(args.threads))
-    bare: list[float] = []
+    bare: dict[str, list[float]] = {name: [] for name in names}
     new: dict[str, list[float]] = {name: [] for name in names}
     old: dict[str, list[float]] = {name: [] for name in names}
     with ExitStack() as stack:
@@ -121,13 +121,14 @@ def main() -> None:
             if old_port is not None:
                 stream(old_port, DIALECTS[name], bodies[name])
         for round_ in range(args.runs):
-            # The bare loop runs on the server's cores (virtual cores differ in
-            # speed: the first often takes the interrupts), the client on the others.
-            pin(server_cpus)
-            bare.append(bare_rate())
-            pin(client_cpus)
             turn = round_ % len(names)
             for name in names[turn:] + names[:turn]:
+                # The bare loop runs on the server's cores (virtual cores differ in speed:
+                # the first often takes the interrupts), the client on the others; each
+                # stream right after its own bare run, the machine's speed drifting in seconds.
+                pin(server_cpus)
+                bare[name].append(bare_rate())
+                pin(client_cpus)
                 new[name].append(token_rate(*stream(port, DIALECTS[name], bodies[name])))
                 if old_port is not None:
                     old[name].append(token_rate(*stream(old_port, DIALECTS[name], bodies[name])))
@@ -135,18 +136,19 @@ def main() -> None:
           f"{args.runs} paired rounds, {positions} prompt positions — {where}")
     if server_cpus:
         print(f"server and bare loop on cpus {sorted(server_cpus)}, client on {sorted(client_cpus or ())}")
-    print(f"bare waste_generate (ctypes): {statistics.median(bare):.1f} tok/s median, "
-          f"{min(bare):.1f} .. {max(bare):.1f}")
+    every = [r for rates in bare.values() for r in rates]
+    print(f"bare waste_generate (ctypes): {statistics.median(every):.1f} tok/s median, "
+          f"{min(every):.1f} .. {max(every):.1f}")
     head = f"{'dialect':<12} {'tok/s':>8} {'÷ bare':>7} {'÷ bare, min .. max':>19}"
     if old_port is not None:
         head += f" {'before ÷ bare':>13} {'min .. max':>15} {'÷ before':>8} {'min .. max':>15}"
     print(head)
     for name in names:
-        ratios = paired(bare, new[name])
+        ratios = paired(bare[name], new[name])
         line = (f"{name:<12} {statistics.median(new[name]):>8.1f} "
                 f"{statistics.median(ratios):>7.3f} {spread(ratios):>19}")
         if old_port is not None:
-            olds, news = paired(bare, old[name]), paired(old[name], new[name])
+            olds, news = paired(bare[name], old[name]), paired(old[name], new[name])
             line += (f" {statistics.median(olds):>13.3f} {spread(olds):>15}"
                      f" {statistics.median(news):>8.3f} {spread(news):>15}")
         print(line)
