@@ -1,8 +1,9 @@
 """Server-sent events: the framing, and the writer thread that owns a stream's socket.
 
 Once a stream opens, every byte of it goes through its `EventWriter`: the
-thread that makes the stream's events only queues, so a slow client never
-stalls them, and the writer is the one place that sends. It also keeps the
+thread that makes the stream's events sends them itself only when the socket
+takes them at once, and otherwise queues them for the writer's thread, so a
+slow client never stalls it, and bytes never go out of order. It also keeps the
 clock of the stream's heartbeat: after `heartbeat` seconds without a sign of
 life it asks for one, so a prefill chunk that lasts minutes (a call the engine
 thread cannot leave) never leaves the client in silence long enough to give up.
