@@ -12,13 +12,10 @@ client's and a proxy's read timeouts from firing in a long prefill.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from serve.dialects.sse import sse_comment
-
-_JSON = json.JSONEncoder(ensure_ascii=False)
+from serve.dialects.sse import json_text, sse_comment
 
 
 @dataclass(frozen=True)
@@ -29,7 +26,7 @@ class Framing:
 
 def ndjson_line(payload: Any) -> bytes:
     """One NDJSON record: the object on one line (JSON escapes every newline inside it)."""
-    return _JSON.encode(payload).encode() + b"\n"
+    return json_text(payload).encode() + b"\n"
 
 
 SSE = Framing("text/event-stream", sse_comment)

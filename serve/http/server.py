@@ -125,6 +125,7 @@ class Handler(BaseHTTPRequestHandler):
     """
     protocol_version = "HTTP/1.1"
     server_version = "serve"
+    disable_nagle_algorithm = True   # a stream's small events: Nagle would hold each one back
     server: Server
 
     def setup(self) -> None:
@@ -294,7 +295,7 @@ class Handler(BaseHTTPRequestHandler):
         if chunked:
             self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        writer = EventWriter(self.wfile, chunked, heartbeat=self.server.heartbeat,
+        writer = EventWriter(self.wfile, chunked, sock=self.connection, heartbeat=self.server.heartbeat,
                              on_silence=on_silence, on_failed=on_failed)
         writer.start()
         return writer

@@ -111,6 +111,7 @@ class Journal:
         self._log: list[Event] = []             # every event made, in order; only appended to
         self._ended = False                     # the call is over: no event follows
         self._cond = threading.Condition()
+        self._waiting = 0                       # readers in read(), waiting for an event
         # The readers following the log now, each with its client's hangup probe.
         self._readers: dict[int, Callable[[], bool]] = {}
         self._next_reader = 0
@@ -181,7 +182,8 @@ class Journal:
             return
         with self._cond:
             self._log.append(event)
-            self._cond.notify_all()
+            if self._waiting:   # a reader that is busy finds the event at its next read
+                self._cond.notify_all()
 
     def emit(self, delta: Delta) -> None:
         """A reply reader's output (serve/service/reply_reader.py's Emit), with the logprobs
@@ -201,7 +203,11 @@ class Journal:
         one if there are none yet; and whether more may follow."""
         with self._cond:
             if position >= len(self._log) and not self._ended:
-                self._cond.wait(timeout)
+                self._waiting += 1
+                try:
+                    self._cond.wait(timeout)
+                finally:
+                    self._waiting -= 1
             return self._log[position:], not self._ended
 
     @property
