@@ -15,6 +15,7 @@ typedef struct {
     float *out;
     uint32_t pos0;
     size_t n, n_blocks;
+    size_t splits, heads; /* each key/value head's query heads in `splits` items of `heads` */
     float scale;
 } job;
 
@@ -149,21 +150,21 @@ static tile_fn pick_tile(size_t hd) {
     return tile_plain;
 }
 
-/* Queries [t0, t1) of the query heads that share key/value head kv_head
- * (grouped-query attention): every tile of keys is taken by each query and
- * head that reaches it before the next tile is read, so a tile is read from
- * memory once per block of queries and group of heads, not once per query
- * and head (HEADS heads at a time).  Each (query, head) sees the same tiles
- * in the same order as it would alone. */
-static void query_block(const job *j, size_t kv_head, size_t t0, size_t t1) {
+/* Queries [t0, t1) of query heads [h0, h1) of those that share key/value
+ * head kv_head (grouped-query attention): every tile of keys is taken by
+ * each query and head that reaches it before the next tile is read, so a
+ * tile is read from memory once per block of queries and group of heads,
+ * not once per query and head (HEADS heads at a time).  Each (query, head)
+ * sees the same tiles in the same order as it would alone. */
+static void query_block(const job *j, size_t kv_head, size_t h0, size_t h1, size_t t0, size_t t1) {
     const wattn_shape *sh = j->shape;
     size_t hd = sh->head_dim, width = sh->n_heads * hd, group = sh->n_heads / sh->n_kv_heads;
     const float *keys = j->keys + kv_head * sh->stride * hd;
     const float *values = j->values + kv_head * sh->stride * hd;
     tile_fn tile = pick_tile(hd);
     running r[QUERY_BLOCK * HEADS];
-    for (size_t g0 = 0; g0 < group; g0 += HEADS) {
-        size_t heads = group - g0 < HEADS ? group - g0 : HEADS;
+    for (size_t g0 = h0; g0 < h1; g0 += HEADS) {
+        size_t heads = h1 - g0 < HEADS ? h1 - g0 : HEADS;
         size_t head0 = kv_head * group + g0;
         for (size_t t = t0; t < t1; t++)
             for (size_t g = 0; g < heads; g++) {
@@ -202,12 +203,17 @@ static void query_block(const job *j, size_t kv_head, size_t t0, size_t t1) {
     }
 }
 
-/* Items are (key/value head, block of queries), head-major. */
+/* Items are (key/value head, its query heads' split, block of queries),
+ * in that order. */
 static void items(void *arg, size_t begin, size_t end) {
     const job *j = arg;
+    size_t group = j->shape->n_heads / j->shape->n_kv_heads;
     for (size_t i = begin; i < end; i++) {
-        size_t kv_head = i / j->n_blocks, t0 = i % j->n_blocks * QUERY_BLOCK;
-        query_block(j, kv_head, t0, t0 + QUERY_BLOCK < j->n ? t0 + QUERY_BLOCK : j->n);
+        size_t block = i % j->n_blocks, split = i / j->n_blocks % j->splits;
+        size_t kv_head = i / j->n_blocks / j->splits, t0 = block * QUERY_BLOCK;
+        size_t h0 = split * j->heads, h1 = h0 + j->heads < group ? h0 + j->heads : group;
+        if (h0 < h1)
+            query_block(j, kv_head, h0, h1, t0, t0 + QUERY_BLOCK < j->n ? t0 + QUERY_BLOCK : j->n);
     }
 }
 
@@ -218,7 +224,15 @@ size_t wattn_work(const wattn_shape *shape, uint32_t pos0, size_t n) {
 void wattn_chunk(wpool *pool, const wattn_shape *shape, const float *keys,
                  const float *values, const float *q, uint32_t pos0, size_t n, float *out) {
     job j = {.shape = shape, .keys = keys, .values = values, .q = q, .out = out, .pos0 = pos0,
-             .n = n, .n_blocks = (n + QUERY_BLOCK - 1) / QUERY_BLOCK,
+             .n = n, .n_blocks = (n + QUERY_BLOCK - 1) / QUERY_BLOCK, .splits = 1,
              .scale = 1.0f / sqrtf((float)shape->head_dim)};
-    wpool_run(pool, shape->n_kv_heads * j.n_blocks, wattn_work(shape, pos0, n), items, &j);
+    /* A decode step has one item per key/value head (3 on SmolLM2), too few
+     * to share between threads evenly: then each head's query heads are
+     * split too, at the price of reading its tiles once per item.  One
+     * thread keeps them together. */
+    size_t group = shape->n_heads / shape->n_kv_heads, threads = (size_t)wpool_threads(pool);
+    while (threads > 1 && j.splits < group && shape->n_kv_heads * j.n_blocks * j.splits < 4 * threads)
+        j.splits++;
+    j.heads = (group + j.splits - 1) / j.splits;
+    wpool_run(pool, shape->n_kv_heads * j.splits * j.n_blocks, wattn_work(shape, pos0, n), items, &j);
 }

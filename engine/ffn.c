@@ -9,8 +9,9 @@
 static void swiglu(wpool *pool, wstate *s, float *out, const float *in, size_t n,
                    const wmat *w1, const wmat *w3, const wmat *w2) {
     size_t ffn = w1->rows;
-    wmat_mul(pool, s->hb, w1, in, n, &s->xq);
-    wmat_mul(pool, s->hb2, w3, in, n, &s->xq);
+    float *const outs[] = {s->hb, s->hb2};
+    const wmat *const ws[] = {w1, w3};
+    wmat_mul_many(pool, outs, ws, 2, in, n, &s->xq);
     WPROF_START(gated);
     for (size_t t = 0; t < n; t++) wops_swiglu(s->hb + t * ffn, s->hb2 + t * ffn, ffn);
     WPROF_ADD(WPROF_SWIGLU, gated);

@@ -41,18 +41,18 @@ void wmat_dequant_row(const wmat *w, size_t row, float *out) {
 }
 
 typedef struct {
-    float *out;
-    const wmat *w;
+    float *const *outs;
+    const wmat *const *ws;
+    size_t count; /* matrices, their rows one after another in the job */
     const float *x;
     const wqvec *xq;
     size_t n;
 } job;
 
-/* One row against tokens [t, t + count) of the chunk. */
-static void row_tokens(const job *j, size_t r, size_t t, size_t count) {
-    const wmat *w = j->w;
+/* One row of w against tokens [t, t + count) of the chunk. */
+static void row_tokens(const job *j, const wmat *w, float *out_w, size_t r, size_t t, size_t count) {
     size_t cols = w->cols, blocks = cols / 32, rows = w->rows;
-    float *out = j->out + t * rows + r;
+    float *out = out_w + t * rows + r;
     if (w->q.kind == WQ_F32) {
         wdot_f32((const float *)(const void *)w->data + r * cols, j->x + t * cols, cols, count, out,
                  rows);
@@ -67,8 +67,7 @@ static void row_tokens(const job *j, size_t r, size_t t, size_t count) {
 }
 
 /* q8 with groups other than 32: float activations, a scale per group. */
-static void row_tokens_grouped(const job *j, size_t r) {
-    const wmat *w = j->w;
+static void row_tokens_grouped(const job *j, const wmat *w, float *out, size_t r) {
     size_t cols = w->cols, group = w->q.group, groups = cols / group;
     const int8_t *row = (const int8_t *)w->data + r * cols;
     for (size_t t = 0; t < j->n; t++) {
@@ -79,7 +78,7 @@ static void row_tokens_grouped(const job *j, size_t r) {
             for (size_t k = 0; k < group; k++) part += (float)row[g * group + k] * x[g * group + k];
             sum += part * f32_at(w->scales, r * groups + g);
         }
-        j->out[t * w->rows + r] = sum;
+        out[t * w->rows + r] = sum;
     }
 }
 
@@ -91,42 +90,65 @@ static size_t token_tile(size_t cols) {
     return tile < WDOT_TOKENS ? WDOT_TOKENS : tile > 64 ? 64 : tile;
 }
 
-static void mul_rows(void *arg, size_t begin, size_t end) {
-    const job *j = arg;
-    size_t n = j->n, tile = token_tile(j->w->cols);
-    if (j->w->q.kind == WQ_Q8 && j->w->q.group != 32) {
-        for (size_t r = begin; r < end; r++) row_tokens_grouped(j, r);
+/* Rows [begin, end) of w. */
+static void mul_segment(const job *j, const wmat *w, float *out, size_t begin, size_t end) {
+    size_t n = j->n, tile = token_tile(w->cols);
+    if (w->q.kind == WQ_Q8 && w->q.group != 32) {
+        for (size_t r = begin; r < end; r++) row_tokens_grouped(j, w, out, r);
         return;
     }
-    if (n == 1 && j->w->q.kind != WQ_F32) { /* a decode step: several rows a call */
-        const wmat *w = j->w;
+    if (n == 1 && w->q.kind != WQ_F32) { /* a decode step: several rows a call */
         size_t blocks = w->cols / 32;
         const float *scales = (const float *)(const void *)w->scales + begin * blocks;
         int q4_1 = w->q.kind == WQ_Q4_1;
         const float *minima = q4_1 ? (const float *)(const void *)w->minima + begin * blocks : NULL;
         wdot_rows(q4_1, w->data + begin * blocks * (q4_1 ? 16 : 32), scales, minima, end - begin, j->xq,
-                  0, j->out + begin);
+                  0, out + begin);
         return;
     }
     for (size_t t0 = 0; t0 < n; t0 += tile) {
         size_t t1 = t0 + tile < n ? t0 + tile : n;
         for (size_t r = begin; r < end; r++)
             for (size_t t = t0; t < t1; t += WDOT_TOKENS)
-                row_tokens(j, r, t, t1 - t < WDOT_TOKENS ? t1 - t : WDOT_TOKENS);
+                row_tokens(j, w, out, r, t, t1 - t < WDOT_TOKENS ? t1 - t : WDOT_TOKENS);
     }
 }
 
-void wmat_mul(wpool *pool, float *out, const wmat *w, const float *x, size_t n,
-              wqvec *xq) {
+/* Rows [begin, end) of the job, counted across its matrices. */
+static void mul_rows(void *arg, size_t begin, size_t end) {
+    const job *j = arg;
+    for (size_t m = 0, base = 0; m < j->count && base < end; base += j->ws[m]->rows, m++) {
+        size_t lo = begin > base ? begin - base : 0, rows = j->ws[m]->rows;
+        size_t hi = end - base < rows ? end - base : rows;
+        if (lo < hi) mul_segment(j, j->ws[m], j->outs[m], lo, hi);
+    }
+}
+
+static int quantised(const wmat *w) { return w->q.kind != WQ_F32 && w->q.group == 32; }
+
+void wmat_mul_many(wpool *pool, float *const *outs, const wmat *const *ws, size_t count,
+                   const float *x, size_t n, wqvec *xq) {
     WPROF_START(started);
-    if (w->q.kind != WQ_F32 && w->q.group == 32) {
-        wdot_quantize(x, n, w->cols, xq);
+    size_t rows = 0, work = 0;
+    int quantise = 0;
+    for (size_t m = 0; m < count; m++) {
+        rows += ws[m]->rows;
+        work += ws[m]->rows * ws[m]->cols * n;
+        quantise |= quantised(ws[m]);
+    }
+    if (quantise) {
+        wdot_quantize(x, n, ws[0]->cols, xq);
         WPROF_ADD(WPROF_QUANTIZE, started);
     }
     WPROF_START(multiplied);
-    job j = {.out = out, .w = w, .x = x, .xq = xq, .n = n};
-    wpool_run(pool, w->rows, w->rows * w->cols * n, mul_rows, &j);
-    WPROF_ADD(w->q.kind == WQ_Q4_1 ? WPROF_MATMUL_Q4_1 : w->q.kind == WQ_Q8 ? WPROF_MATMUL_Q8
-                                                                           : WPROF_MATMUL_F32,
+    job j = {.outs = outs, .ws = ws, .count = count, .x = x, .xq = xq, .n = n};
+    wpool_run(pool, rows, work, mul_rows, &j);
+    WPROF_ADD(ws[0]->q.kind == WQ_Q4_1 ? WPROF_MATMUL_Q4_1
+              : ws[0]->q.kind == WQ_Q8 ? WPROF_MATMUL_Q8
+                                       : WPROF_MATMUL_F32,
               multiplied);
+}
+
+void wmat_mul(wpool *pool, float *out, const wmat *w, const float *x, size_t n, wqvec *xq) {
+    wmat_mul_many(pool, &out, &w, 1, x, n, xq);
 }

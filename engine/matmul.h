@@ -37,4 +37,11 @@ void wmat_dequant_row(const wmat *w, size_t row, float *out);
 void wmat_mul(wpool *pool, float *out, const wmat *w, const float *x, size_t n,
               wqvec *xq);
 
+/* The same for `count` matrices of the same input (cols alike), outs[m] for
+ * ws[m], in one job of the pool: a decode step's q, k and v (or an FFN's
+ * gate and up) cost one hand-off between threads, not three, and the input
+ * is quantised once.  The same bits as wmat_mul on each. */
+void wmat_mul_many(wpool *pool, float *const *outs, const wmat *const *ws, size_t count,
+                   const float *x, size_t n, wqvec *xq);
+
 #endif

@@ -213,9 +213,9 @@ static void attention_block(const wmanifest *m, const wlayer *L, wstate *s, wpoo
     WPROF_START(normed);
     for (size_t t = 0; t < n; t++) wops_rmsnorm(s->xb + t * h, s->x + t * h, L->attn_norm, h, m->norm_eps);
     WPROF_ADD(WPROF_NORM, normed);
-    wmat_mul(pool, s->q, &L->wq, s->xb, n, &s->xq);
-    wmat_mul(pool, s->k, &L->wk, s->xb, n, &s->xq);
-    wmat_mul(pool, s->v, &L->wv, s->xb, n, &s->xq);
+    float *const outs[] = {s->q, s->k, s->v};
+    const wmat *const ws[] = {&L->wq, &L->wk, &L->wv};
+    wmat_mul_many(pool, outs, ws, 3, s->xb, n, &s->xq);
     WPROF_START(rotated);
     for (size_t t = 0; t < n; t++) {
         wops_rope(s->q + t * h, m->n_heads, hd, s->rope + t * hd);

@@ -158,6 +158,8 @@ void wpool_close(wpool *pool) {
     free(pool);
 }
 
+int wpool_threads(const wpool *pool) { return pool ? pool->n_helpers + 1 : 1; }
+
 void wpool_run(wpool *pool, size_t n_rows, size_t work, wpool_rows_fn fn, void *arg) {
     size_t n_chunks = pool ? (size_t)(pool->n_helpers + 1) * CHUNKS_PER_THREAD : 1;
     if (n_chunks > n_rows) n_chunks = n_rows;

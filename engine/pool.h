@@ -38,6 +38,9 @@ wpool *wpool_open(int n_threads, const wcpus *cpus);
 /* Stop and join the helpers and free the pool; NULL is a no-op. */
 void wpool_close(wpool *pool);
 
+/* Threads in all (helpers and the caller); 1 for a NULL pool. */
+int wpool_threads(const wpool *pool);
+
 /* Run fn over rows [0, n_rows) and return when every row is done.  work is
  * the job's multiply-add count: small jobs stay on the calling thread, and
  * so does every job of a NULL pool.  One caller at a time per pool. */
