@@ -176,7 +176,7 @@ def test_a_streamed_chat_and_its_blocking_twin_run_on_the_worker_and_agree(serve
     blocking = answered(call(served.port, "POST", CHAT, body, timeout=WAIT))
     wait_idle(served.port)
     assert text and blocking["choices"][0]["message"]["content"] == text
-    served.calls_since(mark, within="generation.run")
+    served.calls_since(mark, within="generation.produce")
 
 
 def test_a_blocking_completion_runs_on_the_worker(served):
@@ -186,7 +186,7 @@ def test_a_blocking_completion_runs_on_the_worker(served):
                           timeout=WAIT))
     wait_idle(served.port)
     assert reply["choices"][0]["text"] and 0 < reply["usage"]["completion_tokens"] <= 8
-    served.calls_since(mark, within="generation.run")
+    served.calls_since(mark, within="generation.produce")
 
 
 def test_settling_after_a_reply_runs_on_the_worker(served):
@@ -255,7 +255,7 @@ def test_a_detached_job_goes_idle_then_steps_aside_for_a_request_on_the_worker(s
     other = answered(call(served.port, "POST", CHAT, chat("Tides?", max_tokens=4), timeout=WAIT))
     assert other["choices"][0]["message"]["content"]
     wait_idle(served.port)
-    served.calls_since(mark, within="generation.run")
+    served.calls_since(mark, within="generation.produce")
     left = answered(call(served.port, "GET", f"/v1/jobs/{job.group(1).decode()}"))
     # It stepped aside at its next engine call: far short of its 1,400 tokens.
     assert left["status"] == "incomplete" and left["output"]["deltas"] < 1000, left
@@ -277,7 +277,7 @@ def test_at_shutdown_the_running_work_ends_and_the_worker_stops(lib_path, k3_con
             s.service.worker.call(lambda: None)
         assert (refused.value.status, refused.value.code) == (503, "server_shutting_down")
         assert raw.count(b"data: {") < 1000   # cut at its next token, not run to its end
-        s.calls_since(mark, within="generation.run")
+        s.calls_since(mark, within="generation.produce")
 
 
 # -- the worker alone ------------------------------------------------------------------------
