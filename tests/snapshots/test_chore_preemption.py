@@ -189,8 +189,12 @@ def test_a_streamed_chore_hears_its_place_and_keeps_its_heartbeats_while_it_wait
     assert stream_text(raw) == alone_text   # the whole answer
     # Stepped aside, it is told its place; while the person runs, its stream beats.
     comments = [c for c in re.findall(rb": (queue \d+|keepalive|prefill \d+/\d+)", raw)]
+    # (Each heartbeat in prefill carries the progress report too, at the count it stood at:
+    # the chore is back once the count moves on.)
     aside = comments.index(b"queue 1")
-    back = next(i for i, c in enumerate(comments) if i > aside and c.startswith(b"prefill"))
+    done = [int(c.split()[1].split(b"/")[0]) if c.startswith(b"prefill") else -1 for c in comments]
+    held = max(done[:aside])
+    back = next(i for i in range(aside, len(comments)) if done[i] > held)
     assert b"keepalive" in comments[aside:back], comments
 
 
