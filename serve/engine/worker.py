@@ -7,11 +7,11 @@ state they leave (an image queue, a half-evaluated prompt, a sampler's
 position) is only ever seen by the code that made it. It is the shape of
 llama.cpp's server: one loop owns the model, and work goes in through a queue.
 
-The queue's logic is unchanged by it. A request still waits in line on its own
-thread (that waiting touches its client: `queued(ahead)` notices, `gone()`
-probes), and once the line gives it the engine it hands the *body* that calls
-the engine to `call(fn)`, and blocks until the worker has run it: the result
-comes back, or the exception (BaseException included) is raised again in the
+The queue's logic is unchanged by it but for one rule (below). A request
+still waits in line on its own thread (that waiting touches its client:
+`queued(ahead)` notices, `should_stop()` probes), and once the line gives it
+the engine it hands the *body* that calls the engine to `call(fn)`, and blocks
+until the worker has run it: the result comes back, or the exception (BaseException included) is raised again in the
 caller. From the worker itself, `call(fn)` runs `fn` at once.
 
 A chore steps aside for a person in the middle of its body, deep in the
@@ -21,7 +21,7 @@ worker the chore, and meanwhile the worker keeps running the bodies handed to
 it by whoever holds the engine now, nested above the chore's frames; it
 returns to the chore once `fn` has returned. Nested bodies end in the reverse
 order they began, so the line never gives the engine back to a chore that has
-another stepped aside above it on this stack (EngineQueue's `_buried`).
+another stepped aside above it on this stack (EngineQueue's `_aside`).
 """
 from __future__ import annotations
 
