@@ -108,6 +108,43 @@ class Deltas:
         return out
 
 
+def joined(deltas: list[Delta]) -> list[Delta]:
+    """The same output in as few deltas as say it: a run of one text channel joins, and so do
+    the pieces of one call's arguments (never into a call's first delta, which carries its id
+    and name); logprobs entries join only between deltas that both have them. Makes new
+    deltas; those given are not changed (other readers of the log hold them too)."""
+    out: list[Delta] = []
+    for delta in deltas:
+        last = out[-1] if out else None
+        if last is not None and (last.logprobs is None) == (delta.logprobs is None):
+            merged = _merge(last, delta)
+            if merged is not None:
+                out[-1] = merged
+                continue
+        out.append(delta)
+    return out
+
+
+def _merge(a: Delta, b: Delta) -> Optional[Delta]:
+    """`a` then `b` as one delta, or None where they cannot be one."""
+    logprobs = None if a.logprobs is None or b.logprobs is None else a.logprobs + b.logprobs
+    if a.tool_call is None and b.tool_call is None:
+        if a.content and b.content:
+            return Delta(content=a.content + b.content, logprobs=logprobs)
+        if a.reasoning_content and b.reasoning_content:
+            return Delta(reasoning_content=a.reasoning_content + b.reasoning_content,
+                         logprobs=logprobs)
+        return None
+    first, second = a.tool_call, b.tool_call
+    if first is None or second is None or first["index"] != second["index"] \
+            or "id" in first or "id" in second:
+        return None
+    arguments = first.get("function", {}).get("arguments", "") \
+        + second.get("function", {}).get("arguments", "")
+    return Delta(tool_call={"index": first["index"], "function": {"arguments": arguments}},
+                 logprobs=logprobs)
+
+
 @dataclass
 class Usage:
     prompt_tokens: int

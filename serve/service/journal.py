@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Protocol
 
-from serve.core.reply import Delta
+from serve.core.reply import Delta, joined
 from serve.engine.queue import Turn
 from serve.service.logprobs import LogprobLedger
 from serve.service.reasoning_budget import ReasoningBudget
@@ -89,6 +89,30 @@ class Emitted(Event):
     delta: Delta
 
 
+def gathered(events: list[Event]) -> list[Event]:
+    """`events` with each run of `Emitted` said in as few deltas as say the same (a reader
+    that takes the log in batches sends a batch's tokens as one event, not one each), at the
+    time of the run's first."""
+    out: list[Event] = []
+    run: list[Emitted] = []
+
+    def flush() -> None:
+        if len(run) == 1:
+            out.append(run[0])
+        elif run:
+            out.extend(Emitted(delta, at=run[0].at) for delta in joined([e.delta for e in run]))
+        run.clear()
+
+    for event in events:
+        if isinstance(event, Emitted):
+            run.append(event)
+        else:
+            flush()
+            out.append(event)
+    flush()
+    return out
+
+
 class Listener(Protocol):
     """A caller with no thread of its own (a test, a benchmark): takes each event as it is
     made, on the thread making it, and says when its client left."""
@@ -133,15 +157,19 @@ class Journal:
             return True
         if self.stopped or self._left_at is not None or self._client_left():
             return True
-        readers = list(self._readers.values())
-        if readers and all(client_left() for client_left in readers):
-            # Each reader's client has closed its socket: the readers will see it at their
-            # next look, and the work need not wait for them to count as detached.
-            with self._cond:
-                if self._left_at is None:
-                    self._left_at = time.monotonic()
-            return True
-        return False
+        # Asked once per token: a plain loop, no generator, on the engine's thread.
+        readers = tuple(self._readers.values())
+        if not readers:
+            return False
+        for client_left in readers:
+            if not client_left():
+                return False
+        # Each reader's client has closed its socket: the readers will see it at their
+        # next look, and the work need not wait for them to count as detached.
+        with self._cond:
+            if self._left_at is None:
+                self._left_at = time.monotonic()
+        return True
 
     def followed(self) -> bool:
         """Does a reader follow the log whose client is still there?"""

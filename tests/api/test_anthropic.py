@@ -242,26 +242,34 @@ def test_stream_event_order_is_anthropics():
     events = resp.named_events()
     assert all(name == data["type"] for name, data in events)
     names = [name for name, _ in events]
-    assert names == ["message_start",
-                     "content_block_start", "content_block_delta", "content_block_delta",
-                     "content_block_delta", "content_block_stop",
-                     "content_block_start", "content_block_delta", "content_block_stop",
-                     "content_block_start"] + ["content_block_delta"] * (len(names) - 13) + [
-                     "content_block_stop", "message_delta", "message_stop"]
+    # Three blocks, each opened, said in deltas (how many: as the tokens were taken in
+    # batches, serve/http/sinks.py) and closed; then the message's end.
+    assert names[0] == "message_start" and names[-2:] == ["message_delta", "message_stop"]
+    opened = [i for i, name in enumerate(names) if name == "content_block_start"]
+    closed = [i for i, name in enumerate(names) if name == "content_block_stop"]
+    assert len(opened) == len(closed) == 3 and opened[0] == 1 and closed[-1] == len(names) - 3
+    assert opened[1:] == [b + 1 for b in closed[:-1]]   # one block after the other
+    blocks = [list(range(a + 1, b)) for a, b in zip(opened, closed)]
+    assert all(blocks)
+    assert all(names[k] == "content_block_delta" for block in blocks for k in block)
     # Prefill progress is comments; pings go with heartbeats, and none was due in this reply.
     assert resp.comments()
     data = [d for _, d in events]
     start = data[0]["message"]
     assert start["content"] == [] and start["stop_reason"] is None and start["usage"]["output_tokens"] == 0
     assert start["usage"]["input_tokens"] == len(engine.prompts[0])   # known before prefill
-    assert [d["delta"]["type"] for d in data[2:5]] == ["thinking_delta", "thinking_delta", "signature_delta"]
-    assert data[4]["delta"]["signature"] == seal.sign("mulling")
-    assert data[6]["content_block"] == {"type": "text", "text": ""} and data[7]["delta"]["text"] == "Let me look."
-    tool = data[9]["content_block"]
+    thinking = [data[k]["delta"] for k in blocks[0]]
+    assert [d["type"] for d in thinking[:-1]] == ["thinking_delta"] * (len(thinking) - 1)
+    assert "".join(d["thinking"] for d in thinking[:-1]) == "mulling"
+    assert thinking[-1] == {"type": "signature_delta", "signature": seal.sign("mulling")}
+    assert data[opened[1]]["content_block"] == {"type": "text", "text": ""}
+    assert "".join(data[k]["delta"]["text"] for k in blocks[1]) == "Let me look."
+    tool = data[opened[2]]["content_block"]
     assert tool["type"] == "tool_use" and tool["name"] == "get_weather" and tool["input"] == {}
-    partial = "".join(d["delta"]["partial_json"] for d in data[10:-3])
+    partial = "".join(data[k]["delta"]["partial_json"] for k in blocks[2])
     assert json.loads(partial) == {"city": "Oslo"}
-    assert [d["index"] for d in data[1:-2]] == [0] * 5 + [1] * 3 + [2] * (len(data) - 11)
+    for index, (a, b) in enumerate(zip(opened, closed)):
+        assert {d["index"] for d in data[a:b + 1]} == {index}
     delta = data[-2]
     assert delta["delta"] == {"stop_reason": "tool_use", "stop_sequence": None}
     assert delta["usage"]["input_tokens"] == len(engine.prompts[0]) and delta["usage"]["output_tokens"]

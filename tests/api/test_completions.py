@@ -22,7 +22,7 @@ def test_completion_blocking_and_streaming(engine):
     assert engine.prompts[0] == [engine.specials["[BOS]"]] + list(b"Tell me")
     assert engine.params[0].stop_tokens == ()
     texts = [e["choices"][0]["text"] for e in events[:-3]]
-    assert texts == ["Once", " upon"]
+    assert "".join(texts) == "Once upon" and all(texts)   # a token each, or gathered
     assert events[-3]["choices"][0]["finish_reason"] == "stop"
     assert events[-2]["choices"] == [] and events[-2]["usage"]["completion_tokens"] == 3
     assert events[-1] == "[DONE]"
@@ -48,7 +48,8 @@ def test_echo_puts_the_prompt_first(engine):
     assert body["choices"][0]["text"] == "Tell meOnce upon"
     assert body["usage"]["completion_tokens"] == 3
     assert engine.prompts[0] == engine.prompts[1] == [engine.specials["[BOS]"]] + list(b"Tell me")
-    assert [e["choices"][0]["text"] for e in events[:-2]] == ["Tell me", "Once", " upon"]
+    texts = [e["choices"][0]["text"] for e in events[:-2]]
+    assert texts[0] == "Tell me" and "".join(texts[1:]) == "Once upon"   # the echo first, alone
     assert_error(refused, 400, param="echo")
     assert plain.status == 200 and not plain.json()["choices"][0]["text"].startswith("Tell me")
 

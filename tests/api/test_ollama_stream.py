@@ -11,8 +11,8 @@ import time
 import ollama
 import pytest
 
-from scripted import (ScriptedEngine, call, scripted_service, serving, waiting_in_line, xtml_answer,
-                      xtml_tool_call)
+from scripted import (ScriptedEngine, call, read_until, scripted_service, serving, waiting_in_line,
+                      xtml_answer, xtml_tool_call)
 
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
 TOOLS = [{"type": "function", "function": {
@@ -146,9 +146,7 @@ def test_a_client_that_leaves_mid_stream_stops_the_reply():
             body = json.dumps({"model": "m", "messages": ASK}).encode()
             s.sendall(b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                       b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-            got = b""
-            while b'"w2 "' not in got:   # a few pieces in
-                got += s.recv(4096)
+            read_until(s, b"w2 ")   # a few pieces in (a line each, or gathered)
         with client_for(srv.port) as client:   # the engine is free again
             assert client.chat(model="m", messages=ASK).message.content == "next"
     assert engine.results[0].cancelled and engine.results[0].n_tokens < 40

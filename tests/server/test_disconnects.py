@@ -189,7 +189,8 @@ def test_engine_error_mid_stream_is_an_sse_error(engine):
         assert events[-2]["error"] == {"message": f"internal error (request id {rid})",
                                        "type": "server_error", "param": None, "code": None}
         assert any(line.startswith(f"{rid} internal error") and "short read" in line for line in lines)
-        assert events[1]["choices"][0]["delta"] == {"reasoning_content": "Let me "}
+        # What was said before the failure is not taken back (a token or two, gathered or not).
+        assert events[1]["choices"][0]["delta"]["reasoning_content"].startswith("Let me ")
         engine.before_token = None
         assert call(srv.port, "POST", CHAT, {"messages": USER}).status == 200
 
