@@ -57,9 +57,12 @@ class ChatReader:
         self._content: list[str] = []
 
     def feed(self, token: int, piece: bytes, emit: Emit) -> bool:
-        closed, thinking = self._parser.ended, self._parser.thinking
-        self._forward(self._parser.feed_token(token, piece), emit)
-        if self._budget is not None:   # the think channel's own tokens, not its close
+        closed = self._parser.ended
+        if self._budget is None:
+            self._forward(self._parser.feed_token(token, piece), emit)
+        else:   # the think channel's own tokens, not its close
+            thinking = self._parser.thinking
+            self._forward(self._parser.feed_token(token, piece), emit)
             self._budget.count(thinking and self._parser.thinking)
         if self._stops.hit or self._over:
             return True
