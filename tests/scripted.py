@@ -623,6 +623,24 @@ def sse_data(raw: bytes) -> list:
             for b in body.split("\n\n") if b.startswith("data: ")]
 
 
+def blocking_and_streamed(script: list[str], path: str, body: dict) -> tuple[bytes, bytes]:
+    """The blocking body and the streamed one of `body` at `path`, each from a fresh server
+    on `script`."""
+    out = []
+    for stream in (False, True):
+        with serving(scripted_service(ScriptedEngine([script]))) as srv:
+            reply = call(srv.server_address[1], "POST", path, {**body, "stream": stream})
+        assert reply.status == 200, reply.body
+        out.append(reply.body)
+    return out[0], out[1]
+
+
+def sse_events(body: bytes) -> list[dict]:
+    """The JSON payloads of an SSE body `call` returned, without "[DONE]"."""
+    return [json.loads(line[len(b"data: "):]) for line in body.split(b"\n")
+            if line.startswith(b"data: ") and line != b"data: [DONE]"]
+
+
 # ---- streams on a clock ---------------------------------------------------------------
 
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from scripted import ScriptedEngine, call, scripted_service, serving, xtml_answer, xtml_tool_call
+from scripted import blocking_and_streamed, sse_events, xtml_answer, xtml_tool_call
 
 THINKS = xtml_answer("Hel", "lo", " there", thinking=["Let me ", "think."])
 CALLS = xtml_tool_call("get_weather", {"city": "Paris"})
@@ -16,35 +16,19 @@ SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}}
 FUNCTION = {"type": "function", "function": {"name": "get_weather", "parameters": SCHEMA}}
 
 
-def both(script: list[str], path: str, body: dict) -> tuple[bytes, bytes]:
-    """The blocking body and the streamed one, each from a fresh server on `script`."""
-    out = []
-    for stream in (False, True):
-        with serving(scripted_service(ScriptedEngine([script]))) as srv:
-            reply = call(srv.server_address[1], "POST", path, {**body, "stream": stream})
-        assert reply.status == 200, reply.body
-        out.append(reply.body)
-    return out[0], out[1]
-
-
-def sse(body: bytes) -> list[dict]:
-    return [json.loads(line[len(b"data: "):]) for line in body.split(b"\n")
-            if line.startswith(b"data: ") and line != b"data: [DONE]"]
-
-
 @pytest.mark.parametrize("script, extra, blocks", [
     (THINKS, {}, [("thinking", "Let me think."), ("text", "Hello there")]),
     (CALLS, {"thinking": {"type": "disabled"},
              "tools": [{"name": "get_weather", "input_schema": SCHEMA}]},
      [("tool_use", {"city": "Paris"})])])
 def test_messages_blocks_are_the_same_blocking_and_streamed(script, extra, blocks):
-    blocking, streamed = both(script, "/v1/messages",
-                              {"model": "m", "max_tokens": 50, "messages": ASK, **extra})
+    ask = {"model": "m", "max_tokens": 50, "messages": ASK, **extra}
+    blocking, streamed = blocking_and_streamed(script, "/v1/messages", ask)
     body = json.loads(blocking)
     said = [(b["type"], b.get("thinking") or b.get("text") or b.get("input"))
             for b in body["content"]]
     assert said == blocks
-    events = sse(streamed)
+    events = sse_events(streamed)
     opened = [e["content_block"]["type"] for e in events if e["type"] == "content_block_start"]
     pieces: dict[int, str] = {}
     for e in events:
@@ -64,9 +48,10 @@ def test_messages_blocks_are_the_same_blocking_and_streamed(script, extra, block
     (CALLS, {"reasoning": {"effort": "none"},
              "tools": [{"type": "function", "name": "get_weather", "parameters": SCHEMA}]})])
 def test_a_response_is_the_same_blocking_and_streamed(script, extra):
-    blocking, streamed = both(script, "/v1/responses", {"model": "m", "input": "hi", **extra})
+    blocking, streamed = blocking_and_streamed(script, "/v1/responses",
+                                                {"model": "m", "input": "hi", **extra})
     body = json.loads(blocking)
-    final = [e for e in sse(streamed) if e["type"] == "response.completed"]
+    final = [e for e in sse_events(streamed) if e["type"] == "response.completed"]
     assert len(final) == 1
     def shape(output: list[dict]) -> list:
         return [(item["type"], item.get("content"), item.get("name"), item.get("arguments"))
@@ -80,10 +65,10 @@ def test_a_response_is_the_same_blocking_and_streamed(script, extra):
     (CALLS, {"reasoning_effort": "none", "tools": [FUNCTION]},
      {"tool": ("get_weather", {"city": "Paris"})})])
 def test_a_chat_completion_is_the_same_blocking_and_streamed(script, extra, said):
-    blocking, streamed = both(script, "/v1/chat/completions",
-                              {"model": "m", "messages": ASK, **extra})
+    blocking, streamed = blocking_and_streamed(script, "/v1/chat/completions",
+                                               {"model": "m", "messages": ASK, **extra})
     message = json.loads(blocking)["choices"][0]["message"]
-    deltas = [e["choices"][0]["delta"] for e in sse(streamed) if e.get("choices")]
+    deltas = [e["choices"][0]["delta"] for e in sse_events(streamed) if e.get("choices")]
     for kind in ("reasoning_content", "content"):
         if kind in said:
             assert message[kind] == "".join(d.get(kind) or "" for d in deltas) == said[kind]
@@ -101,7 +86,8 @@ def test_a_chat_completion_is_the_same_blocking_and_streamed(script, extra, said
     (CALLS, {"think": False, "tools": [FUNCTION]},
      {"tool_calls": [("get_weather", {"city": "Paris"})]})])
 def test_an_ollama_chat_is_the_same_blocking_and_streamed(script, extra, said):
-    blocking, streamed = both(script, "/api/chat", {"model": "m", "messages": ASK, **extra})
+    blocking, streamed = blocking_and_streamed(script, "/api/chat",
+                                                {"model": "m", "messages": ASK, **extra})
     message = json.loads(blocking)["message"]
     pieces = [json.loads(line)["message"] for line in streamed.splitlines() if line]
     for kind in ("thinking", "content"):

@@ -9,8 +9,9 @@ import statistics
 
 import pytest
 
-from scripted import (ScriptedEngine, block_data, call, real_service, scripted_service, serving,
-                      timed_blocks, xtml_answer, xtml_tool_call)
+from scripted import (ScriptedEngine, block_data, blocking_and_streamed, call, real_service,
+                      scripted_service, serving, sse_events, timed_blocks, xtml_answer,
+                      xtml_tool_call)
 from served import serve
 from serve.core.reply import Delta, joined
 from serve.service.journal import Emitted, Progress, gathered
@@ -69,25 +70,10 @@ def test_gathered_joins_runs_of_emitted_and_keeps_other_events_between():
 
 # -- a fast model: fewer events, the same words ------------------------------------------
 
-def _stream_and_block(script: list[str], path: str, body: dict) -> tuple[bytes, bytes]:
-    out = []
-    for stream in (True, False):
-        with serving(scripted_service(ScriptedEngine([script]))) as srv:
-            reply = call(srv.server_address[1], "POST", path, {**body, "stream": stream})
-        assert reply.status == 200, reply.body
-        out.append(reply.body)
-    return out[0], out[1]
-
-
-def _sse(raw: bytes) -> list[dict]:
-    return [json.loads(line[6:]) for line in raw.split(b"\n")
-            if line.startswith(b"data: ") and line != b"data: [DONE]"]
-
-
 def test_a_fast_chat_stream_sends_its_tokens_in_fewer_chunks_saying_the_same():
     body = {"model": "m", "messages": ASK, "max_tokens": 1000, "reasoning_effort": "none"}
-    streamed, blocking = _stream_and_block(xtml_answer(*WORDS), "/v1/chat/completions", body)
-    chunks = [c["choices"][0]["delta"].get("content") for c in _sse(streamed) if c["choices"]]
+    blocking, streamed = blocking_and_streamed(xtml_answer(*WORDS), "/v1/chat/completions", body)
+    chunks = [c["choices"][0]["delta"].get("content") for c in sse_events(streamed) if c["choices"]]
     chunks = [c for c in chunks if c]
     assert "".join(chunks) == "".join(WORDS) == json.loads(blocking)["choices"][0]["message"]["content"]
     # 400 tokens came within milliseconds of one another: batches of them, not one each.
@@ -104,8 +90,8 @@ def test_a_fast_tool_calls_arguments_arrive_whole_in_fewer_chunks():
         "type": "object", "properties": {"text": {"type": "string"}}}}}
     body = {"model": "m", "messages": ASK, "max_tokens": 1000, "reasoning_effort": "none",
             "tools": [function]}
-    streamed, blocking = _stream_and_block(script, "/v1/chat/completions", body)
-    calls = [c for chunk in _sse(streamed) if chunk["choices"]
+    blocking, streamed = blocking_and_streamed(script, "/v1/chat/completions", body)
+    calls = [c for chunk in sse_events(streamed) if chunk["choices"]
              for c in chunk["choices"][0]["delta"].get("tool_calls") or []]
     assert len([c for c in calls if "id" in c]) == 1 and "id" in calls[0]
     arguments = "".join(c["function"].get("arguments", "") for c in calls)
@@ -118,8 +104,8 @@ def test_a_fast_tool_calls_arguments_arrive_whole_in_fewer_chunks():
 def test_a_fast_messages_stream_keeps_thinking_and_text_in_their_blocks():
     script = xtml_answer(*WORDS, thinking=WORDS[:200])
     body = {"model": "m", "messages": ASK, "max_tokens": 1000}
-    streamed, blocking = _stream_and_block(script, "/v1/messages", body)
-    events = _sse(streamed)
+    blocking, streamed = blocking_and_streamed(script, "/v1/messages", body)
+    events = sse_events(streamed)
     deltas = [(e["index"], e["delta"]) for e in events if e["type"] == "content_block_delta"
               and e["delta"]["type"] in ("thinking_delta", "text_delta")]
     thinking = "".join(d["thinking"] for i, d in deltas if d["type"] == "thinking_delta")
@@ -177,7 +163,7 @@ def test_a_real_fast_stream_says_what_the_blocking_reply_says(k3, path, body, te
     streamed = call(k3, "POST", path, {**ask, "stream": True})
     blocking = call(k3, "POST", path, ask)
     assert streamed.status == blocking.status == 200
-    said, whole = text(_sse(streamed.body), blocking.json())
+    said, whole = text(sse_events(streamed.body), blocking.json())
     assert said and said == whole
 
 
