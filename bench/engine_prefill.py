@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import shutil
 import sys
 import tempfile
 import time
@@ -40,7 +39,7 @@ from serve import (Engine, EngineConfig, build_chat_segments, load_library,
 
 sys.path.insert(0, str(ROOT / "tests"))
 from agents import claude_code_first_message, claude_code_request  # noqa: E402
-from state_layout import v2_to_v1  # noqa: E402
+from state_layout import HEADER, rewrite  # noqa: E402
 
 WINDOW = 512
 REPEAT = 2   # each window's best of two, for both engines: a shared machine is noisy
@@ -58,10 +57,18 @@ def prefill(engine: Engine, tokens: list[int], chunk: int = WINDOW) -> None:
         engine.eval(tokens[at:at + chunk])
 
 
+def state_version(lib, container: Path, tmp: Path) -> int:
+    """The version of the state files `lib` writes (and so reads)."""
+    with Engine(lib, container, EngineConfig(ctx=16)) as engine:
+        engine.eval([1])
+        engine.save_state(tmp / "probe.state")
+    return HEADER.unpack_from((tmp / "probe.state").read_bytes())[1]
+
+
 def windows(old_lib, new_lib, container: Path, config: EngineConfig, tokens: list[int],
-            tmp: Path, n_kv_heads: int | None) -> list[tuple[int, float, float]]:
-    """(start, old tok/s, new tok/s) per window; n_kv_heads None: the old engine reads
-    today's state layout."""
+            tmp: Path, old_version: int, n_kv_heads: int) -> list[tuple[int, float, float]]:
+    """(start, old tok/s, new tok/s) per window; the old engine gets each state the new one
+    saved, rewritten as `old_version`."""
     states = {}
     with Engine(new_lib, container, config) as engine:
         filled = 0
@@ -70,10 +77,7 @@ def windows(old_lib, new_lib, container: Path, config: EngineConfig, tokens: lis
             filled = start
             states[start] = tmp / f"new-{start}.state"
             engine.save_state(states[start])
-            if n_kv_heads is None:
-                shutil.copyfile(states[start], tmp / f"old-{start}.state")
-            else:
-                v2_to_v1(states[start], tmp / f"old-{start}.state", n_kv_heads)
+            rewrite(states[start], tmp / f"old-{start}.state", old_version, n_kv_heads)
     rows = []
     for start in STARTS:
         rates = []
@@ -123,7 +127,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="0: one per core")
     ap.add_argument("--before", default=PREVIOUS_ENGINE, help="the commit of the old engine")
     ap.add_argument("--before-lib", default=None,
-                    help="an old engine already built, with today's state layout (instead of --before)")
+                    help="an old engine already built (instead of --before)")
     ap.add_argument("--lib", default=None, help="the new engine (default ./libwaste.so)")
     ap.add_argument("--no-agent", action="store_true", help="skip the 42K-token agent prompt")
     args = ap.parse_args()
@@ -136,14 +140,16 @@ def main() -> None:
         old_path = args.before_lib or str(build_engine_at(args.before, tmp / "old"))
         old_lib = load_library(old_path)
         manifest = json.loads((container / "manifest.json").read_text())
-        n_kv_heads = None if args.before_lib else manifest.get("n_kv_heads", manifest["n_heads"])
+        n_kv_heads = manifest.get("n_kv_heads", manifest["n_heads"])
+        old_version = state_version(old_lib, container, tmp)
         rng = random.Random(19)
         tokens = [rng.randrange(manifest["vocab_size"]) for _ in range(STARTS[-1] + WINDOW)]
         print(f"prefill by position, {container.name}, ctx {args.ctx}, threads "
               f"{args.threads or 'one per core'}: before {args.before_lib or args.before} ({old_lib.version()}), "
               f"after ({new_lib.version()}) — {machine()}")
         print(f"{'positions':<14} {'before tok/s':>13} {'after tok/s':>12} {'ratio':>7}")
-        for start, old, new in windows(old_lib, new_lib, container, config, tokens, tmp, n_kv_heads):
+        rows = windows(old_lib, new_lib, container, config, tokens, tmp, old_version, n_kv_heads)
+        for start, old, new in rows:
             print(f"{f'{start}-{start + WINDOW}':<14} {old:>13.1f} {new:>12.1f} {new / old:>6.1f}x")
     chunk, single, fetched_chunk, fetched_single = expert_bytes(new_lib, container, tokens[:WINDOW])
     print(f"\nexpert bytes read per token, {WINDOW} tokens, a one-record expert cache:")

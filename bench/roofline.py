@@ -63,10 +63,10 @@ def weight_bytes_per_token(container: Path) -> int:
     return total
 
 
-def kv_bytes_per_token(container: Path, position: int) -> int:
-    """Keys and values of `position` earlier tokens, every layer (f32 cache)."""
-    m = json.loads((container / "manifest.json").read_text())
-    return 2 * m["n_layers"] * m["n_kv_heads"] * m["head_dim"] * 4 * position
+def kv_bytes_per_token(lib, container: Path, position: int) -> int:
+    """Keys and values of `position` earlier tokens, every layer, in the library's own number
+    format: its state for a context of 4096, per position."""
+    return lib.plan_memory(container, 4096).state_bytes * position // 4096
 
 
 def decode_rate(lib, threads: int, prompt: list[int]) -> float:
@@ -97,7 +97,7 @@ def main() -> None:
         for n in counts:
             rates[n].append(decode_rate(lib, n, prompt))
     weights = weight_bytes_per_token(CONTAINER)
-    kv = kv_bytes_per_token(CONTAINER, PROMPT + DECODE // 2)
+    kv = kv_bytes_per_token(lib, CONTAINER, PROMPT + DECODE // 2)
     print(f"SmolLM2-135M-Instruct Q4_1 container, libwaste {lib.version()} — {machine()}")
     print(f"weights read per token: {weights / 1e6:.1f} MB; KV cache at the mean position "
           f"{PROMPT + DECODE // 2}: {kv / 1e6:.1f} MB")

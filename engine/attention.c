@@ -3,6 +3,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "half.h"
+#include "ops.h"
 #include "simd.h"
 
 #define TILE 32         /* keys per online-softmax step */
@@ -11,8 +13,10 @@
 
 typedef struct {
     const wattn_shape *shape;
-    const float *keys, *values, *q;
+    const uint16_t *keys, *values; /* f16 */
+    const float *q;
     float *out;
+    float *tiles; /* wattn_tile_floats per pool thread */
     uint32_t pos0;
     size_t n, n_blocks;
     size_t splits, heads; /* each key/value head's query heads in `splits` items of `heads` */
@@ -33,13 +37,21 @@ static void raise_max(running *r, float *acc, size_t hd, float max) {
     r->max = max;
 }
 
+/* A tile's keys and values are read either from the cache itself, as f16
+ * (half = 1), or from a copy as floats (half = 0): one query reads them once
+ * per head, so converting as it loads costs least, while a block of queries
+ * has each tile converted once (query_block).  Both see the same numbers. */
+static inline float load1(const void *p, size_t i, int half) {
+    return half ? whalf_to_float(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
 /* Keys [0, count) of a tile (k and v point at its first position). */
-static void tile_plain(const float *q, const float *k, const float *v, size_t count, size_t hd,
-                       float scale, running *r, float *acc) {
+static inline void tile_plain(const float *q, const void *k, const void *v, size_t count,
+                              size_t hd, float scale, running *r, float *acc, int half) {
     float s[TILE], top = -INFINITY;
     for (size_t j = 0; j < count; j++) {
         float dot = 0.0f;
-        for (size_t c = 0; c < hd; c++) dot += q[c] * k[j * hd + c];
+        for (size_t c = 0; c < hd; c++) dot += q[c] * load1(k, j * hd + c, half);
         s[j] = dot * scale;
         top = fmaxf(top, s[j]);
     }
@@ -47,25 +59,32 @@ static void tile_plain(const float *q, const float *k, const float *v, size_t co
     for (size_t j = 0; j < count; j++) {
         float p = expf(s[j] - r->max);
         r->sum += p;
-        for (size_t c = 0; c < hd; c++) acc[c] += p * v[j * hd + c];
+        for (size_t c = 0; c < hd; c++) acc[c] += p * load1(v, j * hd + c, half);
     }
 }
 
 #ifdef WSIMD_AVX2
+#define INLINE_AVX2 WSIMD_TARGET static inline __attribute__((always_inline))
+
+/* Eight of a tile's numbers, from index i. */
+INLINE_AVX2 __m256 load8(const void *p, size_t i, int half) {
+    return half ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)))
+                : _mm256_loadu_ps((const float *)p + i);
+}
+
 /* Eight keys' scores at once (head_dim a multiple of 8); lanes at or past
  * `count` read keys that are not the query's (or not yet written) and are
  * masked to -inf, which softmax turns into exact zeros. */
-#define INLINE_AVX2 WSIMD_TARGET static inline __attribute__((always_inline))
-
-INLINE_AVX2 __m256 scores8(const float *q, const float *k, size_t hd, float scale, size_t count) {
+INLINE_AVX2 __m256 scores8(const float *q, const void *k, size_t at, size_t hd, float scale,
+                           size_t count, int half) {
     __m256 parts[8];
 #pragma GCC unroll 8
     for (size_t i = 0; i < 8; i++) {
-        const float *ki = k + i * hd;
-        __m256 a = _mm256_mul_ps(_mm256_loadu_ps(q), _mm256_loadu_ps(ki));
+        size_t ki = at + i * hd;
+        __m256 a = _mm256_mul_ps(_mm256_loadu_ps(q), load8(k, ki, half));
 #pragma GCC unroll 16
         for (size_t c = 8; c < hd; c += 8)
-            a = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), _mm256_loadu_ps(ki + c), a);
+            a = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), load8(k, ki + c, half), a);
         parts[i] = a;
     }
     __m256 s = _mm256_mul_ps(wsimd_hsum8(parts), _mm256_set1_ps(scale));
@@ -74,12 +93,12 @@ INLINE_AVX2 __m256 scores8(const float *q, const float *k, size_t hd, float scal
     return _mm256_blendv_ps(s, _mm256_set1_ps(-INFINITY), past);
 }
 
-INLINE_AVX2 void tile_avx2(const float *q, const float *k, const float *v, size_t count, size_t hd,
-                           float scale, running *r, float *acc) {
+INLINE_AVX2 void tile_avx2(const float *q, const void *k, const void *v, size_t count, size_t hd,
+                           float scale, running *r, float *acc, int half) {
     __m256 s[TILE / 8], top = _mm256_set1_ps(-INFINITY);
     size_t groups = (count + 7) / 8;
     for (size_t g = 0; g < groups; g++) {
-        s[g] = scores8(q, k + 8 * g * hd, hd, scale, count - 8 * g);
+        s[g] = scores8(q, k, 8 * g * hd, hd, scale, count - 8 * g, half);
         top = _mm256_max_ps(top, s[g]);
     }
     float tile_max = wsimd_hmax(top);
@@ -102,52 +121,50 @@ INLINE_AVX2 void tile_avx2(const float *q, const float *k, const float *v, size_
         for (size_t u = 0; u < 8; u++) a[u] = u < vectors ? _mm256_loadu_ps(acc + c0 + 8 * u) : _mm256_setzero_ps();
         for (size_t j = 0; j < count; j++) {
             __m256 pj = _mm256_set1_ps(p[j]);
-            const float *vj = v + j * hd + c0;
+            size_t vj = j * hd + c0;
 #pragma GCC unroll 8
-            for (size_t u = 0; u < vectors; u++) a[u] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8 * u), a[u]);
+            for (size_t u = 0; u < vectors; u++) a[u] = _mm256_fmadd_ps(pj, load8(v, vj + 8 * u, half), a[u]);
         }
 #pragma GCC unroll 8
         for (size_t u = 0; u < vectors; u++) _mm256_storeu_ps(acc + c0 + 8 * u, a[u]);
     }
 }
-
-/* Copies for the common head sizes, whose loops the compiler unrolls and
- * whose query and sums stay in registers: the same operations as the
- * general one. */
-WSIMD_TARGET static void tile_avx2_16(const float *q, const float *k, const float *v, size_t count,
-                                      size_t hd, float scale, running *r, float *acc) {
-    tile_avx2(q, k, v, count, 16, scale, r, acc);
-}
-
-WSIMD_TARGET static void tile_avx2_64(const float *q, const float *k, const float *v, size_t count,
-                                      size_t hd, float scale, running *r, float *acc) {
-    tile_avx2(q, k, v, count, 64, scale, r, acc);
-}
-
-WSIMD_TARGET static void tile_avx2_128(const float *q, const float *k, const float *v,
-                                       size_t count, size_t hd, float scale, running *r,
-                                       float *acc) {
-    tile_avx2(q, k, v, count, 128, scale, r, acc);
-}
-
-WSIMD_TARGET static void tile_avx2_any(const float *q, const float *k, const float *v,
-                                       size_t count, size_t hd, float scale, running *r,
-                                       float *acc) {
-    tile_avx2(q, k, v, count, hd, scale, r, acc);
-}
 #endif
 
-typedef void (*tile_fn)(const float *q, const float *k, const float *v, size_t count, size_t hd,
+typedef void (*tile_fn)(const float *q, const void *k, const void *v, size_t count, size_t hd,
                         float scale, running *r, float *acc);
 
-static tile_fn pick_tile(size_t hd) {
+/* One copy per number format, and on AVX2 per common head size, whose loops
+ * the compiler unrolls and whose query and sums stay in registers: the same
+ * operations as the general one. */
+#define TILE_COPY(name, body, hd_used, half)                                                   \
+    static void name(const float *q, const void *k, const void *v, size_t count, size_t hd,    \
+                     float scale, running *r, float *acc) {                                   \
+        (void)hd;                                                                             \
+        body(q, k, v, count, hd_used, scale, r, acc, half);                                   \
+    }
+TILE_COPY(plain_f32, tile_plain, hd, 0)
+TILE_COPY(plain_f16, tile_plain, hd, 1)
 #ifdef WSIMD_AVX2
-    if (hd % 8 == 0 && wsimd_avx2())
-        return hd == 16 ? tile_avx2_16 : hd == 64 ? tile_avx2_64 : hd == 128 ? tile_avx2_128
-                                                                          : tile_avx2_any;
+#define AVX2_COPIES(half, suffix)                                     \
+    WSIMD_TARGET TILE_COPY(avx2_16_##suffix, tile_avx2, 16, half)     \
+    WSIMD_TARGET TILE_COPY(avx2_64_##suffix, tile_avx2, 64, half)     \
+    WSIMD_TARGET TILE_COPY(avx2_128_##suffix, tile_avx2, 128, half)   \
+    WSIMD_TARGET TILE_COPY(avx2_any_##suffix, tile_avx2, hd, half)
+AVX2_COPIES(0, f32)
+AVX2_COPIES(1, f16)
+#endif
+
+static tile_fn pick_tile(size_t hd, int half) {
+#ifdef WSIMD_AVX2
+    if (hd % 8 == 0 && wsimd_avx2()) {
+        if (half)
+            return hd == 16 ? avx2_16_f16 : hd == 64 ? avx2_64_f16 : hd == 128 ? avx2_128_f16 : avx2_any_f16;
+        return hd == 16 ? avx2_16_f32 : hd == 64 ? avx2_64_f32 : hd == 128 ? avx2_128_f32 : avx2_any_f32;
+    }
 #endif
     (void)hd;
-    return tile_plain;
+    return half ? plain_f16 : plain_f32;
 }
 
 /* Queries [t0, t1) of query heads [h0, h1) of those that share key/value
@@ -159,9 +176,14 @@ static tile_fn pick_tile(size_t hd) {
 static void query_block(const job *j, size_t kv_head, size_t h0, size_t h1, size_t t0, size_t t1) {
     const wattn_shape *sh = j->shape;
     size_t hd = sh->head_dim, width = sh->n_heads * hd, group = sh->n_heads / sh->n_kv_heads;
-    const float *keys = j->keys + kv_head * sh->stride * hd;
-    const float *values = j->values + kv_head * sh->stride * hd;
-    tile_fn tile = pick_tile(hd);
+    const uint16_t *keys = j->keys + kv_head * sh->stride * hd;
+    const uint16_t *values = j->values + kv_head * sh->stride * hd;
+    /* A block of queries takes each tile as floats, converted once for all of
+     * them into this thread's scratch; one query reads the cache's f16. */
+    int copied = t1 - t0 > 1;
+    float *tile_k = j->tiles + (size_t)wpool_self() * wattn_tile_floats(hd);
+    float *tile_v = tile_k + TILE * hd;
+    tile_fn tile = pick_tile(hd, !copied);
     running r[QUERY_BLOCK * HEADS];
     for (size_t g0 = h0; g0 < h1; g0 += HEADS) {
         size_t heads = h1 - g0 < HEADS ? h1 - g0 : HEADS;
@@ -176,13 +198,23 @@ static void query_block(const job *j, size_t kv_head, size_t h0, size_t h1, size
             /* The next tile's keys and values are on their way while this one is
              * worked on: one tile at a time, the loads wait on memory. */
             if (first + TILE <= last) {
-                const char *k = (const char *)(keys + (first + TILE) * hd);
-                const char *v = (const char *)(values + (first + TILE) * hd);
-                size_t bytes = TILE * hd * sizeof(float);
+                const char *next_k = (const char *)(keys + (first + TILE) * hd);
+                const char *next_v = (const char *)(values + (first + TILE) * hd);
+                size_t bytes = TILE * hd * sizeof(uint16_t);
                 for (size_t at = 0; at < bytes; at += 64) {
-                    wsimd_prefetch(k + at);
-                    wsimd_prefetch(v + at);
+                    wsimd_prefetch(next_k + at);
+                    wsimd_prefetch(next_v + at);
                 }
+            }
+            const void *k = keys + first * hd, *v = values + first * hd;
+            if (copied) {
+                /* Keys are scored eight at a time, so up to the next multiple of 8
+                 * (within the cache's stride, zeroed past what is written). */
+                size_t used = last + 1 - first < TILE ? (last + 1 - first + 7) / 8 * 8 : TILE;
+                wops_to_float(tile_k, k, used * hd);
+                wops_to_float(tile_v, v, used * hd);
+                k = tile_k;
+                v = tile_v;
             }
             for (size_t t = t0; t < t1; t++) {
                 size_t pos = j->pos0 + t;
@@ -190,8 +222,7 @@ static void query_block(const job *j, size_t kv_head, size_t h0, size_t h1, size
                 size_t count = pos + 1 - first < TILE ? pos + 1 - first : TILE;
                 for (size_t g = 0; g < heads; g++) {
                     size_t at = t * width + (head0 + g) * hd;
-                    tile(j->q + at, keys + first * hd, values + first * hd, count, hd, j->scale,
-                         &r[(t - t0) * HEADS + g], j->out + at);
+                    tile(j->q + at, k, v, count, hd, j->scale, &r[(t - t0) * HEADS + g], j->out + at);
                 }
             }
         }
@@ -221,9 +252,13 @@ size_t wattn_work(const wattn_shape *shape, uint32_t pos0, size_t n) {
     return 2 * shape->n_heads * shape->head_dim * n * (pos0 + (n + 1) / 2);
 }
 
-void wattn_chunk(wpool *pool, const wattn_shape *shape, const float *keys,
-                 const float *values, const float *q, uint32_t pos0, size_t n, float *out) {
-    job j = {.shape = shape, .keys = keys, .values = values, .q = q, .out = out, .pos0 = pos0,
+size_t wattn_tile_floats(size_t head_dim) { return 2 * TILE * head_dim; }
+
+void wattn_chunk(wpool *pool, const wattn_shape *shape, const uint16_t *keys,
+                 const uint16_t *values, const float *q, uint32_t pos0, size_t n, float *out,
+                 float *tiles) {
+    job j = {.shape = shape, .keys = keys, .values = values, .q = q, .out = out, .tiles = tiles,
+             .pos0 = pos0,
              .n = n, .n_blocks = (n + QUERY_BLOCK - 1) / QUERY_BLOCK, .splits = 1,
              .scale = 1.0f / sqrtf((float)shape->head_dim)};
     /* A decode step has one item per key/value head (3 on SmolLM2), too few

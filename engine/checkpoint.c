@@ -10,16 +10,16 @@
 #include "fileio.h"
 
 #define HEADER_BYTES 24
-#define VERSION 2
+#define VERSION 3
 
 /* Bytes of one layer's keys (or values) for pos positions. */
 static size_t plane_bytes(const wmanifest *m, uint32_t pos) {
-    return (size_t)pos * wmanifest_kv_dim(m) * sizeof(float);
+    return (size_t)pos * wmanifest_kv_dim(m) * sizeof(uint16_t);
 }
 
 /* Bytes of one key/value head's first pos positions. */
 static size_t head_bytes(const wmanifest *m, uint32_t pos) {
-    return (size_t)pos * m->head_dim * sizeof(float);
+    return (size_t)pos * m->head_dim * sizeof(uint16_t);
 }
 
 static int write_all(FILE *f, const void *p, size_t n, uLong *crc) {

@@ -103,7 +103,7 @@ void wweights_free(wweights *w) {
 static uint32_t cache_stride(uint32_t ctx) { return (ctx + 7) / 8 * 8; }
 
 uint64_t wstate_kv_bytes(const wmanifest *m, uint32_t ctx) {
-    return 2ull * m->n_layers * cache_stride(ctx) * wmanifest_kv_dim(m) * sizeof(float);
+    return 2ull * m->n_layers * cache_stride(ctx) * wmanifest_kv_dim(m) * sizeof(uint16_t);
 }
 
 static uint64_t max_ffn(const wmanifest *m) {
@@ -143,6 +143,7 @@ static uint64_t lay_out(wstate *s, const wmanifest *m, uint32_t batch, uint8_t *
     s->router = carve(base, &used, b * m->n_experts, f);
     s->rope = carve(base, &used, b * m->head_dim, f);
     s->logits = carve(base, &used, m->vocab_size, f);
+    s->tiles = carve(base, &used, (WPOOL_MAX_THREADS + 1) * wattn_tile_floats(m->head_dim), f);
     s->route.weight = carve(base, &used, routes, f);
     s->route.member_weight = carve(base, &used, routes, f);
     s->xq.d = carve(base, &used, b * (max_cols(m) / 32), f);
@@ -188,20 +189,21 @@ void wstate_free(wstate *s) {
     memset(s, 0, sizeof *s);
 }
 
-float *wstate_kv(const wstate *s, const wmanifest *m, int values, uint32_t layer, uint32_t kv_head) {
+uint16_t *wstate_kv(const wstate *s, const wmanifest *m, int values, uint32_t layer,
+                    uint32_t kv_head) {
     size_t head = ((size_t)layer * m->n_kv_heads + kv_head) * s->stride * m->head_dim;
     return (values ? s->values : s->keys) + head;
 }
 
-/* Each token's keys and values into its heads' rows of the cache. */
+/* Each token's keys and values into its heads' rows of the cache, as f16. */
 static void store_kv(const wmanifest *m, wstate *s, uint32_t layer, size_t n) {
-    size_t hd = m->head_dim, kv = wmanifest_kv_dim(m), bytes = hd * sizeof(float);
+    size_t hd = m->head_dim, kv = wmanifest_kv_dim(m);
     for (uint32_t head = 0; head < m->n_kv_heads; head++) {
-        float *keys = wstate_kv(s, m, 0, layer, head) + (size_t)s->pos * hd;
-        float *values = wstate_kv(s, m, 1, layer, head) + (size_t)s->pos * hd;
+        uint16_t *keys = wstate_kv(s, m, 0, layer, head) + (size_t)s->pos * hd;
+        uint16_t *values = wstate_kv(s, m, 1, layer, head) + (size_t)s->pos * hd;
         for (size_t t = 0; t < n; t++) {
-            memcpy(keys + t * hd, s->k + t * kv + head * hd, bytes);
-            memcpy(values + t * hd, s->v + t * kv + head * hd, bytes);
+            wops_to_half(keys + t * hd, s->k + t * kv + head * hd, hd);
+            wops_to_half(values + t * hd, s->v + t * kv + head * hd, hd);
         }
     }
 }
@@ -228,7 +230,7 @@ static void attention_block(const wmanifest *m, const wlayer *L, wstate *s, wpoo
     WPROF_START(attended);
     const wattn_shape shape = {m->n_heads, m->n_kv_heads, hd, s->stride};
     wattn_chunk(pool, &shape, wstate_kv(s, m, 0, layer, 0), wstate_kv(s, m, 1, layer, 0), s->q,
-                s->pos, n, s->xb);
+                s->pos, n, s->xb, s->tiles);
     WPROF_ADD(WPROF_ATTENTION, attended);
     wmat_mul(pool, s->xb2, &L->wo, s->xb, n, &s->xq);
     WPROF_START(added);

@@ -58,7 +58,9 @@ typedef struct {
     uint32_t ctx, pos; /* capacity and positions filled */
     uint32_t batch;    /* the most positions one wmodel_forward takes: min(ctx, WMODEL_BATCH) */
     uint32_t stride;   /* positions per head in the cache: ctx rounded up to 8 */
-    float *keys, *values; /* [n_layers][n_kv_heads][stride][head_dim] */
+    /* [n_layers][n_kv_heads][stride][head_dim], in f16 (half.h): a decode step
+     * reads all of it, and half the bytes of f32 is half attention's time. */
+    uint16_t *keys, *values;
     /* One row per token of the batch: */
     float *x;        /* the residual stream [batch][hidden]; the input embeddings on entry */
     float *xb, *xb2; /* normalised input and block output [batch][hidden] */
@@ -69,6 +71,7 @@ typedef struct {
     float *router;   /* router logits [batch][n_experts] */
     float *rope;     /* rotation angles [batch][head_dim] (ops.h) */
     float *logits;   /* [vocab], the batch's last position */
+    float *tiles;    /* attention's per-thread tiles (attention.h), for any pool size */
     wroute route;
     wqvec xq;        /* the current matmul's quantised input */
     void *arena;     /* owns the buffers above */
@@ -83,7 +86,8 @@ waste_status wstate_init(wstate *s, const wmanifest *m, uint32_t ctx);
 void wstate_free(wstate *s);
 
 /* Keys (values = 1) of one layer's key/value head, from position 0. */
-float *wstate_kv(const wstate *s, const wmanifest *m, int values, uint32_t layer, uint32_t kv_head);
+uint16_t *wstate_kv(const wstate *s, const wmanifest *m, int values, uint32_t layer,
+                    uint32_t kv_head);
 
 /* The input embedding of token (hidden floats) into out. */
 void wmodel_embed(const wweights *w, int32_t token, float *out);

@@ -2,6 +2,7 @@
 
 #include <math.h>
 
+#include "half.h"
 #include "simd.h"
 
 void wops_rmsnorm(float *out, const float *x, const float *weight, size_t n, float eps) {
@@ -84,4 +85,37 @@ void wops_swiglu(float *a, const float *b, size_t n) {
     if (wsimd_avx2()) i = swiglu_avx2(a, b, n);
 #endif
     for (; i < n; i++) a[i] = a[i] / (1.0f + expf(-a[i])) * b[i];
+}
+
+#ifdef WSIMD_AVX2
+WSIMD_TARGET static size_t to_half_avx2(uint16_t *out, const float *x, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(out + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    return i;
+}
+
+WSIMD_TARGET static size_t to_float_avx2(float *out, const uint16_t *h, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+    return i;
+}
+#endif
+
+void wops_to_half(uint16_t *out, const float *x, size_t n) {
+    size_t i = 0;
+#ifdef WSIMD_AVX2
+    if (wsimd_avx2()) i = to_half_avx2(out, x, n);
+#endif
+    for (; i < n; i++) out[i] = whalf_from_float(x[i]);
+}
+
+void wops_to_float(float *out, const uint16_t *h, size_t n) {
+    size_t i = 0;
+#ifdef WSIMD_AVX2
+    if (wsimd_avx2()) i = to_float_avx2(out, h, n);
+#endif
+    for (; i < n; i++) out[i] = whalf_to_float(h[i]);
 }

@@ -29,4 +29,10 @@ void wops_rope(float *v, size_t n_heads, size_t head_dim, const float *cos_sin);
 /* a[i] = silu(a[i]) * b[i] */
 void wops_swiglu(float *a, const float *b, size_t n);
 
+/* out[i] = x[i] as f16 (half.h), the same bits on every kernel path. */
+void wops_to_half(uint16_t *out, const float *x, size_t n);
+
+/* out[i] = the float equal to the f16 h[i]. */
+void wops_to_float(float *out, const uint16_t *h, size_t n);
+
 #endif

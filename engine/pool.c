@@ -62,6 +62,10 @@ static wsys_mask home_mask;
 
 __attribute__((constructor)) static void remember_home_mask(void) { wsys_mask_get(&home_mask); }
 
+static _Thread_local int self_index; /* 0 outside a pool's helpers */
+
+int wpool_self(void) { return self_index; }
+
 static void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
@@ -108,6 +112,7 @@ static void *helper_main(void *p) {
     helper_start start = *(helper_start *)p;
     free(p);
     wpool *pool = start.pool;
+    self_index = start.index + 1;
     wsys_mask mask = home_mask; /* not the mask of whoever opened the context */
     if (pool->cpus.n > 0) wsys_mask_of(&pool->cpus, start.index, &mask);
     wsys_mask_apply(&mask);

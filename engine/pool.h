@@ -41,6 +41,11 @@ void wpool_close(wpool *pool);
 /* Threads in all (helpers and the caller); 1 for a NULL pool. */
 int wpool_threads(const wpool *pool);
 
+/* The calling thread's place in its pool: 1 .. threads - 1 on a helper, 0 on
+ * any other thread (the one that calls wpool_run among them).  A job's fn
+ * indexes per-thread scratch with it. */
+int wpool_self(void);
+
 /* Run fn over rows [0, n_rows) and return when every row is done.  work is
  * the job's multiply-add count: small jobs stay on the calling thread, and
  * so does every job of a NULL pool.  One caller at a time per pool. */

@@ -20,6 +20,7 @@ int wsimd_level(void) {
         __builtin_cpu_init();
         known = WSIMD_PLAIN;
         if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+            __builtin_cpu_supports("f16c") &&
             !switched_off("WASTE_NO_AVX2")) {
             known = WSIMD_AVX2;
             if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&

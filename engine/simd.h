@@ -6,15 +6,16 @@
  * there is.
  *
  * Only GCC and Clang on x86-64 get the AVX2 code (WSIMD_AVX2 defined): the
- * functions below are compiled for AVX2+FMA whatever -march says, and must
+ * functions below are compiled for AVX2+FMA+F16C whatever -march says, and must
  * only be called after wsimd_avx2() said yes; WSIMD_TARGET_512 code only
  * after wsimd_level() said WSIMD_AVX512.
  */
 #ifndef WASTE_SIMD_H
 #define WASTE_SIMD_H
 
-/* The kernels this CPU runs, asked once, then remembered: AVX2 needs AVX2
- * and FMA, AVX-512 also AVX512F/BW/VL and VNNI.  WASTE_NO_AVX2=1 in the
+/* The kernels this CPU runs, asked once, then remembered: AVX2 needs AVX2,
+ * FMA and F16C (the KV cache's f16, half.h), AVX-512 also AVX512F/BW/VL and
+ * VNNI.  WASTE_NO_AVX2=1 in the
  * environment says plain, WASTE_NO_AVX512=1 at most AVX2. */
 enum { WSIMD_PLAIN, WSIMD_AVX2, WSIMD_AVX512 };
 int wsimd_level(void);
@@ -35,8 +36,8 @@ static inline void wsimd_prefetch(const void *p) {
 #define WSIMD_AVX2 1
 #include <immintrin.h>
 
-#define WSIMD_TARGET __attribute__((target("avx2,fma")))
-#define WSIMD_TARGET_512 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")))
+#define WSIMD_TARGET __attribute__((target("avx2,fma,f16c")))
+#define WSIMD_TARGET_512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
 
 /* The sum of v's eight lanes. */
 WSIMD_TARGET static inline float wsimd_hsum(__m256 v) {

@@ -28,8 +28,8 @@
 #include "sys.h"
 #include "tokenizer.h"
 
-#define ENGINE_VERSION "0.6.1"
-#define ENGINE_VERSION_NUMBER 601
+#define ENGINE_VERSION "0.6.2"
+#define ENGINE_VERSION_NUMBER 602
 #define CONTAINER_VERSION 1
 #define DEFAULT_CTX 4096
 #define DETAIL_MAX 1024

@@ -25,7 +25,7 @@ import pytest
 
 from conftest import ROOT, make_container
 from gguf_writer import tiny_llama
-from state_layout import v2_to_v1
+from state_layout import rewrite
 
 
 OK, E_IO, E_FORMAT, E_RAM_BUDGET, E_OOM, E_ARG, E_UNSUPPORTED, E_CANCELLED, E_BUSY = (
@@ -306,11 +306,11 @@ def test_only_the_api_is_exported(lib_path):
 
 
 def test_version_and_build_info(lib):
-    assert lib.waste_version() == b"0.6.1"
+    assert lib.waste_version() == b"0.6.2"
     major, minor, patch = map(int, lib.waste_version().split(b"."))
     assert lib.waste_version_number() == major * 10000 + minor * 100 + patch
     info = lib.waste_build_info().decode()
-    assert "\n" not in info and "0.6.1" in info and "waste-ref v1" in info
+    assert "\n" not in info and "0.6.2" in info and "waste-ref v1" in info
 
 
 def test_strerror_covers_every_code(lib):
@@ -345,7 +345,8 @@ def test_plan_memory_adds_up(lib, k3_container):
     stride = struct.unpack_from("<I", (k3_container / "experts/layer-001.bank").read_bytes(), 16)[0]
     moe_layers = m["n_layers"] - m["n_dense_layers"]
     assert plan.trunk_bytes == (k3_container / "trunk.bin").stat().st_size
-    assert plan.state_bytes == 2 * m["n_layers"] * CTX * m["hidden"] * 4
+    kv_dim = m.get("n_kv_heads", m["n_heads"]) * m["head_dim"]
+    assert plan.state_bytes == 2 * m["n_layers"] * CTX * kv_dim * 2   # keys and values, f16
     assert plan.min_expert_cache == stride
     assert plan.floor_bytes == (plan.trunk_bytes + plan.state_bytes + plan.scratch_bytes
                                 + plan.min_expert_cache)
@@ -1067,22 +1068,35 @@ def test_state_load_rejects_foreign_and_damaged_files(lib, k3_container, plain_c
         assert lib.waste_state_load(ctx, str(mine).encode()) == E_ARG
 
 
-def test_a_state_of_the_old_layout_is_refused(lib, k3_container, prompt, tmp_path):
-    """Version 1 files (engine 0.6.0: keys position by position) would be misread by a cache
-    laid out head by head: refused as WASTE_E_FORMAT, naming the version, the state reset."""
-    current, old = tmp_path / "v2.state", tmp_path / "v1.state"
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_state_of_an_older_layout_is_refused(lib, k3_container, prompt, tmp_path, version):
+    """Older state files would be misread by today's cache: version 1 (engine 0.6.0: keys
+    position by position) and version 2 (0.6.1: f32, where the cache now holds f16). Each is
+    refused as WASTE_E_FORMAT, naming its version, with the state reset."""
+    current, old = tmp_path / "v3.state", tmp_path / f"v{version}.state"
     m = manifest(k3_container)
     with opened(lib, k3_container) as ctx:
         evaluate(lib, ctx, prompt)
         assert lib.waste_state_save(ctx, str(current).encode()) == OK
-        v2_to_v1(current, old, m.get("n_kv_heads", m["n_heads"]))
-        assert old.stat().st_size == current.stat().st_size and old.read_bytes() != current.read_bytes()
+        rewrite(current, old, version, m.get("n_kv_heads", m["n_heads"]))
+        assert old.read_bytes() != current.read_bytes()
         assert lib.waste_state_load(ctx, str(old).encode()) == E_FORMAT
-        assert "version 1" in detail_of(lib, ctx)
+        assert f"version {version}" in detail_of(lib, ctx)
         after = evaluate(lib, ctx, [4])
         lib.waste_state_reset(ctx)
         assert after == evaluate(lib, ctx, [4])
         assert lib.waste_state_load(ctx, str(current).encode()) == OK
+
+
+def test_a_state_file_holds_the_cache_in_f16(lib, k3_container, prompt, tmp_path):
+    """Two bytes a cached number: the file is the header, 2 x layers x positions x kv_dim
+    halves, and the crc."""
+    path, m = tmp_path / "s.state", manifest(k3_container)
+    kv_dim = m.get("n_kv_heads", m["n_heads"]) * m["head_dim"]
+    with opened(lib, k3_container) as ctx:
+        evaluate(lib, ctx, prompt)
+        assert lib.waste_state_save(ctx, str(path).encode()) == OK
+    assert path.stat().st_size == 24 + 2 * m["n_layers"] * len(prompt) * kv_dim * 2 + 4
 
 
 # ---------------------------------------------------------------- expert I/O

@@ -412,13 +412,13 @@ def test_a_snapshot_of_the_old_state_layout_is_dropped_and_prefilled(fresh, k3_c
     """A persistent prefix snapshot written by engine 0.6.0 (state version 1) is refused by
     the engine as WASTE_E_FORMAT; prefill drops the entry and evaluates the prompt itself."""
     from serve.service.prefill import prefill
-    from state_layout import v2_to_v1
+    from state_layout import rewrite
     m = manifest(k3_container)
     tokens = fresh.tokenize(PROMPT_TEXT * 4, add_bos=True)
     head = tokens[:20]
     fresh.eval(head)
-    fresh.save_state(tmp_path / "v2.state")
-    v2_to_v1(tmp_path / "v2.state", tmp_path / "v1.state", m.get("n_kv_heads", m["n_heads"]))
+    fresh.save_state(tmp_path / "v3.state")
+    rewrite(tmp_path / "v3.state", tmp_path / "v1.state", 1, m.get("n_kv_heads", m["n_heads"]))
     snapshot_cache.store(head, lambda path: shutil.copyfile(tmp_path / "v1.state", path))
     assert lookup(snapshot_cache, tokens).n_tokens == len(head)
     fresh.reset()
