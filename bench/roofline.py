@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Decode against the machine's memory bandwidth: how close to the roofline it runs.
 
-    .venv/bin/python bench/roofline.py [--threads N] [--runs N] [--lib PATH]
+    .venv/bin/python bench/roofline.py [--threads N] [--runs N] [--lib PATH] [--before PATH]
 
 bench/bandwidth.c (built here with the system cc) measures a plain read and
 a memcpy over buffers far past the caches, on one thread and on N.  Then
@@ -11,7 +11,9 @@ on N, --runs turns each, medians.  A decoded token reads every weight it
 uses once: the whole trunk (with tied embeddings the output layer reads the
 table) and top_k experts of each expert bank; that many bytes per token
 times tokens/s is the bandwidth decode draws, shown against the read
-bandwidth.  The KV cache it also reads is shown apart.
+bandwidth.  The KV cache it also reads is shown apart.  --before measures
+another library in the same turns, each of its runs right before this one's,
+and gives this ÷ before turn by turn.
 
 Numbers are informative, never asserted.
 """
@@ -84,6 +86,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=cores)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--lib", default=None, help="libwaste to measure (default ./libwaste.so)")
+    ap.add_argument("--before", default=None, help="another libwaste, measured in the same turns")
     args = ap.parse_args()
     if not CONTAINER.exists():
         subprocess.run([sys.executable, str(ROOT / "tools" / "fetch_model.py"), str(CONTAINER)], check=True)
@@ -92,9 +95,13 @@ def main() -> None:
     lib = load_library(args.lib)
     with Engine(lib, CONTAINER, EngineConfig(ctx=64)) as engine:
         prompt = engine.tokenize(TEXT * 40)[:PROMPT]
+    before = load_library(args.before) if args.before else None
     rates: dict[int, list[float]] = {n: [] for n in counts}
+    before_rates: dict[int, list[float]] = {n: [] for n in counts}
     for _ in range(args.runs):
         for n in counts:
+            if before is not None:
+                before_rates[n].append(decode_rate(before, n, prompt))
             rates[n].append(decode_rate(lib, n, prompt))
     weights = weight_bytes_per_token(CONTAINER)
     kv = kv_bytes_per_token(lib, CONTAINER, PROMPT + DECODE // 2)
@@ -108,6 +115,15 @@ def main() -> None:
         drawn = weights * tps / 1e9
         print(f"{n:>7} {bw[('read', n)]:>10.2f} {bw[('copy', n)]:>10.2f} {tps:>13.1f} {drawn:>13.2f} "
               f"{drawn / bw[('read', n)]:>7.0%} {(weights + kv) * tps / 1e9:>9.2f}")
+
+    if before is not None:
+        print(f"before: {before.version()} ({args.before})")
+        print(f"{'threads':>7} {'before tok/s':>13} {'of read':>8} {'this / before':>14} {'min .. max':>14}")
+        for n in counts:
+            tps = statistics.median(before_rates[n])
+            pairs = [a / b for a, b in zip(rates[n], before_rates[n])]
+            print(f"{n:>7} {tps:>13.1f} {weights * tps / 1e9 / bw[('read', n)]:>7.0%} "
+                  f"{statistics.median(pairs):>14.3f} {min(pairs):>6.3f} .. {max(pairs):.3f}")
 
 
 if __name__ == "__main__":
