@@ -172,7 +172,7 @@ def test_a_chores_model_that_cannot_be_planned_is_refused_in_one_line(lib_path, 
 
 
 @pytest.mark.parametrize("flags, says", [
-    (["--budget", "20M"], "serve: a budget of 20.0 MiB (--budget) cannot hold both models: "
+    (["--budget", "10M"], "serve: a budget of 10.0 MiB (--budget) cannot hold both models: "
                           "the chores model"),
     (["--budget", "1G", "--chores-budget", "1G"], "serve: --chores-budget 1.00 GiB leaves nothing"),
     (["--budget", "1G", "--chores-budget", "1M"], "its floor), more than --chores-budget 1.0 MiB"),
