@@ -79,21 +79,25 @@ class Keeper:
         """The Response as it stands: queued, in progress with its output so far, or final.
         Until it is final, serve's `waste.prefill` says where the prompt's evaluation stands
         and when the first token is due, as GET /v1/jobs/{id} does."""
+        # The status is read from the same events as the prefill report: the keeper's
+        # thread may not have reached the job's start that the report already shows.
+        events, _ = self.job.journal.read(0, 0)
+        started = any(isinstance(e, Started) for e in events)
         with self._cond:
-            response, done = self.exchange.snapshot(self._status()), self._done
+            response, done = self.exchange.snapshot(self._status(started)), self._done
         if done:
             return response
-        events, _ = self.job.journal.read(0, 0)
         return {**response, "waste": {**response.get("waste", {}),
                                       "prefill": prefill_report(events)}}
 
-    def _status(self) -> Optional[str]:
-        """The status of a response not yet final: None once it is (the exchange has it)."""
+    def _status(self, started: bool = False) -> Optional[str]:
+        """The status of a response not yet final: None once it is (the exchange has it).
+        `started`: the caller saw the job's start in its log."""
         if self._done:
             return "cancelled" if self._cancelled else None
         if self._cancelled:
             return "cancelled"
-        return "in_progress" if self._started else "queued"
+        return "in_progress" if self._started or started else "queued"
 
     def events(self, after: int) -> Iterator[Optional[list[dict]]]:
         """The events numbered above `after`, as they come: a list at a time, or None when
