@@ -45,21 +45,26 @@ static inline float load1(const void *p, size_t i, int half) {
     return half ? whalf_to_float(((const uint16_t *)p)[i]) : ((const float *)p)[i];
 }
 
-/* Keys [0, count) of a tile (k and v point at its first position). */
-static inline void tile_plain(const float *q, const void *k, const void *v, size_t count,
-                              size_t hd, float scale, running *r, float *acc, int half) {
-    float s[TILE], top = -INFINITY;
-    for (size_t j = 0; j < count; j++) {
-        float dot = 0.0f;
-        for (size_t c = 0; c < hd; c++) dot += q[c] * load1(k, j * hd + c, half);
-        s[j] = dot * scale;
-        top = fmaxf(top, s[j]);
-    }
-    if (top > r->max) raise_max(r, acc, hd, top);
-    for (size_t j = 0; j < count; j++) {
-        float p = expf(s[j] - r->max);
-        r->sum += p;
-        for (size_t c = 0; c < hd; c++) acc[c] += p * load1(v, j * hd + c, half);
+/* Keys [0, count) of a tile for `heads` query heads of one key/value head
+ * (k and v point at its first position; head g's query, running sums and
+ * output row are q + g*hd, r[g] and acc + g*hd). */
+static inline void tile_plain(const float *q, size_t heads, const void *k, const void *v,
+                              size_t count, size_t hd, float scale, running *r, float *acc,
+                              int half) {
+    for (size_t g = 0; g < heads; g++, q += hd, acc += hd) {
+        float s[TILE], top = -INFINITY;
+        for (size_t j = 0; j < count; j++) {
+            float dot = 0.0f;
+            for (size_t c = 0; c < hd; c++) dot += q[c] * load1(k, j * hd + c, half);
+            s[j] = dot * scale;
+            top = fmaxf(top, s[j]);
+        }
+        if (top > r[g].max) raise_max(&r[g], acc, hd, top);
+        for (size_t j = 0; j < count; j++) {
+            float p = expf(s[j] - r[g].max);
+            r[g].sum += p;
+            for (size_t c = 0; c < hd; c++) acc[c] += p * load1(v, j * hd + c, half);
+        }
     }
 }
 
@@ -72,76 +77,117 @@ INLINE_AVX2 __m256 load8(const void *p, size_t i, int half) {
                 : _mm256_loadu_ps((const float *)p + i);
 }
 
-/* Eight keys' scores at once (head_dim a multiple of 8); lanes at or past
- * `count` read keys that are not the query's (or not yet written) and are
- * masked to -inf, which softmax turns into exact zeros. */
-INLINE_AVX2 __m256 scores8(const float *q, const void *k, size_t at, size_t hd, float scale,
-                           size_t count, int half) {
-    __m256 parts[8];
+/* Scores of eight keys from `at` for each head (head_dim a multiple of 8):
+ * each key's numbers are loaded, and converted from f16, once for all the
+ * heads, while every head's dot products are summed in the same order as
+ * if it were alone.  Lanes at or past `count` read keys that are not the
+ * query's (or not yet written) and are masked to -inf, which softmax turns
+ * into exact zeros. */
+INLINE_AVX2 void scores8(const float *q, size_t heads, const void *k, size_t at, size_t hd,
+                         float scale, size_t count, int half, __m256 *s, size_t s_stride) {
+    __m256 parts[HEADS][8];
 #pragma GCC unroll 8
     for (size_t i = 0; i < 8; i++) {
         size_t ki = at + i * hd;
-        __m256 a = _mm256_mul_ps(_mm256_loadu_ps(q), load8(k, ki, half));
+        __m256 key = load8(k, ki, half), a[HEADS];
+#pragma GCC unroll 8
+        for (size_t g = 0; g < heads; g++) a[g] = _mm256_mul_ps(_mm256_loadu_ps(q + g * hd), key);
 #pragma GCC unroll 16
-        for (size_t c = 8; c < hd; c += 8)
-            a = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), load8(k, ki + c, half), a);
-        parts[i] = a;
-    }
-    __m256 s = _mm256_mul_ps(wsimd_hsum8(parts), _mm256_set1_ps(scale));
-    __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    __m256 past = _mm256_castsi256_ps(_mm256_cmpgt_epi32(lane, _mm256_set1_epi32((int)count - 1)));
-    return _mm256_blendv_ps(s, _mm256_set1_ps(-INFINITY), past);
-}
-
-INLINE_AVX2 void tile_avx2(const float *q, const void *k, const void *v, size_t count, size_t hd,
-                           float scale, running *r, float *acc, int half) {
-    __m256 s[TILE / 8], top = _mm256_set1_ps(-INFINITY);
-    size_t groups = (count + 7) / 8;
-    for (size_t g = 0; g < groups; g++) {
-        s[g] = scores8(q, k, 8 * g * hd, hd, scale, count - 8 * g, half);
-        top = _mm256_max_ps(top, s[g]);
-    }
-    float tile_max = wsimd_hmax(top);
-    if (tile_max > r->max) raise_max(r, acc, hd, tile_max);
-    float p[TILE];
-    __m256 max = _mm256_set1_ps(r->max), sum = _mm256_setzero_ps();
-    for (size_t g = 0; g < groups; g++) {
-        __m256 e = wsimd_exp(_mm256_sub_ps(s[g], max));
-        sum = _mm256_add_ps(sum, e);
-        _mm256_storeu_ps(p + 8 * g, e);
-    }
-    r->sum += wsimd_hsum(sum);
-    /* Key by key, up to 64 channels at once: eight independent sums, so the
-     * multiply-adds keep both FMA pipes busy instead of waiting on each
-     * other's results. */
-    for (size_t c0 = 0; c0 < hd; c0 += 64) {
-        size_t vectors = hd - c0 < 64 ? (hd - c0) / 8 : 8;
-        __m256 a[8];
+        for (size_t c = 8; c < hd; c += 8) {
+            key = load8(k, ki + c, half);
 #pragma GCC unroll 8
-        for (size_t u = 0; u < 8; u++) a[u] = u < vectors ? _mm256_loadu_ps(acc + c0 + 8 * u) : _mm256_setzero_ps();
-        for (size_t j = 0; j < count; j++) {
-            __m256 pj = _mm256_set1_ps(p[j]);
-            size_t vj = j * hd + c0;
-#pragma GCC unroll 8
-            for (size_t u = 0; u < vectors; u++) a[u] = _mm256_fmadd_ps(pj, load8(v, vj + 8 * u, half), a[u]);
+            for (size_t g = 0; g < heads; g++)
+                a[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * hd + c), key, a[g]);
         }
 #pragma GCC unroll 8
-        for (size_t u = 0; u < vectors; u++) _mm256_storeu_ps(acc + c0 + 8 * u, a[u]);
+        for (size_t g = 0; g < heads; g++) parts[g][i] = a[g];
+    }
+    __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256 past = _mm256_castsi256_ps(_mm256_cmpgt_epi32(lane, _mm256_set1_epi32((int)count - 1)));
+#pragma GCC unroll 8
+    for (size_t g = 0; g < heads; g++) {
+        __m256 sg = _mm256_mul_ps(wsimd_hsum8(parts[g]), _mm256_set1_ps(scale));
+        s[g * s_stride] = _mm256_blendv_ps(sg, _mm256_set1_ps(-INFINITY), past);
+    }
+}
+
+/* The tile for `heads` heads, a constant in each caller so its loops unroll. */
+INLINE_AVX2 void heads_tile(const float *q, size_t heads, const void *k, const void *v,
+                            size_t count, size_t hd, float scale, running *r, float *acc,
+                            int half) {
+    __m256 s[HEADS][TILE / 8];
+    size_t groups = (count + 7) / 8;
+    for (size_t b = 0; b < groups; b++)
+        scores8(q, heads, k, 8 * b * hd, hd, scale, count - 8 * b, half, &s[0][b], TILE / 8);
+    float p[HEADS][TILE];
+    for (size_t g = 0; g < heads; g++) {
+        __m256 top = _mm256_set1_ps(-INFINITY);
+        for (size_t b = 0; b < groups; b++) top = _mm256_max_ps(top, s[g][b]);
+        float tile_max = wsimd_hmax(top);
+        if (tile_max > r[g].max) raise_max(&r[g], acc + g * hd, hd, tile_max);
+        __m256 max = _mm256_set1_ps(r[g].max), sum = _mm256_setzero_ps();
+        for (size_t b = 0; b < groups; b++) {
+            __m256 e = wsimd_exp(_mm256_sub_ps(s[g][b], max));
+            sum = _mm256_add_ps(sum, e);
+            _mm256_storeu_ps(p[g] + 8 * b, e);
+        }
+        r[g].sum += wsimd_hsum(sum);
+    }
+    /* Key by key over a slice of channels: each value is loaded (and
+     * converted) once for all the heads, and up to eight independent sums
+     * keep both FMA pipes busy.  Each channel's sum still takes the keys in
+     * order, so the slicing changes no result. */
+    const size_t slice = 8 / heads; /* vectors per head: heads * slice <= 8 */
+    for (size_t c0 = 0; c0 < hd; c0 += 8 * slice) {
+        size_t vectors = hd - c0 < 8 * slice ? (hd - c0) / 8 : slice;
+        __m256 a[8]; /* head g's vector u at g * slice + u */
+#pragma GCC unroll 8
+        for (size_t g = 0; g < heads; g++)
+#pragma GCC unroll 8
+            for (size_t u = 0; u < slice; u++)
+                a[g * slice + u] = u < vectors ? _mm256_loadu_ps(acc + g * hd + c0 + 8 * u) : _mm256_setzero_ps();
+        for (size_t j = 0; j < count; j++) {
+            size_t vj = j * hd + c0;
+#pragma GCC unroll 8
+            for (size_t u = 0; u < slice; u++) {
+                if (u >= vectors) break;
+                __m256 value = load8(v, vj + 8 * u, half);
+#pragma GCC unroll 8
+                for (size_t g = 0; g < heads; g++)
+                    a[g * slice + u] = _mm256_fmadd_ps(_mm256_set1_ps(p[g][j]), value, a[g * slice + u]);
+            }
+        }
+#pragma GCC unroll 8
+        for (size_t g = 0; g < heads; g++)
+#pragma GCC unroll 8
+            for (size_t u = 0; u < slice; u++)
+                if (u < vectors) _mm256_storeu_ps(acc + g * hd + c0 + 8 * u, a[g * slice + u]);
+    }
+}
+
+INLINE_AVX2 void tile_avx2(const float *q, size_t heads, const void *k, const void *v,
+                           size_t count, size_t hd, float scale, running *r, float *acc, int half) {
+    switch (heads) {
+#define HEADS_CASE(n) \
+    case n: heads_tile(q, n, k, v, count, hd, scale, r, acc, half); break;
+        HEADS_CASE(1) HEADS_CASE(2) HEADS_CASE(3) HEADS_CASE(4)
+        HEADS_CASE(5) HEADS_CASE(6) HEADS_CASE(7) HEADS_CASE(8)
+#undef HEADS_CASE
     }
 }
 #endif
 
-typedef void (*tile_fn)(const float *q, const void *k, const void *v, size_t count, size_t hd,
-                        float scale, running *r, float *acc);
+typedef void (*tile_fn)(const float *q, size_t heads, const void *k, const void *v, size_t count,
+                        size_t hd, float scale, running *r, float *acc);
 
 /* One copy per number format, and on AVX2 per common head size, whose loops
  * the compiler unrolls and whose query and sums stay in registers: the same
  * operations as the general one. */
 #define TILE_COPY(name, body, hd_used, half)                                                   \
-    static void name(const float *q, const void *k, const void *v, size_t count, size_t hd,    \
-                     float scale, running *r, float *acc) {                                   \
+    static void name(const float *q, size_t heads, const void *k, const void *v, size_t count, \
+                     size_t hd, float scale, running *r, float *acc) {                        \
         (void)hd;                                                                             \
-        body(q, k, v, count, hd_used, scale, r, acc, half);                                   \
+        body(q, heads, k, v, count, hd_used, scale, r, acc, half);                            \
     }
 TILE_COPY(plain_f32, tile_plain, hd, 0)
 TILE_COPY(plain_f16, tile_plain, hd, 1)
@@ -220,10 +266,8 @@ static void query_block(const job *j, size_t kv_head, size_t h0, size_t h1, size
                 size_t pos = j->pos0 + t;
                 if (first > pos) continue;
                 size_t count = pos + 1 - first < TILE ? pos + 1 - first : TILE;
-                for (size_t g = 0; g < heads; g++) {
-                    size_t at = t * width + (head0 + g) * hd;
-                    tile(j->q + at, k, v, count, hd, j->scale, &r[(t - t0) * HEADS + g], j->out + at);
-                }
+                size_t at = t * width + head0 * hd;
+                tile(j->q + at, heads, k, v, count, hd, j->scale, &r[(t - t0) * HEADS], j->out + at);
             }
         }
         for (size_t t = t0; t < t1; t++)
