@@ -157,10 +157,12 @@ def test_a_budget_of_zero_is_thinking_off(clients):
     assert "reasoning_content" not in chat.choices[0].message.model_extra
     assert chat.model_extra["waste"]["reasoning"] == "off"
     assert chat.usage.completion_tokens_details.reasoning_tokens == 0
-    message = an.messages.create(model="m", messages=ASK, max_tokens=4,
+    # Greedy, as above: a sampled four-token reply may say nothing at all, and then has
+    # no text block to count.
+    message = an.messages.create(model="m", messages=ASK, max_tokens=4, temperature=0,
                                  thinking={"type": "enabled", "budget_tokens": 0})
     assert [block.type for block in message.content] == ["text"]
-    response = oa.responses.create(model="m", input=ASK, max_output_tokens=4,
+    response = oa.responses.create(model="m", input=ASK, max_output_tokens=4, temperature=0,
                                    reasoning={"max_tokens": 0})
     assert [item.type for item in response.output] == ["message"]
     assert response.usage.output_tokens_details.reasoning_tokens == 0
