@@ -134,7 +134,9 @@ class Journal:
         self._listener = listener
         self._log: list[Event] = []             # every event made, in order; only appended to
         self._ended = False                     # the call is over: no event follows
-        self._cond = threading.Condition()
+        # post() takes the lock itself, once per token: Condition's own `with` is a Python call.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._waiting = 0                       # readers in read(), waiting for an event
         # The readers following the log now, each with its client's hangup probe.
         self._readers: dict[int, Callable[[], bool]] = {}
@@ -208,7 +210,7 @@ class Journal:
         if self._listener is not None:
             self._listener.take(event)
             return
-        with self._cond:
+        with self._lock:
             self._log.append(event)
             if self._waiting:   # a reader that is busy finds the event at its next read
                 self._cond.notify_all()

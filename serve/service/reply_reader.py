@@ -87,7 +87,7 @@ class ChatReader:
                 shown = self._stops.feed(d.content)
                 if shown:
                     self._content.append(shown)
-                    emit(Delta(content=shown))
+                    emit(d if shown == d.content else Delta(content=shown))
             elif d.tool_call:
                 if self._max_calls is not None and d.tool_call["index"] >= self._max_calls:
                     self._over = True

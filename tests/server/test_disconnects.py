@@ -5,8 +5,11 @@ import json
 import os
 import socket
 import threading
+import time
 
 import pytest
+
+from serve.service.generation import ASK_EVERY_S
 
 from scripted import assert_error, call, engine, scripted_service, server, serving, xtml_answer
 from serve.engine.binding import WasteError
@@ -16,11 +19,14 @@ CHAT = "/v1/chat/completions"
 
 # ---- disconnects and queueing -------------------------------------------------
 
-def _held_after_the_first_token(engine) -> tuple[threading.Event, threading.Event]:
-    """The engine stops after its first token (`first_sent` is set) until `closed` is."""
+def _held_after_the_first_token(engine, every_s: float = 0.0
+                                ) -> tuple[threading.Event, threading.Event]:
+    """The engine stops after its first token (`first_sent` is set) until `closed` is;
+    `every_s`: the time each token takes."""
     first_sent, closed = threading.Event(), threading.Event()
 
     def pace(index: int) -> None:
+        time.sleep(every_s)
         if index == 1:
             first_sent.set()
             assert closed.wait(10)
@@ -48,8 +54,10 @@ def _leave_after_the_first_token(port: int, body: dict, closed: threading.Event,
 
 @pytest.mark.parametrize("stream", [True, False])
 def test_without_attaching_a_disconnect_cancels_at_the_next_token(engine, stream):
+    """Tokens as far apart as the token callback's asks (a real model's, K3's seconds): the
+    token after the client left is the last."""
     engine.replies = [xtml_answer(*[f"w{i} " for i in range(50)]), xtml_answer("next")]
-    first_sent, closed = _held_after_the_first_token(engine)
+    first_sent, closed = _held_after_the_first_token(engine, every_s=2 * ASK_EVERY_S)
     with serving(scripted_service(engine, thinking=False, attach=False)) as srv:
         received = _leave_after_the_first_token(srv.port, {"messages": USER, "stream": stream},
                                                 closed, first_sent)
@@ -58,6 +66,20 @@ def test_without_attaching_a_disconnect_cancels_at_the_next_token(engine, stream
     assert not stream or b"w0 " in received
     assert engine.results[0].cancelled and engine.results[0].n_tokens == 2
     assert nxt["choices"][0]["message"]["content"] == "next"
+
+
+def test_a_disconnect_from_a_fast_model_costs_at_most_a_millisecond_of_tokens(engine):
+    """Tokens faster than the asks (a toy model's thousands a second): the callback polls
+    the client once a millisecond, not once a token, so a few more tokens follow the
+    hang-up, and a reply that ends within the millisecond is not cancelled at all."""
+    engine.replies = [xtml_answer(*[f"w{i} " for i in range(400)]), xtml_answer("next")]
+    first_sent, closed = _held_after_the_first_token(engine, every_s=ASK_EVERY_S / 20)
+    with serving(scripted_service(engine, thinking=False, attach=False)) as srv:
+        _leave_after_the_first_token(srv.port, {"messages": USER}, closed, first_sent)
+        nxt = call(srv.port, "POST", CHAT, {"messages": USER}).json()
+    assert nxt["choices"][0]["message"]["content"] == "next"
+    # 20 tokens a millisecond; a busy machine's sleeps run long, so only the bound is firm.
+    assert engine.results[0].cancelled and 2 <= engine.results[0].n_tokens < 200
 
 
 @pytest.mark.parametrize("stream", [True, False])
