@@ -155,7 +155,9 @@ def test_the_eval_loop_stops_when_the_client_left(service, extra):
     req = parse_chat_request({"messages": USER, "max_tokens": 50, "temperature": 0, "seed": 1, **extra})
     sink = LeavesAfter(3)
     reply = service.chat(req, sink)
-    assert reply.client_left and len(sink.deltas) == 3
+    # The token callback asks at most once a millisecond (ASK_EVERY_S), and the demo
+    # model decodes several tokens in one: a few deltas may follow the third.
+    assert reply.client_left and 3 <= len(sink.deltas) < 50
     assert reply.usage.completion_tokens < 50
 
 
