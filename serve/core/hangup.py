@@ -1,5 +1,6 @@
 """Has a connected socket's peer closed its end? The one question about a client that the
-thread running a request asks, once per token and prefill chunk.
+thread running a request asks, at each prefill chunk and, while it generates, at most once
+a millisecond (serve/service/generation.py, ASK_EVERY_S).
 
 It lives below HTTP so that thread reads the kernel's word on the socket and
 runs no HTTP code (docs/architecture.md, "The seams").
@@ -22,7 +23,7 @@ class Hangup:
 
     def __init__(self, sock: socket.socket):
         self._sock = sock
-        # Asked once per generated token, so registered once per connection; poll,
+        # Asked up to a thousand times a second, so registered once per connection; poll,
         # because select() cannot watch a descriptor numbered 1024 or above.
         self._poll = select.poll()
         self._poll.register(sock, select.POLLIN | _HANGUP)

@@ -465,7 +465,7 @@ class EngineQueue:
     def run_errands(self) -> None:
         """Called by the engine's holder between its engine calls, or from the token callback
         (errands only tokenize): run the errands waiting."""
-        if not self._errands:   # asked once per token: most often none, and no lock to say so
+        if not self._errands:   # asked up to once a millisecond: most often none, and no lock
             return
         with self._cond:
             if not self._errands:

@@ -159,7 +159,7 @@ class Journal:
             return True
         if self.stopped or self._left_at is not None or self._client_left():
             return True
-        # Asked once per token: a plain loop, no generator, on the engine's thread.
+        # Asked up to once a millisecond: a plain loop, no generator, on the engine's thread.
         readers = tuple(self._readers.values())
         if not readers:
             return False
@@ -188,8 +188,9 @@ class Journal:
 
     def follow(self, client_left: Callable[[], bool] = _never) -> int:
         """A reader starts following the log (a client, or a background response's keeper);
-        `client_left()` asks whether its client has closed its end (serve/core/hangup.py), once per
-        token, so the work learns it at once. Returns the reader's number for unfollow."""
+        `client_left()` asks whether its client has closed its end (serve/core/hangup.py), at each
+        prefill chunk and at most once a millisecond of tokens, so the work learns it at once.
+        Returns the reader's number for unfollow."""
         with self._cond:
             reader, self._next_reader = self._next_reader, self._next_reader + 1
             self._readers[reader] = client_left

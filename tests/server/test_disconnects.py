@@ -9,10 +9,9 @@ import time
 
 import pytest
 
-from serve.service.generation import ASK_EVERY_S
-
 from scripted import assert_error, call, engine, scripted_service, server, serving, xtml_answer
 from serve.engine.binding import WasteError
+from serve.service.generation import ASK_EVERY_S
 
 USER = [{"role": "user", "content": "hi"}]
 CHAT = "/v1/chat/completions"
