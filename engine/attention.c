@@ -10,6 +10,8 @@
 #define TILE 32         /* keys per online-softmax step */
 #define QUERY_BLOCK 32  /* queries of one head that share each tile while it is in cache */
 #define HEADS 8         /* query heads of one key/value head that share each tile */
+#define SUMS 12         /* value sums in registers at once: 16 AVX2 registers, less the
+                           * value and up to three heads' weights */
 
 typedef struct {
     const wattn_shape *shape;
@@ -134,21 +136,24 @@ INLINE_AVX2 void heads_tile(const float *q, size_t heads, const void *k, const v
         r[g].sum += wsimd_hsum(sum);
     }
     /* Key by key over a slice of channels: each value is loaded (and
-     * converted) once for all the heads, and up to eight independent sums
-     * keep both FMA pipes busy.  Each channel's sum still takes the keys in
-     * order, so the slicing changes no result. */
-    const size_t slice = 8 / heads; /* vectors per head: heads * slice <= 8 */
+     * converted) once for all the heads, and up to SUMS independent sums
+     * keep both FMA pipes busy: each sum waits on its previous FMA, and with
+     * at most eight (six for three heads) the decode loop ran at the FMA's
+     * latency, not its throughput (perf, docs/engine.md).  Each
+     * channel's sum still takes the keys in order, so the slicing changes
+     * no result. */
+    const size_t slice = SUMS / heads; /* vectors per head: heads * slice <= SUMS */
     for (size_t c0 = 0; c0 < hd; c0 += 8 * slice) {
         size_t vectors = hd - c0 < 8 * slice ? (hd - c0) / 8 : slice;
-        __m256 a[8]; /* head g's vector u at g * slice + u */
+        __m256 a[SUMS]; /* head g's vector u at g * slice + u */
 #pragma GCC unroll 8
         for (size_t g = 0; g < heads; g++)
-#pragma GCC unroll 8
+#pragma GCC unroll 12
             for (size_t u = 0; u < slice; u++)
                 a[g * slice + u] = u < vectors ? _mm256_loadu_ps(acc + g * hd + c0 + 8 * u) : _mm256_setzero_ps();
         for (size_t j = 0; j < count; j++) {
             size_t vj = j * hd + c0;
-#pragma GCC unroll 8
+#pragma GCC unroll 12
             for (size_t u = 0; u < slice; u++) {
                 if (u >= vectors) break;
                 __m256 value = load8(v, vj + 8 * u, half);
@@ -159,7 +164,7 @@ INLINE_AVX2 void heads_tile(const float *q, size_t heads, const void *k, const v
         }
 #pragma GCC unroll 8
         for (size_t g = 0; g < heads; g++)
-#pragma GCC unroll 8
+#pragma GCC unroll 12
             for (size_t u = 0; u < slice; u++)
                 if (u < vectors) _mm256_storeu_ps(acc + g * hd + c0 + 8 * u, a[g * slice + u]);
     }
