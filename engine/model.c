@@ -127,8 +127,9 @@ static void *carve(uint8_t *base, uint64_t *used, uint64_t count, size_t size) {
 /* Lay the activation buffers of a batch out in the arena at base (or, with
  * base NULL, only measure them): floats first, then the uint32 and int16
  * arrays, so every array is aligned for its type. */
-static uint64_t lay_out(wstate *s, const wmanifest *m, uint32_t batch, uint8_t *base) {
-    uint64_t used = 0, b = batch, h = m->hidden, kv = wmanifest_kv_dim(m), routes = b * m->top_k;
+static uint64_t lay_out(wstate *s, const wmanifest *m, uint32_t ctx, uint8_t *base) {
+    const wattn_shape shape = {m->n_heads, m->n_kv_heads, m->head_dim, cache_stride(ctx)};
+    uint64_t used = 0, b = batch_of(ctx), h = m->hidden, kv = wmanifest_kv_dim(m), routes = b * m->top_k;
     const size_t f = sizeof(float), u = sizeof(uint32_t);
     s->x = carve(base, &used, b * h, f);
     s->xb = carve(base, &used, b * h, f);
@@ -144,6 +145,7 @@ static uint64_t lay_out(wstate *s, const wmanifest *m, uint32_t batch, uint8_t *
     s->rope = carve(base, &used, b * m->head_dim, f);
     s->logits = carve(base, &used, m->vocab_size, f);
     s->tiles = carve(base, &used, (WPOOL_MAX_THREADS + 1) * wattn_tile_floats(m->head_dim), f);
+    s->spans = carve(base, &used, wattn_span_floats(&shape), f);
     s->route.weight = carve(base, &used, routes, f);
     s->route.member_weight = carve(base, &used, routes, f);
     s->xq.d = carve(base, &used, b * (max_cols(m) / 32), f);
@@ -158,7 +160,7 @@ static uint64_t lay_out(wstate *s, const wmanifest *m, uint32_t batch, uint8_t *
 
 uint64_t wstate_scratch_bytes(const wmanifest *m, uint32_t ctx) {
     wstate measure;
-    return lay_out(&measure, m, batch_of(ctx), NULL) + wsample_scratch_bytes(m->vocab_size);
+    return lay_out(&measure, m, ctx, NULL) + wsample_scratch_bytes(m->vocab_size);
 }
 
 waste_status wstate_init(wstate *s, const wmanifest *m, uint32_t ctx) {
@@ -171,13 +173,13 @@ waste_status wstate_init(wstate *s, const wmanifest *m, uint32_t ctx) {
      * position (and masks them), and those must be numbers. */
     s->keys = calloc(1, kv);
     s->values = calloc(1, kv);
-    s->arena = malloc((size_t)lay_out(s, m, s->batch, NULL));
+    s->arena = malloc((size_t)lay_out(s, m, ctx, NULL));
     s->sampler = malloc((size_t)wsample_scratch_bytes(m->vocab_size));
     if (!s->keys || !s->values || !s->arena || !s->sampler) {
         wstate_free(s);
         return WASTE_E_OOM;
     }
-    lay_out(s, m, s->batch, s->arena);
+    lay_out(s, m, ctx, s->arena);
     return WASTE_OK;
 }
 
@@ -230,7 +232,7 @@ static void attention_block(const wmanifest *m, const wlayer *L, wstate *s, wpoo
     WPROF_START(attended);
     const wattn_shape shape = {m->n_heads, m->n_kv_heads, hd, s->stride};
     wattn_chunk(pool, &shape, wstate_kv(s, m, 0, layer, 0), wstate_kv(s, m, 1, layer, 0), s->q,
-                s->pos, n, s->xb, s->tiles);
+                s->pos, n, s->xb, s->tiles, s->spans);
     WPROF_ADD(WPROF_ATTENTION, attended);
     wmat_mul(pool, s->xb2, &L->wo, s->xb, n, &s->xq);
     WPROF_START(added);

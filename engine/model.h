@@ -72,6 +72,7 @@ typedef struct {
     float *rope;     /* rotation angles [batch][head_dim] (ops.h) */
     float *logits;   /* [vocab], the batch's last position */
     float *tiles;    /* attention's per-thread tiles (attention.h), for any pool size */
+    float *spans;    /* attention's spans of a decode step shared by threads (attention.h) */
     wroute route;
     wqvec xq;        /* the current matmul's quantised input */
     void *arena;     /* owns the buffers above */

@@ -622,7 +622,9 @@ def gguf_container(tmp_path_factory) -> Path:
 def test_batches_of_any_size_equal_one_position_at_a_time(lib, name, request):
     """A prompt cut into random chunks of 1 to 700 (so past one internal batch of 512),
     on random tokens (so the batch's tokens spread over many experts), evaluated with 3
-    threads, gives at every chunk's end the bits one position at a time gives on one thread."""
+    threads, gives at every chunk's end the bits one position at a time gives on one thread;
+    so does one position at a time on 3 threads, whose steps past 256 positions share their
+    spans of positions among the threads (engine/attention.c)."""
     container = request.getfixturevalue({"k3": "k3_container", "k3 vision": "k3_vision_container",
                                          "kimi-linear": "kimi_linear_container",
                                          "plain": "plain_container",
@@ -641,6 +643,8 @@ def test_batches_of_any_size_equal_one_position_at_a_time(lib, name, request):
                 logits = evaluate(lib, ctx, tokens[at:at + size])
                 at += size
                 assert logits == single[at - 1], (sizes, at)
+    with opened(lib, container, ctx_tokens=1024, n_threads=3) as ctx:
+        assert one_at_a_time(lib, ctx, tokens) == single
 
 
 KERNEL_CHILD = """
