@@ -11,7 +11,10 @@ of their inputs, attention, norms, sampling and the token callback (here a
 Python function through ctypes, as serve's).  Each position runs in a process
 of its own (the totals are written at exit): the SmolLM2 container
 (build/smollm2.waste) is prefilled to the position, then --decode greedy
-tokens follow.  Printed: milliseconds per token and the share of the step.
+tokens follow.  Printed: milliseconds per token and the share of the step;
+with several threads also the time spent in the pool's chunks on the caller
+and on the helpers, the caller's wait for the helpers at each job's end, and
+how long after a job opens a helper joins it.
 The timer costs about 0.03 ms per token; the plain build times nothing.
 Numbers are informative, never asserted.
 """
@@ -37,6 +40,9 @@ ROWS = [("matmul_q4_1", "matmul q4_1 (attention, FFN)"), ("matmul_q8", "matmul q
         ("attention", "attention"), ("kv_store", "KV cache store"), ("norm", "RMSNorm"),
         ("rope", "rotary"), ("swiglu", "SwiGLU"), ("residual", "residual adds"),
         ("sample", "sampling (greedy + logprob)"), ("callback", "token callback (Python)")]
+
+POOL_ROWS = [("chunk_caller", "caller's chunks (ms, count)"), ("chunk_helper", "helpers' chunks (ms, count)"),
+             ("job_wait", "caller waiting for helpers")]
 
 
 def child(lib_path: str, position: int, threads: int, decode: int) -> None:
@@ -97,6 +103,14 @@ def main() -> None:
                             for p, t in columns.items()])
     row("whole step", [f"{per_token(t, 'step'):.3f}" for t in columns.values()])
     row("tok/s (profiled)", [f"{t['tok_s']:.1f}" for t in columns.values()])
+    if args.threads > 1:
+        print("inside the pool's jobs, per token (not in the sums above):")
+        for key, label in POOL_ROWS:
+            row(label, [f"{per_token(t, key):.3f} ms, {t[key]['calls'] / t['step']['calls']:.0f}"
+                        for t in columns.values()])
+        row("helper's delay to join, mean", [
+            f"{t['helper_join']['ns'] / 1e3 / max(t['helper_join']['calls'], 1):.2f} µs"
+            for t in columns.values()])
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
 #include "pool.h"
 
+#include "prof.h"
+
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -43,6 +45,9 @@ struct wpool {
     void *arg;
     size_t n_rows, n_chunks;
     atomic_size_t next_chunk;
+#ifdef WASTE_PROFILE
+    uint64_t opened; /* wprof_now() as the job opened */
+#endif
 
     /* Idle helpers sleep here; the caller signals only when one does. */
     pthread_mutex_t lock;
@@ -80,7 +85,9 @@ static void claim_chunks(wpool *pool) {
     while ((chunk = atomic_fetch_add(&pool->next_chunk, 1)) < pool->n_chunks) {
         size_t begin = pool->n_rows * chunk / pool->n_chunks;
         size_t end = pool->n_rows * (chunk + 1) / pool->n_chunks;
+        WPROF_START(chunk_started);
         pool->fn(pool->arg, begin, end);
+        WPROF_ADD(self_index ? WPROF_CHUNK_HELPER : WPROF_CHUNK_CALLER, chunk_started);
     }
 }
 
@@ -125,6 +132,9 @@ static void *helper_main(void *p) {
                !atomic_compare_exchange_weak(&pool->state, &s, s + 1))
             ;
         if (GEN(s) != seen || !OPEN(s)) continue;
+#ifdef WASTE_PROFILE
+        wprof_add(WPROF_HELPER_JOIN, pool->opened);
+#endif
         claim_chunks(pool);
         atomic_fetch_sub(&pool->state, 1);
     }
@@ -177,6 +187,9 @@ void wpool_run(wpool *pool, size_t n_rows, size_t work, wpool_rows_fn fn, void *
     pool->n_rows = n_rows;
     pool->n_chunks = n_chunks;
     atomic_store_explicit(&pool->next_chunk, 0, memory_order_relaxed);
+#ifdef WASTE_PROFILE
+    pool->opened = wprof_now();
+#endif
     const uint64_t next_gen = (uint64_t)1 << 32;
     uint64_t open = atomic_load(&pool->state) + next_gen; /* odd generation, nobody inside */
     atomic_store(&pool->state, open);
@@ -186,6 +199,7 @@ void wpool_run(wpool *pool, size_t n_rows, size_t work, wpool_rows_fn fn, void *
         pthread_mutex_unlock(&pool->lock);
     }
     claim_chunks(pool);
+    WPROF_START(waited);
     /* Close once every helper that joined has left: their chunks are done.
      * A helper holding a chunk may share this core, hence the yields. */
     for (unsigned spins = 1;; spins++) {
@@ -194,4 +208,5 @@ void wpool_run(wpool *pool, size_t n_rows, size_t work, wpool_rows_fn fn, void *
         if (spins % 64 == 0) sched_yield();
         else cpu_relax();
     }
+    WPROF_ADD(WPROF_JOB_WAIT, waited);
 }

@@ -8,7 +8,8 @@
 
 static const char *const names[WPROF_KINDS] = {
     "matmul_q4_1", "matmul_q8", "matmul_f32", "quantize", "attention", "kv_store", "norm",
-    "rope", "swiglu", "residual", "sample", "callback", "step"};
+    "rope", "swiglu", "residual", "sample", "callback", "step",
+    "chunk_caller", "chunk_helper", "job_wait", "helper_join"};
 
 static _Atomic uint64_t total_ns[WPROF_KINDS], calls[WPROF_KINDS];
 static atomic_int decoding;

@@ -28,6 +28,14 @@ typedef enum {
     WPROF_SAMPLE,
     WPROF_CALLBACK, /* the caller's token callback (Python, through ctypes) */
     WPROF_STEP,     /* one whole token: sampling, forward pass, callback */
+    /* Inside the pool's jobs, on every thread (not part of the step's sum):
+     * a chunk's fn on the caller and on a helper, the caller waiting after
+     * its last chunk for the helpers to leave, and a helper's delay from the
+     * job's opening to its joining it. */
+    WPROF_CHUNK_CALLER,
+    WPROF_CHUNK_HELPER,
+    WPROF_JOB_WAIT,
+    WPROF_HELPER_JOIN,
     WPROF_KINDS
 } wprof_kind;
 
