@@ -1,12 +1,12 @@
 #include "pool.h"
 
-#include "prof.h"
-
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+
+#include "prof.h"
 
 /* Jobs with fewer multiply-adds than this run on the caller alone: below
  * it the hand-off cost more than a second thread saved in every run of
@@ -132,9 +132,7 @@ static void *helper_main(void *p) {
                !atomic_compare_exchange_weak(&pool->state, &s, s + 1))
             ;
         if (GEN(s) != seen || !OPEN(s)) continue;
-#ifdef WASTE_PROFILE
-        wprof_add(WPROF_HELPER_JOIN, pool->opened);
-#endif
+        WPROF_ADD(WPROF_HELPER_JOIN, pool->opened);
         claim_chunks(pool);
         atomic_fetch_sub(&pool->state, 1);
     }
@@ -187,9 +185,7 @@ void wpool_run(wpool *pool, size_t n_rows, size_t work, wpool_rows_fn fn, void *
     pool->n_rows = n_rows;
     pool->n_chunks = n_chunks;
     atomic_store_explicit(&pool->next_chunk, 0, memory_order_relaxed);
-#ifdef WASTE_PROFILE
-    pool->opened = wprof_now();
-#endif
+    WPROF_STAMP(pool->opened);
     const uint64_t next_gen = (uint64_t)1 << 32;
     uint64_t open = atomic_load(&pool->state) + next_gen; /* odd generation, nobody inside */
     atomic_store(&pool->state, open);

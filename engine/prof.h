@@ -44,10 +44,12 @@ uint64_t wprof_now(void);
 void wprof_add(wprof_kind kind, uint64_t since);
 void wprof_decoding(int on);
 #define WPROF_START(name) uint64_t name = wprof_now()
+#define WPROF_STAMP(lvalue) ((lvalue) = wprof_now()) /* a start another thread adds from */
 #define WPROF_ADD(kind, since) wprof_add(kind, since)
 #define WPROF_DECODING(on) wprof_decoding(on)
 #else
 #define WPROF_START(name) ((void)0)
+#define WPROF_STAMP(lvalue) ((void)0)
 #define WPROF_ADD(kind, since) ((void)0)
 #define WPROF_DECODING(on) ((void)0)
 #endif
