@@ -23,9 +23,14 @@
 #define WPOOL_SPIN_US 10
 #endif
 
-/* Chunks per thread: a thread the OS delays leaves its unclaimed chunks to
- * the others instead of holding up the job. */
-#define CHUNKS_PER_THREAD 4
+/* Guided scheduling: each claim takes 1/CLAIM_SHARE of the rows still left
+ * per thread, so a job starts in long runs (a thread streams through
+ * contiguous weights) and ends in short ones (the last thread to finish
+ * keeps the others waiting for less), and never less than a grain of
+ * 1/GRAINS_PER_THREAD of a thread's share, so claims stay few.  A thread the
+ * OS delays leaves its unclaimed rows to the others. */
+#define CLAIM_SHARE 2
+#define GRAINS_PER_THREAD 16
 
 /* The job word: its generation in the high 32 bits, the helpers working on
  * it in the low ones.  An odd generation is a job open to join; the caller
@@ -43,8 +48,9 @@ struct wpool {
     /* The open job; written by the caller while no job is open. */
     wpool_rows_fn fn;
     void *arg;
-    size_t n_rows, n_chunks;
-    atomic_size_t next_chunk;
+    size_t n_rows, grain;
+    int threads; /* helpers plus the caller */
+    atomic_size_t next_row;
 #ifdef WASTE_PROFILE
     uint64_t opened; /* wprof_now() as the job opened */
 #endif
@@ -79,12 +85,30 @@ static void cpu_relax(void) {
 #endif
 }
 
-/* Claim chunks of the open job until none is left. */
+/* Claim the next rows of the open job into [*begin, *end); 0 when none is
+ * left. */
+static int claim(wpool *pool, size_t *begin, size_t *end) {
+    size_t at = atomic_load_explicit(&pool->next_row, memory_order_relaxed);
+    for (;;) {
+        if (at >= pool->n_rows) return 0;
+        size_t left = pool->n_rows - at;
+        size_t take = left / ((size_t)pool->threads * CLAIM_SHARE);
+        if (take < pool->grain) take = pool->grain;
+        if (take >= 4) take &= ~(size_t)3; /* wdot_rows goes four rows a call */
+        if (take > left) take = left;
+        if (atomic_compare_exchange_weak_explicit(&pool->next_row, &at, at + take,
+                                                  memory_order_relaxed, memory_order_relaxed)) {
+            *begin = at;
+            *end = at + take;
+            return 1;
+        }
+    }
+}
+
+/* Claim rows of the open job until none is left. */
 static void claim_chunks(wpool *pool) {
-    size_t chunk;
-    while ((chunk = atomic_fetch_add(&pool->next_chunk, 1)) < pool->n_chunks) {
-        size_t begin = pool->n_rows * chunk / pool->n_chunks;
-        size_t end = pool->n_rows * (chunk + 1) / pool->n_chunks;
+    size_t begin, end;
+    while (claim(pool, &begin, &end)) {
         WPROF_START(chunk_started);
         pool->fn(pool->arg, begin, end);
         WPROF_ADD(self_index ? WPROF_CHUNK_HELPER : WPROF_CHUNK_CALLER, chunk_started);
@@ -174,17 +198,18 @@ void wpool_close(wpool *pool) {
 int wpool_threads(const wpool *pool) { return pool ? pool->n_helpers + 1 : 1; }
 
 void wpool_run(wpool *pool, size_t n_rows, size_t work, wpool_rows_fn fn, void *arg) {
-    size_t n_chunks = pool ? (size_t)(pool->n_helpers + 1) * CHUNKS_PER_THREAD : 1;
-    if (n_chunks > n_rows) n_chunks = n_rows;
-    if (n_chunks <= 1 || pool->n_helpers == 0 || work < WPOOL_WORK_THRESHOLD) {
+    if (!pool || pool->n_helpers == 0 || n_rows <= 1 || work < WPOOL_WORK_THRESHOLD) {
         fn(arg, 0, n_rows);
         return;
     }
+    int threads = pool->n_helpers + 1;
+    size_t grain = n_rows / ((size_t)threads * GRAINS_PER_THREAD);
     pool->fn = fn;
     pool->arg = arg;
     pool->n_rows = n_rows;
-    pool->n_chunks = n_chunks;
-    atomic_store_explicit(&pool->next_chunk, 0, memory_order_relaxed);
+    pool->threads = threads;
+    pool->grain = grain ? grain : 1;
+    atomic_store_explicit(&pool->next_row, 0, memory_order_relaxed);
     WPROF_STAMP(pool->opened);
     const uint64_t next_gen = (uint64_t)1 << 32;
     uint64_t open = atomic_load(&pool->state) + next_gen; /* odd generation, nobody inside */

@@ -6,10 +6,10 @@
  * each other's jobs.  Their budgets add up: a host running contexts side by
  * side gives each its share of the cores (docs/engine.md, "Threads").
  *
- * Work is split by output rows: rows [0, n) are cut into chunks that the
- * threads claim one at a time, and each row is computed by exactly one
- * thread with the same code, so results are bit-identical whatever the
- * thread count and whoever ran which chunk.
+ * Work is split by output rows: the threads claim runs of rows [0, n) one
+ * at a time, long runs first and short ones as the job runs out, and each
+ * row is computed by exactly one thread with the same code, so results are
+ * bit-identical whatever the thread count and whoever ran which run.
  *
  * A decode step is hundreds of jobs of a few microseconds each, so helpers
  * poll for the next job for a while after each one and only sleep once the
