@@ -69,17 +69,18 @@ def windows(old_lib, new_lib, container: Path, config: EngineConfig, tokens: lis
             tmp: Path, old_version: int, n_kv_heads: int) -> list[tuple[int, float, float]]:
     """(start, old tok/s, new tok/s) per window; the old engine gets each state the new one
     saved, rewritten as `old_version`."""
+    starts = [start for start in STARTS if start + WINDOW <= config.ctx]  # those --ctx holds
     states = {}
     with Engine(new_lib, container, config) as engine:
         filled = 0
-        for start in STARTS[1:]:   # fill up to each start once, keeping a state there
+        for start in starts[1:]:   # fill up to each start once, keeping a state there
             prefill(engine, tokens[filled:start])
             filled = start
             states[start] = tmp / f"new-{start}.state"
             engine.save_state(states[start])
             rewrite(states[start], tmp / f"old-{start}.state", old_version, n_kv_heads)
     rows = []
-    for start in STARTS:
+    for start in starts:
         rates = []
         for lib, kind in ((old_lib, "old"), (new_lib, "new")):
             with Engine(lib, container, config) as engine:
