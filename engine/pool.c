@@ -49,7 +49,6 @@ struct wpool {
     wpool_rows_fn fn;
     void *arg;
     size_t n_rows, grain;
-    int threads; /* helpers plus the caller */
     atomic_size_t next_row;
 #ifdef WASTE_PROFILE
     uint64_t opened; /* wprof_now() as the job opened */
@@ -92,7 +91,7 @@ static int claim(wpool *pool, size_t *begin, size_t *end) {
     for (;;) {
         if (at >= pool->n_rows) return 0;
         size_t left = pool->n_rows - at;
-        size_t take = left / ((size_t)pool->threads * CLAIM_SHARE);
+        size_t take = left / ((size_t)wpool_threads(pool) * CLAIM_SHARE);
         if (take < pool->grain) take = pool->grain;
         if (take >= 4) take &= ~(size_t)3; /* wdot_rows goes four rows a call */
         if (take > left) take = left;
@@ -202,12 +201,10 @@ void wpool_run(wpool *pool, size_t n_rows, size_t work, wpool_rows_fn fn, void *
         fn(arg, 0, n_rows);
         return;
     }
-    int threads = pool->n_helpers + 1;
-    size_t grain = n_rows / ((size_t)threads * GRAINS_PER_THREAD);
+    size_t grain = n_rows / ((size_t)wpool_threads(pool) * GRAINS_PER_THREAD);
     pool->fn = fn;
     pool->arg = arg;
     pool->n_rows = n_rows;
-    pool->threads = threads;
     pool->grain = grain ? grain : 1;
     atomic_store_explicit(&pool->next_row, 0, memory_order_relaxed);
     WPROF_STAMP(pool->opened);
