@@ -6,7 +6,9 @@
 1. bench/pool_threshold.c, built against engine/ with the threshold at 0:
    the time of q4_1 matrix-vector products of growing size on one thread and
    on N, helpers hot.  WPOOL_WORK_THRESHOLD in engine/pool.c is where a
-   second thread starts to pay.
+   second thread starts to pay.  Then a decode step's shapes from memory
+   (matrices past the caches, as a step meets them), each beside a plain
+   read of its bytes through the pool: what N threads gain on runs that short.
 2. Greedy decode on the SmolLM2 demo container (build/smollm2.waste, as
    bench/vs_llamacpp.py) with N threads, on libwaste built with each
    WPOOL_SPIN_US of --spins (how long an idle helper polls before it
