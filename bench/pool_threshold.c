@@ -39,6 +39,7 @@ static int ascending(const void *a, const void *b) {
 #define ROUNDS 15
 #define COLD_BYTES ((size_t)256 << 20)
 #define COLD_CALLS 40
+#define WIDEST 1536 /* the widest input of a step's products: the FFN's down */
 
 /* A matrix's bytes in rows: row r is the r-th slice of the whole block
  * (nibbles, scales and minima alike), one word of each cache line summed:
@@ -99,18 +100,16 @@ static void sane_floats(uint8_t *matrix, size_t rows, size_t cols) {
     for (size_t i = 0; i < 2 * rows * cols / 32; i++) floats[i] = 0.01f * (float)(i % 7);
 }
 
-/* The second table: a decode step's q4_1 shapes from memory. */
-static int cold_table(wpool *one, wpool *many, int threads) {
+/* The second table: a decode step's q4_1 shapes from memory, with main's
+ * buffers (out and x for WIDEST values, xq's room for WIDEST codes). */
+static int cold_table(wpool *one, wpool *many, int threads, float *out, float *x, wqvec xq) {
     static const size_t shapes[][2] = {{576, 576}, {960, 576}, {1536, 576}, {576, 1536}};
     const wquant q4_1 = {WQ_Q4_1, 32};
     uint8_t *data = malloc(COLD_BYTES);
-    float *x = malloc(1536 * sizeof *x), *out = malloc(1536 * sizeof *out);
-    int16_t *codes = malloc(1536 * sizeof *codes);
-    float *d = malloc(1536 / 32 * sizeof *d), *sums = malloc(1536 / 32 * sizeof *sums);
     wmat *copies = malloc(COLD_BYTES / wquant_bytes(q4_1, 576, 576) * sizeof *copies);
-    if (!data || !x || !out || !codes || !d || !sums || !copies) return 1;
+    if (!data || !copies) return 1;
     for (size_t i = 0; i < COLD_BYTES; i++) data[i] = (uint8_t)rand();
-    for (size_t i = 0; i < 1536; i++) x[i] = (float)(i % 13) - 6.0f;
+    for (size_t i = 0; i < WIDEST; i++) x[i] = (float)(i % 13) - 6.0f;
     wpool *pools[2] = {one, many};
     printf("\nfrom memory (each call on the next of %zu MB of copies), us a call, 1 thread"
            " and split over %d:\n", COLD_BYTES >> 20, threads);
@@ -124,18 +123,13 @@ static int cold_table(wpool *one, wpool *many, int threads) {
             sane_floats(data + c * stride, rows, cols);
             copies[c] = wmat_view(q4_1, rows, cols, data + c * stride);
         }
-        wqvec xq = {codes, d, sums, cols};
+        xq.cols = cols;
         cold_times t = time_cold(pools, copies, n_copies, bytes, out, x, &xq);
         printf("%5zu x %4zu %8.0f  %9.2f %9.2f %5.2fx  %9.2f %9.2f %5.2fx\n", rows, cols,
                bytes / 1024.0, t.product[0], t.product[1], t.product[0] / t.product[1],
                t.read[0], t.read[1], t.read[0] / t.read[1]);
     }
     free(data);
-    free(x);
-    free(out);
-    free(codes);
-    free(d);
-    free(sums);
     free(copies);
     return 0;
 }
@@ -147,9 +141,9 @@ int main(int argc, char **argv) {
     wpool *one = wpool_open(1, NULL), *many = wpool_open(threads, NULL);
     size_t max_rows = 8192;
     uint8_t *data = malloc(wquant_bytes(q4_1, max_rows, cols));
-    float *x = malloc(cols * sizeof *x), *out = malloc(max_rows * sizeof *out);
-    int16_t *codes = malloc(cols * sizeof *codes);
-    float *d = malloc(cols / 32 * sizeof *d), *sums = malloc(cols / 32 * sizeof *sums);
+    float *x = malloc(WIDEST * sizeof *x), *out = malloc(max_rows * sizeof *out);
+    int16_t *codes = malloc(WIDEST * sizeof *codes);
+    float *d = malloc(WIDEST / 32 * sizeof *d), *sums = malloc(WIDEST / 32 * sizeof *sums);
     if (!one || !many || !data || !x || !out || !codes || !d || !sums) return 1;
     wqvec xq = {codes, d, sums, cols};
     srand(1);
@@ -170,7 +164,7 @@ int main(int argc, char **argv) {
         printf("%8zu multiply-adds: %8.2f us on 1 thread, %8.2f us on %d: %5.2fx\n", rows * cols,
                alone[ROUNDS / 2], split[ROUNDS / 2], threads, alone[ROUNDS / 2] / split[ROUNDS / 2]);
     }
-    int failed = cold_table(one, many, threads);
+    int failed = cold_table(one, many, threads, out, x, xq);
     wpool_close(one);
     wpool_close(many);
     free(data);

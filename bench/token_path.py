@@ -4,8 +4,8 @@
     .venv/bin/python bench/token_path.py [CONTAINER] [--lib PATH] [--tokens N] [--rounds N]
 
 One process, one warm engine, one core: greedy runs of N tokens through
-ctypes, taking turns, with a token callback that only stamps the time (the
-bare loop of bench/stream_overhead.py) and one that also reads each token as
+ctypes, taking turns, with a token callback that only keeps the token (as
+the bare loop of bench/stream_overhead.py keeps its time) and one that also reads each token as
 a chat stream's job does (serve/service/reply_reader.py's ChatReader into a
 serve/service/journal.py Journal, the chat format the container speaks).
 Each reading run sits between two bare runs and is set against their mean,
@@ -79,10 +79,10 @@ def main() -> None:
         differences, bares, replays = [], [], []
         for _ in range(args.rounds):
             before = bare()
-            reading, tokens = run(reader())
+            read_us, tokens = run(reader())
             after = bare()
             bares.append((before + after) / 2)
-            differences.append(reading - bares[-1])
+            differences.append(read_us - bares[-1])
             feed = reader()
             started = time.perf_counter()
             for token, piece in tokens:
